@@ -1,0 +1,85 @@
+"""The torch.compile backend: options -> aot_autograd capture -> passes -> run.
+
+``torch.compile(model, backend="sgdiff")`` finds :func:`sgdiff_backend` through the
+``torch_dynamo_backends`` entry point; importing sgdiff never registers it a second time.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Dict, List, Mapping, Optional
+
+import torch
+from torch import fx
+
+from sgdiff import _compat
+from sgdiff.fxpasses import ManagerResult, PassManager
+from sgdiff.options import Options
+from sgdiff.tiers import Tier, current_call_tier
+
+log = logging.getLogger("sgdiff")
+
+ResultSink = Callable[[ManagerResult], None]
+
+
+def sgdiff_backend(gm: fx.GraphModule, example_inputs: List[Any], *,
+                   options: Optional[Mapping[str, Any]] = None, mode: Optional[str] = None) -> Callable:
+    """Dynamo backend entry point (``backend="sgdiff"``)."""
+    return SgdiffBackend(Options.parse(options, mode))(gm, example_inputs)
+
+
+class SgdiffBackend:
+    """A backend bound to one set of options; ``on_result`` sees every graph's pass results."""
+
+    def __init__(self, options: Options = Options(), on_result: Optional[ResultSink] = None):
+        self.options = options
+        self.on_result = on_result
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: List[Any]) -> Callable:
+        return _compat.aot_capture(self.compile_graph)(gm, example_inputs)
+
+    def compile_graph(self, gm: fx.GraphModule, example_inputs: List[Any]) -> Callable:
+        return _compat.boxed(TieredGraph(gm, self.options, self.on_result))
+
+
+class TieredGraph:
+    """One captured ATen graph, rewritten once per quality tier on first use.
+
+    The tier of a call is the one set by ``with sgdiff.quality(...)`` or else the compiled
+    default; variants are kept apart, so no tier runs another tier's rewrite.
+    """
+
+    def __init__(self, gm: fx.GraphModule, options: Options, on_result: Optional[ResultSink]):
+        self.options = options
+        self.on_result = on_result
+        self._pristine = _copy(gm)
+        self._variants: Dict[Tier, Callable] = {}
+        self._build(options.quality, gm)
+
+    def __call__(self, *args: Any):
+        tier = current_call_tier() or self.options.quality
+        fn = self._variants.get(tier) or self._build(tier, _copy(self._pristine))
+        return fn(*args)
+
+    def _build(self, tier: Tier, gm: fx.GraphModule) -> Callable:
+        try:
+            result = PassManager(tier, families=self.options.families).apply(gm)
+        except Exception:  # never break a user's model: run the captured graph as it is
+            log.exception("sgdiff: passes failed on a graph; running it unchanged")
+            gm = _copy(self._pristine)
+            result = None
+        if result is not None and self.on_result is not None:
+            self.on_result(result)
+        fn = gm.forward
+        if self.options.cudagraphs:
+            log.info("sgdiff: mode='reduce-overhead' accepted; graphs run without CUDA graphs")
+        self._variants[tier] = fn
+        return fn
+
+
+def _copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """A GraphModule over a fresh copy of ``gm``'s graph (node meta copied shallowly)."""
+    graph = fx.Graph()
+    graph._codegen = gm.graph._codegen
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    return fx.GraphModule(gm, graph)

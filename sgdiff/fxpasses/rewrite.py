@@ -1,0 +1,176 @@
+"""Apply one family's chain patterns to an FX graph: find sites, judge them, rewrite them."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import fx
+
+from sgdiff._compat import fake_mode_of
+from sgdiff.fxpasses.matcher import Match, ReplayViews
+from sgdiff.kernels import registry
+from sgdiff.patterns.base import ChainPattern
+from sgdiff.tiers import Contract, Tier
+
+log = logging.getLogger("sgdiff")
+
+
+@dataclasses.dataclass(frozen=True)
+class Skip:
+    """A site that was found and left as eager code, and why."""
+
+    family: str
+    op: str
+    reason: str
+    node: str = ""
+
+    def __iter__(self):  # unpacks as (family, op, reason)
+        return iter((self.family, self.op, self.reason))
+
+
+@dataclasses.dataclass
+class PassResult:
+    """What one family's pass did to one graph."""
+
+    family: str
+    matched_count: int = 0  # sites rewritten
+    found_count: int = 0  # sites found, rewritten or not
+    ops: Dict[str, int] = dataclasses.field(default_factory=dict)  # op -> sites rewritten
+    skipped: List[Skip] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _Site:
+    pattern: ChainPattern
+    match: Match
+    contract: Contract
+
+
+def apply_family(gm: fx.GraphModule, family: str, patterns: Sequence[ChainPattern], tier: Tier) -> PassResult:
+    """Rewrite every admitted site of ``family`` in ``gm`` (in place) and report what happened."""
+    result = PassResult(family)
+    sites: List[_Site] = []
+    claimed: set = set()
+    guard_failed = False
+    for node in reversed(list(gm.graph.nodes)):
+        if node.op != "call_function" or node in claimed:
+            continue
+        for pattern in patterns:
+            match, reason = _first_fit(pattern, node, claimed)
+            if match is None:
+                continue
+            result.found_count += 1
+            contract = registry.op_def(pattern.op).contract
+            if reason is None and not tier.admits(contract):
+                reason = f"contract {contract.value} is not admitted at {tier.value}"
+            elif reason is not None:
+                guard_failed = True
+            if reason is not None:
+                result.skipped.append(Skip(family, pattern.op, reason, node.name))
+                log.debug("sgdiff: %s site at %s skipped: %s", family, node.name, reason)
+                continue
+            sites.append(_Site(pattern, match, contract))
+            claimed.update(n for n in match.nodes if n not in match.shared)
+            break
+
+    # Non-bit-exact rewrites are all-or-nothing per graph and family: one graph never mixes
+    # numerics within a family.
+    if guard_failed and any(s.contract is not Contract.BITEXACT for s in sites):
+        keep = []
+        for s in sites:
+            if s.contract is Contract.BITEXACT:
+                keep.append(s)
+            else:
+                result.skipped.append(Skip(family, s.pattern.op,
+                                           "another site of this family failed its guard "
+                                           f"({s.contract.value} rewrites are all-or-nothing)",
+                                           s.match.root.name))
+        sites = keep
+
+    for site in sites:
+        _rewrite(gm.graph, site)
+        result.matched_count += 1
+        result.ops[site.pattern.op] = result.ops.get(site.pattern.op, 0) + 1
+    if sites:
+        gm.graph.eliminate_dead_code()
+        gm.graph.lint()
+        gm.recompile()
+    return result
+
+
+def _first_fit(pattern: ChainPattern, node: fx.Node, claimed: set) -> Tuple[Optional[Match], Optional[str]]:
+    """The first match of ``pattern`` rooted at ``node`` that can be rewritten, else the first
+    match with the reason it cannot; (None, None) if the chain does not fit at all."""
+    first: Tuple[Optional[Match], Optional[str]] = (None, None)
+    for m in pattern.chain.matches(node, Match(root=node)):
+        if any(n in claimed for n in m.nodes if n not in m.shared):
+            reason = "overlaps a site already rewritten"
+        elif m.escaping_users():
+            inner, user = m.escaping_users()[0]
+            reason = f"intermediate {inner.name} has another user ({user.name})"
+        else:
+            try:
+                reason = pattern.check(m)
+            except Exception as exc:  # a guard must never crash compilation
+                reason = f"guard raised {type(exc).__name__}: {exc}"
+        if reason is None:
+            return m, None
+        if first[0] is None:
+            first = (m, reason)
+    return first
+
+
+def _rewrite(graph: fx.Graph, site: _Site) -> None:
+    root = site.match.root
+    op = registry.op_def(site.pattern.op).load()
+    with graph.inserting_before(root):
+        args = tuple(_materialize(graph, a) for a in site.pattern.replacement(site.match))
+        new = graph.call_function(op, args)
+    new.meta.update({k: v for k, v in root.meta.items() if k in ("stack_trace", "nn_module_stack", "source_fn_stack")})
+    _propagate_meta(new)
+    root.replace_all_uses_with(new)
+
+
+def _materialize(graph: fx.Graph, arg: Any) -> Any:
+    if not isinstance(arg, ReplayViews):
+        return arg
+    t = arg.base
+    for view in reversed(arg.views):  # innermost first
+        t = graph.call_function(view.target, (t, *view.args[1:]), dict(view.kwargs))
+        _propagate_meta(t)
+    return t
+
+
+def _propagate_meta(node: fx.Node) -> None:
+    """Fill ``node.meta['val']`` by running its target on the inputs' fake values."""
+    vals = []
+    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: _collect(n, vals))
+    tensors = [v for v in vals if isinstance(v, torch.Tensor)]
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    # make_fx in "real" mode gives every value a FakeTensorMode of its own: then make one
+    fake_mode = fake_mode_of(tensors)
+    if fake_mode is None:
+        if any(_is_symbolic(t) for t in tensors):
+            return
+        fake_mode = FakeTensorMode()
+        with fake_mode:
+            args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, _refake, (args, kwargs))
+    with fake_mode:
+        node.meta["val"] = node.target(*args, **kwargs)
+
+
+def _collect(n: fx.Node, vals: list):
+    v = n.meta.get("val")
+    vals.append(v)
+    return v
+
+
+def _is_symbolic(t: torch.Tensor) -> bool:
+    return any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride()))
+
+
+def _refake(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)

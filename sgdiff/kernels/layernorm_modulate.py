@@ -1,0 +1,58 @@
+"""sgdiff::layernorm_modulate — adaLN modulation of a LayerNorm over the last dim.
+
+Eager chain (as diffusers writes it, e.g. Flux ``AdaLayerNormZero``, Sana, PixArt)::
+
+    y = F.layer_norm(x, (D,), weight, bias, eps)    # rounded to x.dtype
+    y = y * (1 + scale)                             # 1 + scale rounded to scale.dtype,
+    y = y + shift                                   # each op rounded to its promoted dtype
+
+``scale`` and ``shift`` are any tensors that broadcast to ``x`` ([B,1,D], [B,S,D], [D], ...);
+``shift`` may be absent; with ``scale_plus_one=False`` the factor is ``scale`` itself.
+The reference implementation below *is* that chain, op for op, so it is bitwise equal to
+eager on every device; accelerated implementations are checked against it.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from sgdiff.kernels import dispatch
+
+aten = torch.ops.aten
+
+
+def layernorm_modulate_reference(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    eps: float,
+    scale: torch.Tensor,
+    shift: Optional[torch.Tensor],
+    scale_plus_one: bool = True,
+) -> torch.Tensor:
+    y = aten.native_layer_norm.default(x, [x.shape[-1]], weight, bias, eps)[0]
+    factor = aten.add.Tensor(scale, 1) if scale_plus_one else scale
+    y = aten.mul.Tensor(y, factor)
+    if shift is not None:
+        y = aten.add.Tensor(y, shift)
+    return y.contiguous()
+
+
+@torch.library.custom_op("sgdiff::layernorm_modulate", mutates_args=())
+def layernorm_modulate(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    eps: float,
+    scale: torch.Tensor,
+    shift: Optional[torch.Tensor],
+    scale_plus_one: bool = True,
+) -> torch.Tensor:
+    return dispatch.run("layernorm_modulate", x, weight, bias, eps, scale, shift, scale_plus_one)
+
+
+@layernorm_modulate.register_fake
+def _(x, weight, bias, eps, scale, shift, scale_plus_one=True):
+    # The reference is made of ATen ops, so it computes shape and dtype on fake tensors too.
+    return layernorm_modulate_reference(x, weight, bias, eps, scale, shift, scale_plus_one)

@@ -1,0 +1,76 @@
+"""What a chain pattern declares: where it applies, which op replaces it, and when it may."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import torch
+from torch import fx
+
+from sgdiff.fxpasses.matcher import Expr, Match
+
+#: the stable family names a Report counts under
+FAMILIES = ("modulate", "residual_gate", "rope", "qk_norm", "activation")
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainPattern:
+    """An eager chain and the sgdiff op that replaces it.
+
+    ``replacement(match)`` returns the op's positional arguments (graph nodes, literals, or
+    :class:`~sgdiff.fxpasses.matcher.ReplayViews`). ``check(match)`` is the static safety
+    guard: it reads fake-tensor metadata only (never a device value) and returns a reason to
+    skip the site, or None.
+    """
+
+    family: str
+    name: str
+    chain: Expr
+    op: str
+    replacement: Callable[[Match], Tuple[Any, ...]]
+    check: Callable[[Match], Optional[str]] = lambda m: None
+    #: larger chains first: a pattern that covers another's root wins the site
+    priority: int = 0
+
+    def __post_init__(self):
+        if not self.family or not self.name or not self.op:
+            raise ValueError("a ChainPattern needs a family, a name and an op")
+
+
+# --- helpers for checks: everything comes from node.meta["val"] ------------------------
+
+def val(x: Any) -> Any:
+    """Fake value of a node (a FakeTensor, SymInt, ...), or the literal itself."""
+    return x.meta.get("val") if isinstance(x, fx.Node) else x
+
+
+def tensor_meta(x: Any) -> Optional[torch.Tensor]:
+    v = val(x)
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def same_size(a, b) -> bool:
+    """a == b for ints or SymInts, without adding a guard."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    try:
+        return bool(statically_known_true(a == b))
+    except Exception:
+        return False
+
+
+def broadcast_reason(param: Any, target: torch.Tensor, what: str) -> Optional[str]:
+    """Why ``param`` cannot act as an elementwise operand of ``target``'s shape, or None."""
+    p = tensor_meta(param)
+    if p is None:
+        return f"{what} is not a tensor"
+    if p.dim() > target.dim():
+        return f"{what} has more dims than the input"
+    for ps, ts in zip(reversed(p.shape), reversed(target.shape)):
+        if not (same_size(ps, 1) or same_size(ps, ts)):
+            return f"{what} of shape {tuple(p.shape)} does not broadcast to {tuple(target.shape)}"
+    return None
+
+
+def node_meta(x: Any) -> Dict[str, Any]:
+    return x.meta if isinstance(x, fx.Node) else {}
