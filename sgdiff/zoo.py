@@ -18,6 +18,7 @@ class ModelCase:
     name: str
     build: Callable[[str, torch.dtype, torch.device], Tuple[torch.nn.Module, Dict[str, Any]]]
     doc: str
+    sizes: Tuple[str, ...] = ("tiny", "full")
 
 
 def _flux(size, dtype, device):
@@ -28,6 +29,11 @@ def _flux(size, dtype, device):
                    num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
                    axes_dims_rope=[4, 4, 8])
         batch, h, w, text = 1, 4, 4, 8
+    elif size == "small":  # a few blocks at a width where kernels matter more than dispatch
+        cfg = dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=4, attention_head_dim=64,
+                   num_attention_heads=4, joint_attention_dim=256, pooled_projection_dim=256,
+                   axes_dims_rope=[8, 28, 28])
+        batch, h, w, text = 1, 32, 32, 64
     else:  # Flux.1-dev, 1024x1024: 4096 image tokens, 512 text tokens
         cfg = dict(guidance_embeds=True)
         batch, h, w, text = 1, 64, 64, 512
@@ -97,9 +103,10 @@ def _pixart(size, dtype, device):
 
 
 MODELS: Dict[str, ModelCase] = {
-    "flux": ModelCase("flux", _flux, "FluxTransformer2DModel (tiny: 1 double + 1 single block)"),
-    "sana": ModelCase("sana", _sana, "SanaTransformer2DModel (tiny: 1 layer)"),
-    "pixart": ModelCase("pixart", _pixart, "PixArtTransformer2DModel (tiny: 1 layer)"),
+    "flux": ModelCase("flux", _flux, "FluxTransformer2DModel",
+                      sizes=("tiny", "small", "full")),
+    "sana": ModelCase("sana", _sana, "SanaTransformer2DModel"),
+    "pixart": ModelCase("pixart", _pixart, "PixArtTransformer2DModel"),
 }
 
 
@@ -108,8 +115,8 @@ def build(name: str, size: str = "tiny", dtype: torch.dtype = torch.float32,
     """``(model, kwargs)`` for model ``name`` with random weights (seeded)."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
-    if size not in ("tiny", "full"):
-        raise ValueError(f"size must be 'tiny' or 'full', got {size!r}")
+    if size not in MODELS[name].sizes:
+        raise ValueError(f"{name} comes in sizes {MODELS[name].sizes}, not {size!r}")
     torch.manual_seed(seed)
     return MODELS[name].build(size, dtype, torch.device(device))
 

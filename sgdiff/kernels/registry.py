@@ -23,17 +23,18 @@ class OpDef:
     stricter. Numerics that differ more are another op.
     """
 
-    name: str
+    name: str  # "layernorm_modulate" (namespace sgdiff) or "mylib::my_op"
     contract: Contract
     module: str  # the module that defines the op (schema, reference, fake impl)
     doc: str = ""
 
     def load(self):
-        """Import the op's module (registers ``torch.ops.sgdiff.<name>``); return the overload."""
+        """Import the op's module (registers the op with torch); return its default overload."""
         importlib.import_module(self.module)
         import torch
 
-        return getattr(torch.ops.sgdiff, self.name).default
+        namespace, _, short = self.name.rpartition("::")
+        return getattr(getattr(torch.ops, namespace or "sgdiff"), short).default
 
 
 @dataclasses.dataclass(frozen=True)

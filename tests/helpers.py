@@ -1,0 +1,40 @@
+"""Shared test helpers: trace a chain, run passes on it, compare bitwise."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from sgdiff.fxpasses import PassManager
+
+
+def trace(fn: Callable, *args, mode: str = "fake"):
+    """An ATen graph of ``fn`` (as aot_autograd would give it, no decompositions)."""
+    return make_fx(fn, tracing_mode=mode)(*args)
+
+
+def targets(gm) -> list:
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def count_op(gm, op) -> int:
+    return sum(t == op for t in targets(gm))
+
+
+def rewrite(fn: Callable, args: Sequence, quality="lossless", families=None, mode="fake"):
+    """Trace ``fn``, apply the pass manager; return (graph module, result)."""
+    gm = trace(fn, *args, mode=mode)
+    result = PassManager(quality, families=families).apply(gm)
+    return gm, result
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (NaNs with equal bit patterns compare equal)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype.is_floating_point:
+        view = {torch.float32: torch.int32, torch.float16: torch.int16,
+                torch.bfloat16: torch.int16, torch.float64: torch.int64}[a.dtype]
+        return torch.equal(a.contiguous().view(view), b.contiguous().view(view))
+    return torch.equal(a, b)

@@ -1,0 +1,211 @@
+"""The torch.compile backend: entry point, options, capture modes, fallbacks, registry hygiene."""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sgdiff
+from sgdiff.backend import SgdiffBackend
+from sgdiff.options import Options
+
+
+class Block(torch.nn.Module):
+    """Two adaLN-modulated norms, like one DiT block (optionally with a graph break)."""
+
+    def __init__(self, dim=16, graph_break=False):
+        super().__init__()
+        self.proj = torch.nn.Linear(dim, 4 * dim)
+        self.norm = torch.nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.graph_break = graph_break
+
+    def forward(self, x, emb):
+        shift1, scale1, shift2, scale2 = self.proj(F.silu(emb)).chunk(4, dim=1)
+        h = self.norm(x) * (1 + scale1[:, None]) + shift1[:, None]
+        if self.graph_break:
+            torch._dynamo.graph_break()
+        return self.norm(h) * (1 + scale2.unsqueeze(1)) + shift2.unsqueeze(1)
+
+
+def inputs(B=2, S=8, D=16, dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(B, S, D, generator=g, dtype=dtype), torch.randn(B, D, generator=g, dtype=dtype)
+
+
+def compile_with_results(model, **kw):
+    results = []
+    backend = SgdiffBackend(Options.parse(kw.pop("options", None)), on_result=results.append)
+    return torch.compile(model, backend=backend, **kw), results
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+@pytest.mark.parametrize("grad_mode", ["no_grad", "inference_mode", "enabled"])
+def test_bitwise_equal_under_each_grad_mode(fullgraph, grad_mode):
+    model = Block().eval()
+    x, emb = inputs()
+    ctx = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode,
+           "enabled": torch.enable_grad}[grad_mode]
+    compiled, results = compile_with_results(model, fullgraph=fullgraph)
+    with ctx():
+        want = model(x, emb)
+        got = compiled(x, emb)
+    assert torch.equal(got, want)
+    assert sum(r.counts["modulate"] for r in results) == 2
+
+
+def test_graph_breaks_give_one_graph_per_piece():
+    model = Block(graph_break=True).eval()
+    x, emb = inputs()
+    compiled, results = compile_with_results(model)
+    with torch.no_grad():
+        assert torch.equal(compiled(x, emb), model(x, emb))
+    assert [r.counts["modulate"] for r in results] == [1, 1]
+
+
+def test_dynamic_shapes_recompile_nothing_and_stay_equal():
+    model = Block().eval()
+    compiled, results = compile_with_results(model, dynamic=True)
+    with torch.no_grad():
+        for shape in [(2, 8, 16), (3, 5, 16), (4, 11, 16)]:  # no size 1: dynamo specializes it
+            x, emb = inputs(*shape)
+            assert torch.equal(compiled(x, emb), model(x, emb))
+    assert len(results) == 1 and results[0].counts["modulate"] == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision(dtype):
+    model = Block().to(dtype).eval()
+    x, emb = inputs(dtype=dtype)
+    with torch.no_grad():
+        assert torch.equal(torch.compile(model, backend="sgdiff")(x, emb), model(x, emb))
+
+
+def test_nothing_to_rewrite_runs_unchanged():
+    fn = lambda x: torch.sin(x) * 2  # noqa: E731
+    compiled, results = compile_with_results(fn)
+    x = torch.randn(5)
+    assert torch.equal(compiled(x), fn(x))
+    assert all(n == 0 for n in results[0].counts.values())
+
+
+def test_reduce_overhead_mode_is_accepted():
+    model = Block().eval()
+    x, emb = inputs()
+    with torch.no_grad():
+        out = torch.compile(model, backend="sgdiff", mode="reduce-overhead")(x, emb)
+    assert torch.equal(out, model(x, emb))
+    assert Options.parse(mode="reduce-overhead").cudagraphs
+
+
+@pytest.mark.parametrize("options,mode,message", [
+    ({"qualty": "high"}, None, "unknown sgdiff option.*'qualty'.*valid: quality, cudagraphs"),
+    ({"quality": "medium"}, None, "unknown sgdiff quality 'medium'; valid: 'lossless', 'extra-high', 'high'"),
+    ({}, "max-autotune", "unknown sgdiff mode 'max-autotune'; valid: None, 'default', 'reduce-overhead'"),
+    ({"families": ["modulate", "norms"]}, None, "unknown chain family.*norms.*valid: modulate"),
+    ({"cudagraphs": "yes"}, None, "must be True or False"),
+])
+def test_bad_options_are_value_errors_naming_valid_values(options, mode, message):
+    with pytest.raises(ValueError, match=message):
+        Options.parse(options, mode)
+
+
+def test_bad_options_surface_through_torch_compile():
+    compiled = torch.compile(lambda x: x + 1, backend="sgdiff", options={"quality": "medium"})
+    with pytest.raises(Exception) as info:
+        compiled(torch.ones(2))
+    assert "valid: 'lossless', 'extra-high', 'high'" in str(info.value)
+
+
+def test_optimize_decorator_on_function_and_module():
+    model = Block().eval()
+    x, emb = inputs()
+
+    @sgdiff.optimize
+    def forward(x, emb):
+        return model(x, emb)
+
+    opt_model = sgdiff.optimize(model, quality="extra-high")
+    with torch.no_grad():
+        assert torch.equal(forward(x, emb), model(x, emb))
+        assert torch.equal(opt_model(x, emb), model(x, emb))
+    with pytest.raises(ValueError, match="valid"):
+        sgdiff.optimize(quality="best")
+
+
+def test_families_option_restricts_rewrites():
+    model = Block().eval()
+    x, emb = inputs()
+    compiled, results = compile_with_results(model, options={"families": ["residual_gate"]})
+    with torch.no_grad():
+        assert torch.equal(compiled(x, emb), model(x, emb))
+    assert "modulate" not in results[0].counts
+
+
+def test_explain_reports_counts_and_a_table():
+    model = Block().eval()
+    report = sgdiff.explain(model, *inputs())
+    assert report.counts["modulate"] == 2
+    assert set(report.counts) >= {"modulate", "residual_gate", "rope", "qk_norm", "activation"}
+    text = str(report)
+    assert "modulate" in text and "layernorm_modulate" in text and "bitexact" in text
+
+
+def test_failing_pass_falls_back_to_the_captured_graph(monkeypatch, caplog):
+    from sgdiff.fxpasses import manager
+
+    def boom(self, gm):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(manager.PassManager, "apply", boom)
+    model = Block().eval()
+    x, emb = inputs()
+    with torch.no_grad(), caplog.at_level("ERROR", logger="sgdiff"):
+        assert torch.equal(torch.compile(model, backend="sgdiff")(x, emb), model(x, emb))
+    assert "running it unchanged" in caplog.text
+
+
+def _run(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_backend_found_by_name_without_importing_sgdiff():
+    out = _run("""
+        import sys, torch
+        f = torch.compile(lambda x: x * 2 + 1, backend="sgdiff")
+        print(f(torch.ones(2)).tolist(), "sgdiff.backend" in sys.modules)
+    """)
+    assert out.strip() == "[3.0, 3.0] True"
+
+
+def test_backend_found_by_name_after_importing_sgdiff():
+    out = _run("""
+        import torch, sgdiff
+        sgdiff.explain  # loads the api and backend modules
+        f = torch.compile(lambda x: x * 2 + 1, backend="sgdiff")
+        g = torch.compile(lambda x: x * 3, backend="sgdiff")
+        print(f(torch.ones(2)).tolist(), g(torch.ones(1)).tolist())
+    """)
+    assert out.strip() == "[3.0, 3.0] [3.0]"
+
+
+def test_registry_import_pulls_in_no_kernel():
+    out = _run("""
+        import sys
+        import sgdiff.kernels.registry as r
+        assert r.kernel_specs("layernorm_modulate")
+        loaded = [m for m in sys.modules if m == "triton" or m.startswith("triton.")
+                  or (m.startswith("sgdiff.kernels.") and m not in ("sgdiff.kernels.registry",))]
+        print(loaded)
+    """)
+    assert out.strip() == "[]"

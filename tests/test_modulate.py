@@ -1,0 +1,230 @@
+"""Family `modulate`: LayerNorm(x) * (1 + scale) + shift, in the spellings DiTs use."""
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, strategies as st
+
+from sgdiff.fxpasses import PassManager
+from tests.helpers import bits_equal, count_op, rewrite, targets, trace
+
+aten = torch.ops.aten
+from sgdiff.kernels import registry  # noqa: E402
+
+OP = registry.op_def("layernorm_modulate").load()
+
+FORMS = ["chunk", "split_index", "unsqueeze", "index_after_add", "per_token", "vector", "table_temb"]
+
+
+def make_chain(form, shift=True, swap_mul=False, swap_add=False, affine=False, upcast=False, eps=1e-6):
+    """An eager modulate chain spelled the way one diffusers model or another spells it."""
+
+    def params(x, emb, table):
+        B, S, D = x.shape
+        if form == "chunk":  # Flux/SD3: emb[:, None].chunk(...) -> [B, 1, D] strided views
+            sh, sc = emb[:, None].chunk(2, dim=-1)
+        elif form == "split_index":
+            sh, sc = emb.split(D, dim=1)
+            sh, sc = sh[:, None], sc[:, None]
+        elif form == "unsqueeze":
+            sh, sc = emb.chunk(2, dim=1)
+            sh, sc = sh.unsqueeze(1), sc.unsqueeze(1)
+        elif form == "index_after_add":  # AdaLayerNormContinuous: (1 + scale)[:, None, :]
+            sh, sc = emb.chunk(2, dim=1)
+            return sh[:, None, :], sc, "after"
+        elif form == "per_token":  # [B, S, D] parameters from a per-token projection
+            sh, sc = emb.chunk(2, dim=-1)
+        elif form == "vector":
+            sh, sc = table[0], table[1]
+        elif form == "table_temb":  # Sana/PixArt: (table[None] + temb[:, None]).chunk(2, dim=1)
+            sh, sc = (table[None] + emb.reshape(B, 2, D)).chunk(2, dim=1)
+        return sh, sc, "before"
+
+    def fn(x, emb, table, w, b):
+        sh, sc, where = params(x, emb, table)
+        inp = x.float() if upcast else x
+        if upcast:  # Wan: (norm(x.float()) * (1 + scale) + shift).type_as(x), fp32 parameters
+            sh, sc, w, b = sh.float(), sc.float(), w.float(), b.float()
+        n = F.layer_norm(inp, inp.shape[-1:], w if affine else None, b if affine else None, eps)
+        factor = (1 + sc)[:, None, :] if where == "after" else 1 + sc
+        y = factor * n if swap_mul else n * factor
+        if shift:
+            y = sh + y if swap_add else y + sh
+        return y.type_as(x) if upcast else y
+
+    return fn
+
+
+def make_args(form, B=2, S=5, D=16, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, S, D, generator=g).to(dtype)
+    emb_shape = (B, S, 2 * D) if form == "per_token" else (B, 2 * D)
+    emb = torch.randn(*emb_shape, generator=g).to(dtype)
+    table = torch.randn(2, D, generator=g).to(dtype)
+    w = torch.randn(D, generator=g).to(dtype)
+    b = torch.randn(D, generator=g).to(dtype)
+    return x, emb, table, w, b
+
+
+@given(
+    form=st.sampled_from(FORMS),
+    shift=st.booleans(), swap_mul=st.booleans(), swap_add=st.booleans(),
+    affine=st.booleans(), upcast=st.booleans(),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    B=st.integers(1, 3), S=st.integers(1, 9), D=st.sampled_from([4, 8, 12, 32, 36]),
+    eps=st.sampled_from([1e-6, 1e-5]),
+)
+def test_every_spelling_is_one_bitexact_site(form, shift, swap_mul, swap_add, affine, upcast, dtype, B, S, D, eps):
+    fn = make_chain(form, shift, swap_mul, swap_add, affine, upcast, eps)
+    args = make_args(form, B, S, D, dtype)
+    gm, result = rewrite(fn, args)
+    assert result.counts["modulate"] == 1, result.skipped
+    assert count_op(gm, OP) == 1
+    assert aten.native_layer_norm.default not in targets(gm)
+    assert aten.mul.Tensor not in targets(gm)
+    assert bits_equal(gm(*args), fn(*args))
+
+
+def test_affine_layernorm_keeps_its_weight_and_bias():
+    fn = make_chain("chunk", affine=True)
+    args = make_args("chunk")
+    gm, result = rewrite(fn, args)
+    node = next(n for n in gm.graph.nodes if n.target == OP)
+    assert node.args[1] is not None and node.args[2] is not None
+    assert bits_equal(gm(*args), fn(*args))
+    # the same chain without affine must not carry any weight
+    gm2, _ = rewrite(make_chain("chunk"), args)
+    node2 = next(n for n in gm2.graph.nodes if n.target == OP)
+    assert node2.args[1] is None and node2.args[2] is None
+
+
+@pytest.mark.parametrize("eps", [1e-6, 1e-5, 1e-3])
+def test_eps_is_carried_exactly(eps):
+    fn = make_chain("unsqueeze", eps=eps)
+    args = make_args("unsqueeze")
+    gm, _ = rewrite(fn, args)
+    node = next(n for n in gm.graph.nodes if n.target == OP)
+    assert node.args[3] == eps
+    assert bits_equal(gm(*args), fn(*args))
+
+
+def test_one_norm_feeding_two_modulates_is_two_sites():
+    def fn(x, e1, e2):
+        n = F.layer_norm(x, x.shape[-1:], eps=1e-6)
+        a = n * (1 + e1[:, None]) + e2[:, None]
+        b = n * (1 + e2[:, None]) + e1[:, None]
+        return a, b
+
+    args = (torch.randn(2, 5, 8), torch.randn(2, 8), torch.randn(2, 8))
+    gm, result = rewrite(fn, args)
+    assert result.counts["modulate"] == 2
+    assert count_op(gm, OP) == 2 and aten.native_layer_norm.default not in targets(gm)
+    for got, want in zip(gm(*args), fn(*args)):
+        assert bits_equal(got, want)
+
+
+def test_intermediate_with_another_user_is_not_swallowed():
+    def fn(x, s, b):
+        y = F.layer_norm(x, x.shape[-1:], eps=1e-6) * (1 + s[:, None])
+        return y + b[:, None], y  # y escapes: the with-shift chain must not be fused
+
+    args = (torch.randn(2, 5, 8), torch.randn(2, 8), torch.randn(2, 8))
+    gm, result = rewrite(fn, args)
+    # what remains fusible is the scale-only chain that produces y
+    assert result.counts["modulate"] == 1
+    assert any("another user" in s.reason for s in result.skipped)
+    assert aten.add.Tensor in targets(gm)  # the shift add stays eager
+    for got, want in zip(gm(*args), fn(*args)):
+        assert bits_equal(got, want)
+
+
+def test_shared_one_plus_scale_is_recomputed_not_lost():
+    def fn(x, s, b):
+        t = 1 + s[:, None]
+        return F.layer_norm(x, x.shape[-1:], eps=1e-6) * t + b[:, None], t
+
+    args = (torch.randn(2, 5, 8), torch.randn(2, 8), torch.randn(2, 8))
+    gm, result = rewrite(fn, args)
+    assert result.counts["modulate"] == 1
+    for got, want in zip(gm(*args), fn(*args)):
+        assert bits_equal(got, want)
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("two plus scale", lambda x, s, b: F.layer_norm(x, x.shape[-1:]) * (2 + s) + b),
+    ("one minus scale", lambda x, s, b: F.layer_norm(x, x.shape[-1:]) * (1 - s) + b),
+    ("scale without one", lambda x, s, b: F.layer_norm(x, x.shape[-1:]) * s + b),
+    ("rms norm", lambda x, s, b: F.rms_norm(x, x.shape[-1:]) * (1 + s) + b),
+    ("no norm", lambda x, s, b: x * (1 + s) + b),
+    ("norm over two dims", lambda x, s, b: F.layer_norm(x, x.shape[-2:]) * (1 + s) + b),
+])
+def test_near_misses_are_not_layernorm_modulate(name, fn):
+    args = (torch.randn(2, 5, 8), torch.randn(2, 1, 8), torch.randn(2, 1, 8))
+    gm, result = rewrite(fn, args, families=["modulate"])
+    assert count_op(gm, OP) == 0, name
+    assert bits_equal(gm(*args), fn(*args))
+
+
+def test_shift_subtracted_or_scaled_add_keeps_the_add():
+    # `- shift` and `add(..., alpha=2)` are not `+ shift`: only the scale part may fuse
+    for fn in (lambda x, s, b: F.layer_norm(x, x.shape[-1:]) * (1 + s) - b,
+               lambda x, s, b: torch.add(F.layer_norm(x, x.shape[-1:]) * (1 + s), b, alpha=2)):
+        args = (torch.randn(2, 5, 8), torch.randn(2, 1, 8), torch.randn(2, 1, 8))
+        gm, result = rewrite(fn, args)
+        assert result.counts["modulate"] == 1
+        assert any(t in targets(gm) for t in (aten.sub.Tensor, aten.add.Tensor))
+        assert bits_equal(gm(*args), fn(*args))
+
+
+def test_scale_broadcasting_beyond_the_input_is_skipped():
+    fn = lambda x, s, b: F.layer_norm(x, x.shape[-1:]) * (1 + s) + b  # noqa: E731
+    args = (torch.randn(1, 5, 8), torch.randn(3, 1, 8), torch.randn(3, 1, 8))  # output is [3, 5, 8]
+    gm, result = rewrite(fn, args)
+    assert result.counts["modulate"] == 0
+    assert any("broadcast" in s.reason for s in result.skipped)
+    assert bits_equal(gm(*args), fn(*args))
+
+
+def test_scale_broadcast_over_another_dim_is_computed_as_written():
+    # x is [B, D, D]: a scale broadcast over the wrong dim still broadcasts. The op receives the
+    # operand exactly as the chain used it, so the result is the chain's, bit for bit.
+    fn = lambda x, s, b: F.layer_norm(x, x.shape[-1:]) * (1 + s[:, :, None]) + b[:, None]  # noqa: E731
+    args = (torch.randn(2, 8, 8), torch.randn(2, 8), torch.randn(2, 8))
+    gm, _ = rewrite(fn, args)
+    assert bits_equal(gm(*args), fn(*args))
+
+
+def test_symbolic_shapes():
+    fn = make_chain("unsqueeze")
+    args = make_args("unsqueeze", B=2, S=7, D=12)
+    gm, result = rewrite(fn, args, mode="symbolic")
+    assert result.counts["modulate"] == 1
+    for shape in [(2, 7, 12), (3, 4, 12)]:
+        a = make_args("unsqueeze", *shape)
+        assert bits_equal(gm(*a), fn(*a))
+
+
+def test_passes_need_fake_tensor_metadata():
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    with pytest.raises(ValueError, match="fake-tensor metadata"):
+        PassManager().apply(gm)
+
+
+def test_opcheck():
+    from sgdiff.kernels.layernorm_modulate import layernorm_modulate
+
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(2, 5, 16, dtype=dtype)
+        s, b = torch.randn(2, 1, 16, dtype=dtype), torch.randn(2, 1, 16, dtype=dtype)
+        w, bias = torch.randn(16, dtype=dtype), torch.randn(16, dtype=dtype)
+        for args in [(x, None, None, 1e-6, s, b, True), (x, w, bias, 1e-5, s, None, True),
+                     (x, None, None, 1e-6, s, b, False)]:
+            torch.library.opcheck(layernorm_modulate, args)
+
+
+def test_reference_is_the_eager_chain():
+    from sgdiff.kernels.layernorm_modulate import layernorm_modulate_reference as ref
+
+    x, s, b = torch.randn(3, 7, 24, dtype=torch.bfloat16), torch.randn(3, 1, 24, dtype=torch.bfloat16), \
+        torch.randn(3, 1, 24, dtype=torch.bfloat16)
+    want = F.layer_norm(x, (24,), eps=1e-6) * (1 + s) + b
+    assert bits_equal(ref(x, None, None, 1e-6, s, b, True), want)
