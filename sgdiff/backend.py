@@ -13,6 +13,7 @@ from torch import fx
 
 from sgdiff import _compat
 from sgdiff.fxpasses import ManagerResult, PassManager
+from sgdiff.kernels import dispatch
 from sgdiff.options import Options
 from sgdiff.tiers import Tier, current_call_tier
 
@@ -58,7 +59,8 @@ class TieredGraph:
     def __call__(self, *args: Any):
         tier = current_call_tier() or self.options.quality
         fn = self._variants.get(tier) or self._build(tier, _copy(self._pristine))
-        return fn(*args)
+        with dispatch.verification(self.options.verify):
+            return fn(*args)
 
     def _build(self, tier: Tier, gm: fx.GraphModule) -> Callable:
         try:

@@ -1,34 +1,62 @@
-"""Runtime choice of an op's implementation.
+"""Runtime choice of an op's implementation, with first-sight verification.
 
 The custom op's device kernel calls :func:`run`. It walks the op's KernelSpecs in priority
 order and takes the first that supports the input's device and dtype and whose ``can_use``
 accepts the inputs; the reference implementation (the eager chain) supports everything and
 comes last, so an input no kernel handles falls back to eager numerics instead of failing.
+
+A bit-exact kernel is trusted per input *signature* (shapes, strides, dtypes, device and
+capability, pointer alignment, scalar arguments) only after it has once produced the
+reference's exact bits on that signature, checked outside CUDA-graph capture. A mismatch
+disables that implementation of that op (not others) for the process, with one warning; a
+kernel that raises is disabled the same way. During capture an unverified signature runs the
+reference.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import logging
-from typing import Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Set, Tuple
 
 import torch
 
 from sgdiff.kernels import registry
+from sgdiff.tiers import Contract
 
 log = logging.getLogger("sgdiff")
 
 _disabled: Dict[Tuple[str, str], str] = {}  # (op, backend) -> reason
+_verified: Set[tuple] = set()  # (op, backend, signature)
+_verify = contextvars.ContextVar("sgdiff_verify", default=True)
 
 
 def disable(op: str, backend: str, reason: str) -> None:
     """Stop using one implementation of one op for the rest of the process."""
     if (op, backend) not in _disabled:
         _disabled[(op, backend)] = reason
-        log.warning("sgdiff: %s implementation of %s disabled: %s", backend, op, reason)
+        log.warning("sgdiff: %s implementation of %s disabled, falling back: %s", backend, op, reason)
 
 
 def disabled() -> Dict[Tuple[str, str], str]:
     return dict(_disabled)
+
+
+def reset() -> None:
+    """Forget verifications and disabled implementations (for tests)."""
+    _disabled.clear()
+    _verified.clear()
+
+
+@contextlib.contextmanager
+def verification(enabled: bool):
+    """First-sight verification on or off for ops run inside the block."""
+    token = _verify.set(enabled)
+    try:
+        yield
+    finally:
+        _verify.reset(token)
 
 
 @functools.lru_cache(maxsize=None)
@@ -36,24 +64,75 @@ def _capability(index: int):
     return torch.cuda.get_device_capability(index)
 
 
-def _impls(op: str, device: torch.device, dtype: torch.dtype):
-    cap = _capability(device.index or 0) if device.type == "cuda" else None
-    dtype_name = str(dtype).removeprefix("torch.")
-    for spec in registry.kernel_specs(op):
-        if (op, spec.backend) in _disabled or not spec.supports(device.type, dtype_name, cap):
-            continue
-        yield spec, _load(spec)
-
-
 @functools.lru_cache(maxsize=None)
 def _load(spec: registry.KernelSpec) -> Callable:
     return spec.load()
 
 
-def run(op: str, x: torch.Tensor, *args):
-    """Run ``op`` on ``(x, *args)`` with the best implementation that accepts them."""
-    for spec, impl in _impls(op, x.device, x.dtype):
+def _reference(op: str) -> Callable:
+    for spec in registry.kernel_specs(op):
+        if spec.backend == "reference":
+            return _load(spec)
+    raise RuntimeError(f"sgdiff::{op} has no reference implementation")
+
+
+def signature(args: Tuple[Any, ...]) -> tuple:
+    """What decides a kernel's exact bits: layout, dtype, device, alignment, scalars."""
+    sig = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            dev = a.device
+            cap = _capability(dev.index or 0) if dev.type == "cuda" else None
+            sig.append((tuple(a.shape), a.stride(), a.dtype, dev.type, dev.index, cap, a.data_ptr() % 16))
+        else:
+            sig.append(a)
+    return tuple(sig)
+
+
+def _first_difference(got: torch.Tensor, want: torch.Tensor) -> Optional[str]:
+    """None if bitwise equal (NaN equal to NaN), else a description of the first difference."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"shape/dtype {tuple(got.shape)} {got.dtype} vs {tuple(want.shape)} {want.dtype}"
+    bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[got.element_size()]
+    differ = got.contiguous().view(bits) != want.contiguous().view(bits)
+    if got.is_floating_point():
+        differ &= ~(torch.isnan(got) & torch.isnan(want))
+    if not bool(differ.any()):
+        return None
+    idx = tuple(int(i) for i in torch.nonzero(differ)[0])
+    return (f"{int(differ.sum())} elements differ, first at {idx}: kernel {got[idx].item()!r}, "
+            f"reference {want[idx].item()!r}")
+
+
+def run(op: str, *args):
+    """Run ``op`` on ``args`` with the best implementation that accepts them."""
+    x = args[0]
+    device = x.device
+    cap = _capability(device.index or 0) if device.type == "cuda" else None
+    dtype_name = str(x.dtype).removeprefix("torch.")
+    for spec in registry.kernel_specs(op):
+        if spec.backend == "reference":
+            return _load(spec)(*args)
+        if (op, spec.backend) in _disabled or not spec.supports(device.type, dtype_name, cap):
+            continue
+        impl = _load(spec)
         can_use = getattr(impl, "can_use", None)
-        if spec.backend == "reference" or can_use is None or can_use(x, *args):
-            return impl(x, *args)
-    raise RuntimeError(f"no implementation of sgdiff::{op} for {x.device.type} {x.dtype}")
+        if can_use is not None and not can_use(*args):
+            continue
+        try:
+            if spec.contract is Contract.BITEXACT and _verify.get():
+                key = (op, spec.backend, signature(args))
+                if key not in _verified:
+                    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                        continue  # no verification inside a capture: the reference runs
+                    out = impl(*args)
+                    diff = _first_difference(out, _reference(op)(*args))
+                    if diff is not None:
+                        disable(op, spec.backend, f"not bit-exact on signature {key[2]}: {diff}")
+                        continue
+                    _verified.add(key)
+                    return out
+            return impl(*args)
+        except Exception as exc:  # a kernel must never break the model: fall back
+            disable(op, spec.backend, f"raised {type(exc).__name__}: {exc}")
+    raise RuntimeError(f"no implementation of sgdiff::{op} for {device.type} {x.dtype}")

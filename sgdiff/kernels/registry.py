@@ -117,3 +117,8 @@ register_kernel(KernelSpec(
     "layernorm_modulate", "reference", Contract.BITEXACT,
     "sgdiff.kernels.layernorm_modulate:layernorm_modulate_reference",
 ))
+register_kernel(KernelSpec(
+    "layernorm_modulate", "triton", Contract.BITEXACT,
+    "sgdiff.kernels.triton.layernorm_modulate:layernorm_modulate",
+    devices=frozenset({"cuda"}), min_capability=(8, 0), priority=10,
+))

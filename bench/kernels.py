@@ -1,0 +1,191 @@
+"""Kernel benchmark: each sgdiff op at real DiT shapes, against eager, Inductor and a copy.
+
+    python bench/kernels.py [--out bench/results] [--ops layernorm_modulate,...] [--quick]
+
+For every case, in one run: GPU time (CUDA-graph replay) of the eager chain, of
+``torch.compile`` (default Inductor) on the same chain, of the sgdiff kernel, and of a copy of
+the same bytes; wall time per call of eager and of sgdiff through its op; bit-exactness of the
+sgdiff output (``torch.equal`` with eager). Writes kernels.json, kernels.md and kernels.png.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import sys
+from typing import Callable, Dict, List
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from bench.timing import gpu_us, wall_us  # noqa: E402
+
+
+@dataclasses.dataclass
+class Case:
+    op: str
+    shape: tuple
+    dtype: torch.dtype
+    note: str
+    eager: Callable[[], torch.Tensor]  # the eager chain
+    sgdiff_raw: Callable[[], torch.Tensor]  # the Triton launcher, called directly
+    sgdiff_op: Callable[[], torch.Tensor]  # through torch.ops.sgdiff (dispatcher + checks)
+    copy_src: torch.Tensor  # a copy of these bytes in and out is the floor
+    copy_bytes_factor: float = 1.0
+
+
+def _modulated_params(B, S, N, dtype, form, g):
+    if form == "chunk":  # Flux/SD3: emb -> linear -> [B, 6N] -> chunk -> [:, None]
+        emb = torch.randn(B, 6 * N, device="cuda", generator=g).to(dtype)
+        shift, scale = emb.chunk(6, dim=1)[:2]
+        return scale[:, None], shift[:, None]
+    if form == "table":  # Sana/PixArt: (table[None] + temb.reshape(B, 6, N)).chunk(6, dim=1)
+        mod = torch.randn(B, 6, N, device="cuda", generator=g).to(dtype)
+        shift, scale = mod.chunk(6, dim=1)[:2]
+        return scale, shift
+    if form == "per_token":
+        proj = torch.randn(B, S, 2 * N, device="cuda", generator=g).to(dtype)
+        return proj.chunk(2, dim=-1)
+    raise ValueError(form)
+
+
+def layernorm_modulate_cases(quick: bool) -> List[Case]:
+    from sgdiff.kernels.registry import op_def
+    from sgdiff.kernels.triton.layernorm_modulate import layernorm_modulate as kernel
+
+    op = op_def("layernorm_modulate").load()
+    shapes = [((2, 1024, 2240), "Sana 1.6B", "table"), ((2, 4096, 1152), "PixArt-Sigma", "table"),
+              ((1, 4608, 3072), "Flux.1-dev", "chunk"), ((1, 32760, 5120), "Wan 2.1 14B", "table")]
+    if quick:
+        shapes = shapes[:1]
+    cases = []
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for (B, S, N), model, form in shapes:
+        dtypes = [torch.bfloat16, torch.float16] + ([torch.float32] if "Wan" in model else [])
+        for dtype in dtypes:
+            for affine in (False, True):
+                if affine and dtype != torch.bfloat16:
+                    continue
+                x = (torch.randn(B, S, N, device="cuda", generator=g) * 2 + 0.5).to(dtype)
+                scale, shift = _modulated_params(B, S, N, dtype, form, g)
+                w = torch.randn(N, device="cuda", generator=g).to(dtype) if affine else None
+                b = torch.randn(N, device="cuda", generator=g).to(dtype) if affine else None
+                args = (x, w, b, 1e-6, scale, shift, True)
+
+                def eager(x=x, w=w, b=b, scale=scale, shift=shift):
+                    return F.layer_norm(x, x.shape[-1:], w, b, 1e-6) * (1 + scale) + shift
+
+                cases.append(Case("layernorm_modulate", (B, S, N), dtype,
+                                  f"{model}, {form} params" + (", affine LN" if affine else ""),
+                                  eager, lambda a=args: kernel(*a), lambda a=args: op(*a), x))
+    return cases
+
+
+CASES: Dict[str, Callable[[bool], List[Case]]] = {
+    "layernorm_modulate": layernorm_modulate_cases,
+}
+
+
+def measure(case: Case) -> dict:
+    want = case.eager()
+    got = case.sgdiff_raw()
+    via_op = case.sgdiff_op()
+    inductor_fn = torch.compile(case.eager)
+    ind = inductor_fn()
+    dst = torch.empty_like(case.copy_src)
+    nbytes = 2 * case.copy_src.numel() * case.copy_src.element_size()
+    row = dict(
+        op=case.op, shape=list(case.shape), dtype=str(case.dtype).removeprefix("torch."), note=case.note,
+        bitexact=bool(torch.equal(got, want)), bitexact_via_op=bool(torch.equal(via_op, want)),
+        mismatches=int((got != want).sum()),
+        inductor_bitexact=bool(torch.equal(ind, want)),
+        inductor_max_diff=float((ind.float() - want.float()).abs().max()),
+        eager_us=gpu_us(case.eager), inductor_us=gpu_us(inductor_fn),
+        sgdiff_us=gpu_us(case.sgdiff_raw), copy_us=gpu_us(lambda: dst.copy_(case.copy_src)),
+        wall_eager_us=wall_us(case.eager), wall_sgdiff_us=wall_us(case.sgdiff_op),
+        wall_sgdiff_raw_us=wall_us(case.sgdiff_raw),
+    )
+    row["copy_gbps"] = nbytes / row["copy_us"] / 1e3
+    row["sgdiff_gbps"] = nbytes / row["sgdiff_us"] / 1e3
+    return row
+
+
+def _meta() -> dict:
+    import triton
+
+    commit = os.environ.get("SGDIFF_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        except OSError:
+            commit = "unknown"
+    return dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                commit=commit or "unknown")
+
+
+def write_report(result: dict, out: pathlib.Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernels.json").write_text(json.dumps(result, indent=1))
+    lines = [f"# sgdiff kernels on {result['gpu']}",
+             f"torch {result['torch']}, triton {result['triton']}, commit {result['commit']}. "
+             "GPU times in µs per call from CUDA-graph replay; wall = host time per call through "
+             "the op (torch.ops.sgdiff) vs the eager chain.", "",
+             "| op | shape | dtype | case | bit-exact | sgdiff | eager | Inductor | copy | sgdiff/copy | "
+             "wall sgdiff | wall eager |", "|" + " --- |" * 12]
+    for c in result["cases"]:
+        lines.append(f"| {c['op']} | {'×'.join(map(str, c['shape']))} | {c['dtype']} | {c['note']} | "
+                     f"{'yes' if c['bitexact'] else 'NO (%d)' % c['mismatches']} | {c['sgdiff_us']:.1f} | "
+                     f"{c['eager_us']:.1f} | {c['inductor_us']:.1f} | {c['copy_us']:.1f} | "
+                     f"{c['sgdiff_us'] / c['copy_us']:.2f} | {c['wall_sgdiff_us']:.1f} | {c['wall_eager_us']:.1f} |")
+    (out / "kernels.md").write_text("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        cases = result["cases"]
+        labels = [f"{c['op']}\n{'×'.join(map(str, c['shape']))} {c['dtype']}" for c in cases]
+        fig, ax = plt.subplots(figsize=(max(8, len(cases) * 0.9), 4.5))
+        width = 0.2
+        for i, key in enumerate(["eager_us", "inductor_us", "sgdiff_us", "copy_us"]):
+            ax.bar([j + i * width for j in range(len(cases))], [c[key] / c["copy_us"] for c in cases],
+                   width, label=key.removesuffix("_us"))
+        ax.set_xticks([j + 1.5 * width for j in range(len(cases))], labels, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("GPU time / copy of the same bytes")
+        ax.axhline(1.5, color="gray", ls=":", lw=1)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "kernels.png", dpi=110)
+    except ImportError:
+        pass
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--ops", default=",".join(CASES))
+    parser.add_argument("--quick", action="store_true", help="one shape per op")
+    args = parser.parse_args(argv)
+    from tqdm import tqdm
+
+    cases = [c for op in args.ops.split(",") for c in CASES[op](args.quick)]
+    rows = []
+    for case in tqdm(cases, desc="kernels", file=sys.stdout):
+        rows.append(measure(case))
+        r = rows[-1]
+        tqdm.write(f"{r['op']:<20} {str(r['shape']):<20} {r['dtype']:<9} exact={r['bitexact']} "
+                   f"mism={r['mismatches']} sgdiff={r['sgdiff_us']:.1f} eager={r['eager_us']:.1f} "
+                   f"ind={r['inductor_us']:.1f} copy={r['copy_us']:.1f} wall={r['wall_sgdiff_us']:.1f}/"
+                   f"{r['wall_eager_us']:.1f} raw={r['wall_sgdiff_raw_us']:.1f}")
+    result = dict(_meta(), cases=rows)
+    write_report(result, pathlib.Path(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""GPU and wall-clock timing helpers shared by the benchmarks."""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+
+def gpu_us(fn: Callable[[], object], calls_per_graph: int = 20, replays: int = 20) -> float:
+    """Median GPU time of one call in µs, from CUDA-graph replays (launch gaps removed)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls_per_graph):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls_per_graph)
+    return statistics.median(times)
+
+
+def wall_us(fn: Callable[[], object], calls: int = 200, rounds: int = 5) -> float:
+    """Median wall time of one call in µs (host dispatch included), synchronized per round."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e6 / calls)
+    return statistics.median(times)

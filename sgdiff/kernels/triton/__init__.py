@@ -1,0 +1,1 @@
+"""Triton implementations of sgdiff ops. Imported only when a KernelSpec is loaded."""

@@ -1,0 +1,141 @@
+"""Triton sgdiff::layernorm_modulate, bitwise equal to eager on CUDA.
+
+Eager chain and its rounding steps (dtype T = bf16, fp16 or fp32 throughout)::
+
+    y = layer_norm(x, [N], w, b, eps)   # ATen vectorized kernel: Welford stats (welford.py),
+                                        # y = rstd * (x - mean) [fma(w, ., b) when affine]
+                                        # rounded once to T
+    f = scale + 1                       # fp32 add, rounded to T
+    y = y * f                           # fp32 mul, rounded to T
+    y = y + shift                       # fp32 add, rounded to T
+
+One program normalizes one row, as ATen does; it reads the row twice (stats, then output),
+the second time from cache. ``scale``/``shift`` are read through broadcast strides
+``[B, S, N]`` so chunk views, ``[:, None]`` rows and per-token tensors need no copy.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from sgdiff.kernels.triton.welford import THREADS, VEC, row_welford, rsqrt_approx
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _layernorm_modulate_kernel(
+    x_ptr,  # [B, S, N] input, last dim contiguous
+    w_ptr,  # [N] LayerNorm weight (unused unless HAS_WEIGHT)
+    b_ptr,  # [N] LayerNorm bias (unused unless HAS_BIAS)
+    scale_ptr,  # scale broadcast to [B, S, N] through (stride_scb, stride_scs, stride_scn)
+    shift_ptr,  # shift, likewise (unused unless HAS_SHIFT)
+    out_ptr,  # [B, S, N] contiguous output
+    S,  # rows per batch entry
+    N,  # normalized size, a multiple of 4
+    stride_xb, stride_xs,  # x strides (elements)
+    stride_scb, stride_scs, stride_scn,  # scale strides (0 where broadcast)
+    stride_shb, stride_shs, stride_shn,  # shift strides (0 where broadcast)
+    eps,  # fp32
+    ITERS: tl.constexpr,  # ceil(N / 4 / 128)
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_SHIFT: tl.constexpr,
+    PLUS_ONE: tl.constexpr,  # factor is (scale + 1) rather than scale
+    EXACT_RSQRT: tl.constexpr,  # interpreter only
+):
+    row = tl.program_id(0).to(tl.int64)
+    bi = row // S
+    si = row % S
+    x_row = x_ptr + bi * stride_xb + si * stride_xs
+    mean, m2, _ = row_welford(x_row, N // VEC, ITERS)
+    var = tl.math.div_rn(m2, tl.full(m2.shape, N, tl.float32))
+    rstd = rsqrt_approx(var + eps, EXACT_RSQRT)
+
+    dtype = out_ptr.dtype.element_ty
+    t = tl.arange(0, THREADS)
+    lane = tl.arange(0, VEC)
+    for k in tl.static_range(ITERS):
+        col = (k * THREADS + t)[:, None] * VEC + lane[None, :]  # [128, 4]
+        mask = col < N
+        x = tl.load(x_row + col, mask=mask, other=0.0).to(tl.float32)
+        y = rstd * (x - mean)
+        if HAS_WEIGHT:
+            w = tl.load(w_ptr + col, mask=mask, other=0.0).to(tl.float32)
+            if HAS_BIAS:
+                y = tl.fma(w, y, tl.load(b_ptr + col, mask=mask, other=0.0).to(tl.float32))
+            else:
+                y = w * y
+        elif HAS_BIAS:
+            y = tl.fma(rstd, x - mean, tl.load(b_ptr + col, mask=mask, other=0.0).to(tl.float32))
+        y = y.to(dtype).to(tl.float32)  # LayerNorm output
+
+        sc = tl.load(scale_ptr + bi * stride_scb + si * stride_scs + col * stride_scn,
+                     mask=mask, other=0.0).to(tl.float32)
+        if PLUS_ONE:
+            sc = (sc + 1.0).to(dtype).to(tl.float32)
+        y = (y * sc).to(dtype)
+        if HAS_SHIFT:
+            sh = tl.load(shift_ptr + bi * stride_shb + si * stride_shs + col * stride_shn,
+                         mask=mask, other=0.0).to(tl.float32)
+            y = (y.to(tl.float32) + sh).to(dtype)
+        tl.store(out_ptr + row * N + col, y, mask=mask)
+
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    # ATen vectorizes only when the pointer holds a whole aligned_vector<T, 4>
+    return t.data_ptr() % (VEC * t.element_size()) == 0
+
+
+def can_use(x, weight, bias, eps, scale, shift, scale_plus_one=True) -> bool:
+    """Inputs on which eager takes ATen's vectorized LayerNorm and every operand is one dtype."""
+    if not (x.is_cuda and x.dtype in _DTYPES and 2 <= x.dim() <= 3 and x.numel() > 0):
+        return False
+    n = x.shape[-1]
+    if n % VEC or n > 2**24 or x.stride(-1) != 1:
+        return False
+    # eager normalizes x.contiguous(): a copy (aligned) when x is strided, else x itself
+    if x.is_contiguous() and not _aligned(x):
+        return False
+    for p in (weight, bias):
+        if p is not None and (p.dtype != x.dtype or p.dim() != 1 or p.stride(0) != 1
+                              or not _aligned(p) or p.device != x.device):
+            return False
+    for p in (scale, shift):
+        if p is not None and (p.dtype != x.dtype or p.device != x.device or p.dim() > x.dim()):
+            return False
+    return scale is not None
+
+
+def _bsn_strides(p: torch.Tensor, shape) -> tuple:
+    """Strides of ``p`` broadcast to ``shape`` = [B, S, N] (0 along broadcast dims)."""
+    return p.expand(shape).stride()
+
+
+def layernorm_modulate(x, weight, bias, eps, scale, shift, scale_plus_one=True):
+    """Launch; the caller has checked :func:`can_use`."""
+    shape = (1, *x.shape) if x.dim() == 2 else tuple(x.shape)
+    x3 = x.view(shape) if x.dim() == 2 else x
+    B, S, N = shape
+    out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    sc_strides = _bsn_strides(scale, shape)
+    sh_strides = _bsn_strides(shift, shape) if shift is not None else (0, 0, 0)
+    _layernorm_modulate_kernel[(B * S,)](
+        x3, weight if weight is not None else x3, bias if bias is not None else x3,
+        scale, shift if shift is not None else scale, out,
+        S, N, x3.stride(0), x3.stride(1), *sc_strides, *sh_strides, eps,
+        ITERS=triton.cdiv(N // VEC, THREADS),
+        HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+        HAS_SHIFT=shift is not None, PLUS_ONE=scale_plus_one, EXACT_RSQRT=_INTERPRET,
+        num_warps=4, enable_fp_fusion=False,
+    )
+    return out.view(x.shape)
+
+
+layernorm_modulate.can_use = can_use

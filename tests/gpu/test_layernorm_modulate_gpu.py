@@ -1,0 +1,136 @@
+"""layernorm_modulate on CUDA: the Triton kernel is bitwise equal to eager, or is not used."""
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+from sgdiff.kernels import dispatch, registry
+from sgdiff.kernels.triton import layernorm_modulate as tk
+
+pytestmark = pytest.mark.gpu
+OP = registry.op_def("layernorm_modulate").load()
+
+
+def eager(x, w, b, eps, scale, shift):
+    y = F.layer_norm(x, x.shape[-1:], w, b, eps) * (1 + scale)
+    return y + shift if shift is not None else y
+
+
+@pytest.fixture(autouse=True)
+def fresh_dispatch():
+    dispatch.reset()
+    yield
+    dispatch.reset()
+
+
+def bits(t):
+    return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+# Real DiT shapes: Sana 1.6B, PixArt-Sigma, Flux.1-dev, SD3.5-large, Wan 2.1 1.3B / 14B
+REAL = [(2, 1024, 2240), (2, 4096, 1152), (1, 4608, 3072), (1, 4429, 2432), (1, 32760, 1536), (1, 32760, 5120)]
+
+
+@pytest.mark.parametrize("shape", REAL)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("affine", [False, True])
+def test_real_shapes_bitexact(shape, dtype, affine):
+    B, S, N = shape
+    x = torch.randn(shape, device="cuda", dtype=dtype) * 3 + 1
+    emb = torch.randn(B, 6 * N, device="cuda", dtype=dtype)
+    shift, scale = emb[:, None].chunk(6, dim=-1)[:2]
+    w = torch.randn(N, device="cuda", dtype=dtype) if affine else None
+    b = torch.randn(N, device="cuda", dtype=dtype) if affine else None
+    args = (x, w, b, 1e-6, scale, shift, True)
+    assert tk.can_use(*args)
+    got = tk.layernorm_modulate(*args)
+    want = eager(x, w, b, 1e-6, scale, shift)
+    assert torch.equal(bits(got), bits(want)), f"{int((got != want).sum())} of {got.numel()} differ"
+
+
+layouts = st.sampled_from(["contiguous", "chunk_view", "transposed", "misaligned", "per_token", "vector"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(B=st.integers(1, 3), S=st.integers(1, 300), N=st.integers(2, 2800),  # N % 4 != 0 takes ATen's other kernel: sgdiff must fall back
+       dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]), layout=layouts,
+       shift=st.booleans(), affine=st.booleans(), eps=st.sampled_from([1e-6, 1e-5]))
+def test_any_layout_is_exact_or_falls_back(B, S, N, dtype, layout, shift, affine, eps):
+    g = torch.Generator(device="cuda").manual_seed(B * 1000 + S)
+    x = (torch.randn(B, S, N + 1, device="cuda", generator=g) * 2).to(dtype)
+    if layout == "transposed":
+        x = x[..., :N].transpose(0, 1).contiguous().transpose(0, 1)
+    elif layout == "misaligned":
+        x = x.flatten()[1:1 + B * S * N].view(B, S, N)  # contiguous, storage offset of one element
+    elif layout == "chunk_view":
+        x = x[..., :N]
+    else:
+        x = x[..., :N].contiguous()
+    pshape = (B, S, 2 * N) if layout == "per_token" else (B, 1, 2 * N) if layout != "vector" else (2 * N,)
+    params = torch.randn(pshape, device="cuda", generator=g).to(dtype)
+    sc, sh = params.chunk(2, dim=-1)
+    w = torch.randn(N, device="cuda", generator=g).to(dtype) if affine else None
+    b = torch.randn(N, device="cuda", generator=g).to(dtype) if affine else None
+    got = OP(x, w, b, eps, sc, sh if shift else None, True)
+    want = eager(x, w, b, eps, sc, sh if shift else None)
+    assert torch.equal(bits(got), bits(want))
+    assert not dispatch.disabled(), dispatch.disabled()
+
+
+def test_wrong_kernel_is_caught_and_disabled_alone(monkeypatch, caplog):
+    spec = next(s for s in registry.kernel_specs("layernorm_modulate") if s.backend == "triton")
+    real = dispatch._load(spec)
+
+    def wrong(*args):
+        return real(*args) * 1.0001
+
+    wrong.can_use = real.can_use
+    monkeypatch.setattr(dispatch, "_load", lambda s: wrong if s is spec else s.load())
+    x = torch.randn(2, 64, 1152, device="cuda", dtype=torch.bfloat16)
+    s = torch.randn(2, 1, 1152, device="cuda", dtype=torch.bfloat16)
+    with caplog.at_level(logging.WARNING, logger="sgdiff"):
+        out = OP(x, None, None, 1e-6, s, s, True)
+    assert torch.equal(out, eager(x, None, None, 1e-6, s, s))  # the reference answered
+    assert list(dispatch.disabled()) == [("layernorm_modulate", "triton")]
+    assert "not bit-exact" in caplog.text and "layernorm_modulate" in caplog.text
+    assert caplog.text.count("disabled") == 1
+
+
+def test_raising_kernel_falls_back(monkeypatch):
+    spec = next(s for s in registry.kernel_specs("layernorm_modulate") if s.backend == "triton")
+
+    def boom(*args):
+        raise RuntimeError("injected")
+
+    boom.can_use = lambda *a: True
+    monkeypatch.setattr(dispatch, "_load", lambda s: boom if s is spec else s.load())
+    x = torch.randn(2, 8, 64, device="cuda", dtype=torch.bfloat16)
+    s = torch.randn(2, 1, 64, device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(OP(x, None, None, 1e-6, s, s, True), eager(x, None, None, 1e-6, s, s))
+    assert "raised RuntimeError" in dispatch.disabled()[("layernorm_modulate", "triton")]
+
+
+def test_nan_and_inf_inputs_disable_nothing():
+    x = torch.randn(2, 64, 1152, device="cuda", dtype=torch.bfloat16)
+    x[0, 3, 7] = float("nan")
+    x[1, 5, 9] = float("inf")
+    s = torch.randn(2, 1, 1152, device="cuda", dtype=torch.bfloat16)
+    out = OP(x, None, None, 1e-6, s, s, True)
+    want = eager(x, None, None, 1e-6, s, s)
+    assert torch.equal(out[~want.isnan()], want[~want.isnan()])
+    assert not dispatch.disabled()
+
+
+def test_capture_of_an_unverified_signature_runs_the_reference():
+    x = torch.randn(2, 64, 1152, device="cuda", dtype=torch.bfloat16)
+    s = torch.randn(2, 1, 1152, device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph):
+        out = OP(x, None, None, 1e-6, s, s, True)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager(x, None, None, 1e-6, s, s))
+    assert not dispatch._verified  # nothing was verified inside the capture
