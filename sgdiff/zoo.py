@@ -138,3 +138,113 @@ def _place(model, kwargs, dtype, device):
         return v
 
     return model, {k: move(v) for k, v in kwargs.items()}
+
+
+def _flux2(size, dtype, device):
+    from diffusers import Flux2Transformer2DModel
+
+    if size == "tiny":
+        cfg = dict(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16,
+                   num_attention_heads=2, joint_attention_dim=32, timestep_guidance_channels=32,
+                   axes_dims_rope=(4, 4, 4, 4))
+        batch, h, w, text = 1, 4, 4, 8
+    else:  # FLUX.2-dev, 1024x1024: 4096 image tokens, 512 text tokens
+        cfg = dict()
+        batch, h, w, text = 1, 64, 64, 512
+    model = Flux2Transformer2DModel(**cfg)
+    c = model.config
+    g = _gen(device)
+    img_ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.zeros(1), torch.arange(h).float(),
+                                         torch.arange(w).float(), indexing="ij"), -1)
+    txt_ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.zeros(1), torch.zeros(1),
+                                         torch.arange(text).float(), indexing="ij"), -1)
+    kwargs = dict(
+        hidden_states=_randn(batch, h * w, c.in_channels, g=g),
+        encoder_hidden_states=_randn(batch, text, c.joint_attention_dim, g=g),
+        timestep=torch.full((batch,), 0.5),
+        img_ids=img_ids.reshape(-1, 4),
+        txt_ids=txt_ids.reshape(-1, 4),
+        guidance=torch.full((batch,), 3.5),
+        return_dict=False,
+    )
+    return _place(model, kwargs, dtype, device)
+
+
+def _sd35(size, dtype, device):
+    from diffusers import SD3Transformer2DModel
+
+    if size == "tiny":
+        cfg = dict(sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8,
+                   num_attention_heads=2, joint_attention_dim=32, caption_projection_dim=16,
+                   pooled_projection_dim=32, out_channels=4, pos_embed_max_size=8,
+                   dual_attention_layers=(0,), qk_norm="rms_norm")
+        batch, latent, text = 2, 8, 6
+    else:  # SD3.5 Medium at 1024x1024: 128x128 latent, patch 2 -> 4096 tokens, 333 text tokens
+        cfg = dict(num_layers=24, num_attention_heads=24, caption_projection_dim=1536, pos_embed_max_size=384,
+                   dual_attention_layers=tuple(range(13)), qk_norm="rms_norm")
+        batch, latent, text = 2, 128, 333
+    model = SD3Transformer2DModel(**cfg)
+    c = model.config
+    g = _gen(device)
+    kwargs = dict(
+        hidden_states=_randn(batch, c.in_channels, latent, latent, g=g),
+        encoder_hidden_states=_randn(batch, text, c.joint_attention_dim, g=g),
+        pooled_projections=_randn(batch, c.pooled_projection_dim, g=g),
+        timestep=torch.full((batch,), 500.0),
+        return_dict=False,
+    )
+    return _place(model, kwargs, dtype, device)
+
+
+def _wan(size, dtype, device):
+    from diffusers import WanTransformer3DModel
+
+    if size == "tiny":
+        cfg = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+                   out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=1, rope_max_seq_len=32)
+        batch, frames, height, width, text = 1, 2, 4, 4, 6
+    else:  # Wan 2.1 T2V 1.3B, 480p, 81 frames: 21x60x104 latent
+        cfg = dict(num_attention_heads=12, ffn_dim=8960, num_layers=30)
+        batch, frames, height, width, text = 1, 21, 60, 104, 512
+    model = WanTransformer3DModel(**cfg)
+    c = model.config
+    g = _gen(device)
+    kwargs = dict(
+        hidden_states=_randn(batch, c.in_channels, frames, height, width, g=g),
+        timestep=torch.full((batch,), 500.0),
+        encoder_hidden_states=_randn(batch, text, c.text_dim, g=g),
+        return_dict=False,
+    )
+    return _place(model, kwargs, dtype, device)
+
+
+def _qwenimage(size, dtype, device):
+    from diffusers import QwenImageTransformer2DModel
+
+    if size == "tiny":
+        cfg = dict(patch_size=2, in_channels=16, out_channels=4, num_layers=1, attention_head_dim=16,
+                   num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 6, 6))
+        batch, h, w, text = 1, 4, 4, 8
+    else:  # Qwen-Image at 1024x1024: 64x64 packed latent tokens
+        cfg = dict()
+        batch, h, w, text = 1, 64, 64, 512
+    model = QwenImageTransformer2DModel(**cfg)
+    c = model.config
+    g = _gen(device)
+    kwargs = dict(
+        hidden_states=_randn(batch, h * w, c.in_channels, g=g),
+        encoder_hidden_states=_randn(batch, text, c.joint_attention_dim, g=g),
+        timestep=torch.full((batch,), 0.5),
+        img_shapes=[(1, h, w)] * batch,
+        return_dict=False,
+    )
+    return _place(model, kwargs, dtype, device)
+
+
+MODELS.update({
+    "flux2": ModelCase("flux2", _flux2, "Flux2Transformer2DModel (tiny: 1 double + 1 single block)"),
+    "sd35": ModelCase("sd35", _sd35, "SD3Transformer2DModel, SD3.5 style (tiny: 2 layers, layer 0 dual attention, "
+                                     "RMSNorm QK-norm)"),
+    "wan": ModelCase("wan", _wan, "WanTransformer3DModel (tiny: 1 layer)"),
+    "qwenimage": ModelCase("qwenimage", _qwenimage, "QwenImageTransformer2DModel (tiny: 1 layer)"),
+})

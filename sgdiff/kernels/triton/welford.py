@@ -28,8 +28,8 @@ these kernels are compiled with ``enable_fp_fusion=False`` and write each FMA ex
 import triton
 import triton.language as tl
 
-THREADS = 128  # ATen: 32 x 4 threads per row
-VEC = 4  # ATen's vec_size for every dtype
+THREADS = tl.constexpr(128)  # ATen: 32 x 4 threads per row
+VEC = tl.constexpr(4)  # ATen's vec_size for every dtype
 
 
 @triton.jit
