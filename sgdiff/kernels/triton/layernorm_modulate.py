@@ -59,7 +59,7 @@ def _layernorm_modulate_kernel(
     t = tl.arange(0, THREADS)
     lane = tl.arange(0, VEC)
     for k in tl.static_range(ITERS):
-        col = (k * THREADS + t)[:, None] * VEC + lane[None, :]  # [128, 4]
+        col = (t + k * THREADS)[:, None] * VEC + lane[None, :]  # [128, 4]
         mask = col < N
         x = tl.load(x_row + col, mask=mask, other=0.0).to(tl.float32)
         y = rstd * (x - mean)

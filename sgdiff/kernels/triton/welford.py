@@ -94,7 +94,7 @@ def row_welford(row_ptr, n_vec, ITERS: tl.constexpr):
     m2 = tl.zeros((THREADS,), tl.float32)
     n = tl.zeros((THREADS,), tl.float32)
     for k in tl.static_range(ITERS):
-        v = k * THREADS + t
+        v = t + k * THREADS
         active = v < n_vec
         vec = tl.load(row_ptr + v[:, None] * VEC + lane[None, :], mask=active[:, None], other=0.0)
         x0, x1, x2, x3 = unpack4(vec.to(tl.float32))
