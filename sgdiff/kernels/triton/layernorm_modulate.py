@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgdiff.kernels.triton.welford import THREADS, VEC, row_welford, rsqrt_approx
+from sgdiff.kernels.triton.welford import THREADS, THREADS_C, VEC, VEC_C, row_welford, rsqrt_approx
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -51,15 +51,15 @@ def _layernorm_modulate_kernel(
     bi = row // S
     si = row % S
     x_row = x_ptr + bi * stride_xb + si * stride_xs
-    mean, m2, _ = row_welford(x_row, N // VEC, ITERS)
+    mean, m2, _ = row_welford(x_row, N // VEC_C, ITERS)
     var = tl.math.div_rn(m2, tl.full(m2.shape, N, tl.float32))
     rstd = rsqrt_approx(var + eps, EXACT_RSQRT)
 
     dtype = out_ptr.dtype.element_ty
-    t = tl.arange(0, THREADS)
-    lane = tl.arange(0, VEC)
+    t = tl.arange(0, THREADS_C)
+    lane = tl.arange(0, VEC_C)
     for k in tl.static_range(ITERS):
-        col = (t + k * THREADS)[:, None] * VEC + lane[None, :]  # [128, 4]
+        col = (t + k * THREADS_C)[:, None] * VEC_C + lane[None, :]  # [128, 4]
         mask = col < N
         x = tl.load(x_row + col, mask=mask, other=0.0).to(tl.float32)
         y = rstd * (x - mean)
@@ -95,7 +95,12 @@ def _aligned(t: torch.Tensor) -> bool:
 
 def can_use(x, weight, bias, eps, scale, shift, scale_plus_one=True) -> bool:
     """Inputs on which eager takes ATen's vectorized LayerNorm and every operand is one dtype."""
-    if not (x.is_cuda and x.dtype in _DTYPES and 2 <= x.dim() <= 3 and x.numel() > 0):
+    return x.is_cuda and supported_layout(x, weight, bias, eps, scale, shift, scale_plus_one)
+
+
+def supported_layout(x, weight, bias, eps, scale, shift, scale_plus_one=True) -> bool:
+    """can_use without the device check (the interpreter runs the kernel on CPU tensors)."""
+    if not (x.dtype in _DTYPES and 2 <= x.dim() <= 3 and x.numel() > 0):
         return False
     n = x.shape[-1]
     if n % VEC or n > 2**24 or x.stride(-1) != 1:

@@ -28,8 +28,10 @@ these kernels are compiled with ``enable_fp_fusion=False`` and write each FMA ex
 import triton
 import triton.language as tl
 
-THREADS = tl.constexpr(128)  # ATen: 32 x 4 threads per row
-VEC = tl.constexpr(4)  # ATen's vec_size for every dtype
+THREADS = 128  # ATen: 32 x 4 threads per row
+VEC = 4  # ATen's vec_size for every dtype
+THREADS_C = tl.constexpr(THREADS)  # the same, for use inside @triton.jit code
+VEC_C = tl.constexpr(VEC)
 
 
 @triton.jit
@@ -88,15 +90,15 @@ def row_welford(row_ptr, n_vec, ITERS: tl.constexpr):
     ``4k + j``, so ``1 / count`` is a compile-time constant (fp32-rounded: equal to the
     correctly rounded division for every count below 2**17).
     """
-    t = tl.arange(0, THREADS)
-    lane = tl.arange(0, VEC)
-    mean = tl.zeros((THREADS,), tl.float32)
-    m2 = tl.zeros((THREADS,), tl.float32)
-    n = tl.zeros((THREADS,), tl.float32)
+    t = tl.arange(0, THREADS_C)
+    lane = tl.arange(0, VEC_C)
+    mean = tl.zeros((THREADS_C,), tl.float32)
+    m2 = tl.zeros((THREADS_C,), tl.float32)
+    n = tl.zeros((THREADS_C,), tl.float32)
     for k in tl.static_range(ITERS):
-        v = t + k * THREADS
+        v = t + k * THREADS_C
         active = v < n_vec
-        vec = tl.load(row_ptr + v[:, None] * VEC + lane[None, :], mask=active[:, None], other=0.0)
+        vec = tl.load(row_ptr + v[:, None] * VEC_C + lane[None, :], mask=active[:, None], other=0.0)
         x0, x1, x2, x3 = unpack4(vec.to(tl.float32))
         mean, m2 = _online(mean, m2, x0, active, 1.0 / (4 * k + 1))
         mean, m2 = _online(mean, m2, x1, active, 1.0 / (4 * k + 2))
