@@ -13,6 +13,7 @@ from torch import fx
 
 from sgdiff import _compat
 from sgdiff.fxpasses import ManagerResult, PassManager
+from sgdiff.fxpasses.lowering import lower_to_launchers
 from sgdiff.kernels import dispatch
 from sgdiff.options import Options
 from sgdiff.tiers import Tier, current_call_tier
@@ -71,6 +72,7 @@ class TieredGraph:
             result = None
         if result is not None and self.on_result is not None:
             self.on_result(result)
+        lower_to_launchers(gm)
         fn = gm.forward
         if self.options.cudagraphs:
             log.info("sgdiff: mode='reduce-overhead' accepted; graphs run without CUDA graphs")

@@ -36,7 +36,7 @@ def test_unknown_tier_lists_the_valid_ones():
 
 
 def test_close_op_is_skipped_at_lossless(example_pattern):
-    gm, result = rewrite(fn, ARGS, quality="lossless")
+    gm, result = rewrite(fn, ARGS, quality="lossless", families=["example"])
     assert result.counts["example"] == 0
     assert [s.reason for s in result.skipped] == ["contract close is not admitted at lossless"]
     assert count_op(gm, example_pattern) == 0
@@ -45,7 +45,7 @@ def test_close_op_is_skipped_at_lossless(example_pattern):
 
 @pytest.mark.parametrize("tier", ["extra-high", "high"])
 def test_close_op_is_rewritten_from_extra_high(example_pattern, tier):
-    gm, result = rewrite(fn, ARGS, quality=tier)
+    gm, result = rewrite(fn, ARGS, quality=tier, families=["example"])
     assert result.counts["example"] == 1 and count_op(gm, example_pattern) == 1
     assert torch.equal(gm(*ARGS), ext.mul_add(*ARGS))
 
@@ -55,7 +55,7 @@ def test_close_rewrites_are_all_or_nothing(example_pattern):
         return a * b + c, a * b + d  # the second site broadcasts d: its guard fails
 
     args = ARGS + (torch.randn(8, dtype=torch.bfloat16),)
-    gm, result = rewrite(two_sites, args, quality="extra-high")
+    gm, result = rewrite(two_sites, args, quality="extra-high", families=["example"])
     assert result.counts["example"] == 0
     reasons = sorted(s.reason for s in result.skipped)
     assert reasons[0].startswith("another site of this family failed its guard")
@@ -85,7 +85,8 @@ def test_per_call_switch_picks_a_separate_variant(example_pattern):
     from sgdiff.options import Options
 
     results = []
-    compiled = torch.compile(fn, backend=SgdiffBackend(Options(), on_result=results.append))
+    options = Options(families=("example",))  # `a * b + c` is also a gated residual
+    compiled = torch.compile(fn, backend=SgdiffBackend(options, on_result=results.append))
     lossless = compiled(*ARGS)
     with sgdiff.quality("extra-high"):
         extra = compiled(*ARGS)

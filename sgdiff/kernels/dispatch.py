@@ -104,6 +104,17 @@ def _first_difference(got: torch.Tensor, want: torch.Tensor) -> Optional[str]:
             f"reference {want[idx].item()!r}")
 
 
+@functools.lru_cache(maxsize=None)
+def launcher(op: str) -> Callable:
+    """A plain function running ``op`` (what the op's device kernel does, minus the dispatcher)."""
+
+    def launch(*args):
+        return run(op, *args)
+
+    launch.__name__ = launch.__qualname__ = "sgdiff_" + op.replace("::", "_")
+    return launch
+
+
 def run(op: str, *args):
     """Run ``op`` on ``args`` with the best implementation that accepts them."""
     x = args[0]

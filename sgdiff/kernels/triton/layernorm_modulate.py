@@ -46,43 +46,63 @@ def _layernorm_modulate_kernel(
     HAS_SHIFT: tl.constexpr,
     PLUS_ONE: tl.constexpr,  # factor is (scale + 1) rather than scale
     EXACT_RSQRT: tl.constexpr,  # interpreter only
+    COLUMNS: tl.constexpr = 0,
+    DYNAMIC: tl.constexpr = 0,
+    TREE: tl.constexpr = 0,
 ):
     row = tl.program_id(0).to(tl.int64)
     bi = row // S
     si = row % S
     x_row = x_ptr + bi * stride_xb + si * stride_xs
-    mean, m2, _ = row_welford(x_row, N // VEC_C, ITERS)
+    mean, m2, _ = row_welford(x_row, N // VEC_C, ITERS, COLUMNS, DYNAMIC, TREE)
     var = tl.math.div_rn(m2, tl.full(m2.shape, N, tl.float32))
     rstd = rsqrt_approx(var + eps, EXACT_RSQRT)
 
+    if DYNAMIC:
+        for k in range(ITERS):
+            _modulate_tile(k, x_row, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr, row, bi, si, N, mean, rstd,
+                           stride_scb, stride_scs, stride_scn, stride_shb, stride_shs, stride_shn,
+                           HAS_WEIGHT, HAS_BIAS, HAS_SHIFT, PLUS_ONE)
+    else:
+        for k in tl.static_range(ITERS):
+            _modulate_tile(k, x_row, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr, row, bi, si, N, mean, rstd,
+                           stride_scb, stride_scs, stride_scn, stride_shb, stride_shs, stride_shn,
+                           HAS_WEIGHT, HAS_BIAS, HAS_SHIFT, PLUS_ONE)
+
+
+@triton.jit
+def _modulate_tile(k, x_row, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr, row, bi, si, N, mean, rstd,
+                   stride_scb, stride_scs, stride_scn, stride_shb, stride_shs, stride_shn,
+                   HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SHIFT: tl.constexpr,
+                   PLUS_ONE: tl.constexpr):
+    """Normalize and modulate the k-th [128, 4] tile of the row, rounding as eager does."""
     dtype = out_ptr.dtype.element_ty
     t = tl.arange(0, THREADS_C)
     lane = tl.arange(0, VEC_C)
-    for k in tl.static_range(ITERS):
-        col = (t + k * THREADS_C)[:, None] * VEC_C + lane[None, :]  # [128, 4]
-        mask = col < N
-        x = tl.load(x_row + col, mask=mask, other=0.0).to(tl.float32)
-        y = rstd * (x - mean)
-        if HAS_WEIGHT:
-            w = tl.load(w_ptr + col, mask=mask, other=0.0).to(tl.float32)
-            if HAS_BIAS:
-                y = tl.fma(w, y, tl.load(b_ptr + col, mask=mask, other=0.0).to(tl.float32))
-            else:
-                y = w * y
-        elif HAS_BIAS:
-            y = tl.fma(rstd, x - mean, tl.load(b_ptr + col, mask=mask, other=0.0).to(tl.float32))
-        y = y.to(dtype).to(tl.float32)  # LayerNorm output
+    col = (t + k * THREADS_C)[:, None] * VEC_C + lane[None, :]  # [128, 4]
+    mask = col < N
+    x = tl.load(x_row + col, mask=mask, other=0.0).to(tl.float32)
+    y = rstd * (x - mean)
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + col, mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            y = tl.fma(w, y, tl.load(b_ptr + col, mask=mask, other=0.0).to(tl.float32))
+        else:
+            y = w * y
+    elif HAS_BIAS:
+        y = tl.fma(rstd, x - mean, tl.load(b_ptr + col, mask=mask, other=0.0).to(tl.float32))
+    y = y.to(dtype).to(tl.float32)  # LayerNorm output
 
-        sc = tl.load(scale_ptr + bi * stride_scb + si * stride_scs + col * stride_scn,
+    sc = tl.load(scale_ptr + bi * stride_scb + si * stride_scs + col * stride_scn,
+                 mask=mask, other=0.0).to(tl.float32)
+    if PLUS_ONE:
+        sc = (sc + 1.0).to(dtype).to(tl.float32)
+    y = (y * sc).to(dtype)
+    if HAS_SHIFT:
+        sh = tl.load(shift_ptr + bi * stride_shb + si * stride_shs + col * stride_shn,
                      mask=mask, other=0.0).to(tl.float32)
-        if PLUS_ONE:
-            sc = (sc + 1.0).to(dtype).to(tl.float32)
-        y = (y * sc).to(dtype)
-        if HAS_SHIFT:
-            sh = tl.load(shift_ptr + bi * stride_shb + si * stride_shs + col * stride_shn,
-                         mask=mask, other=0.0).to(tl.float32)
-            y = (y.to(tl.float32) + sh).to(dtype)
-        tl.store(out_ptr + row * N + col, y, mask=mask)
+        y = (y.to(tl.float32) + sh).to(dtype)
+    tl.store(out_ptr + row * N + col, y, mask=mask)
 
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -123,6 +143,9 @@ def _bsn_strides(p: torch.Tensor, shape) -> tuple:
     return p.expand(shape).stride()
 
 
+VARIANT = {}
+
+
 def layernorm_modulate(x, weight, bias, eps, scale, shift, scale_plus_one=True):
     """Launch; the caller has checked :func:`can_use`."""
     shape = (1, *x.shape) if x.dim() == 2 else tuple(x.shape)
@@ -138,7 +161,7 @@ def layernorm_modulate(x, weight, bias, eps, scale, shift, scale_plus_one=True):
         ITERS=triton.cdiv(N // VEC, THREADS),
         HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
         HAS_SHIFT=shift is not None, PLUS_ONE=scale_plus_one, EXACT_RSQRT=_INTERPRET,
-        num_warps=4, enable_fp_fusion=False,
+        num_warps=4, enable_fp_fusion=False, **VARIANT,
     )
     return out.view(x.shape)
 

@@ -83,29 +83,68 @@ def rsqrt_approx(x, EXACT_RSQRT: tl.constexpr):
 
 
 @triton.jit
-def row_welford(row_ptr, n_vec, ITERS: tl.constexpr):
+def row_welford(row_ptr, n_vec, ITERS: tl.constexpr, COLUMNS: tl.constexpr = 0,
+                DYNAMIC: tl.constexpr = 0, TREE: tl.constexpr = 0):
     """Mean and m2 of one row of ``4 * n_vec`` elements, in ATen's vectorized order.
 
     Thread ``t`` takes vectors ``t + 128 k``; its count before element ``4k + j`` is exactly
-    ``4k + j``, so ``1 / count`` is a compile-time constant (fp32-rounded: equal to the
-    correctly rounded division for every count below 2**17).
+    ``4k + j``, so ``1 / count`` is known up front (fp32-rounded: equal to the correctly
+    rounded division for every count below 2**17).
     """
     t = tl.arange(0, THREADS_C)
     lane = tl.arange(0, VEC_C)
     mean = tl.zeros((THREADS_C,), tl.float32)
     m2 = tl.zeros((THREADS_C,), tl.float32)
     n = tl.zeros((THREADS_C,), tl.float32)
-    for k in tl.static_range(ITERS):
-        v = t + k * THREADS_C
-        active = v < n_vec
-        vec = tl.load(row_ptr + v[:, None] * VEC_C + lane[None, :], mask=active[:, None], other=0.0)
-        x0, x1, x2, x3 = unpack4(vec.to(tl.float32))
-        mean, m2 = _online(mean, m2, x0, active, 1.0 / (4 * k + 1))
-        mean, m2 = _online(mean, m2, x1, active, 1.0 / (4 * k + 2))
-        mean, m2 = _online(mean, m2, x2, active, 1.0 / (4 * k + 3))
-        mean, m2 = _online(mean, m2, x3, active, 1.0 / (4 * k + 4))
-        n = tl.where(active, n + 4.0, n)
-    return block_welford_reduce(mean, m2, n)
+    if DYNAMIC:
+        for k in range(ITERS):
+            v = t + k * THREADS_C
+            active = v < n_vec
+            p = row_ptr + v * VEC_C
+            c = tl.zeros((THREADS_C,), tl.float32) + k * 4  # the count before this vector
+            x0 = tl.load(p, mask=active, other=0.0).to(tl.float32)
+            x1 = tl.load(p + 1, mask=active, other=0.0).to(tl.float32)
+            x2 = tl.load(p + 2, mask=active, other=0.0).to(tl.float32)
+            x3 = tl.load(p + 3, mask=active, other=0.0).to(tl.float32)
+            mean, m2 = _online(mean, m2, x0, active, _rcp(c + 1.0))
+            mean, m2 = _online(mean, m2, x1, active, _rcp(c + 2.0))
+            mean, m2 = _online(mean, m2, x2, active, _rcp(c + 3.0))
+            mean, m2 = _online(mean, m2, x3, active, _rcp(c + 4.0))
+            n = tl.where(active, n + 4.0, n)
+    else:
+        for k in tl.static_range(ITERS):
+            v = t + k * THREADS_C
+            active = v < n_vec
+            if COLUMNS:
+                p = row_ptr + v * VEC_C
+                x0 = tl.load(p, mask=active, other=0.0).to(tl.float32)
+                x1 = tl.load(p + 1, mask=active, other=0.0).to(tl.float32)
+                x2 = tl.load(p + 2, mask=active, other=0.0).to(tl.float32)
+                x3 = tl.load(p + 3, mask=active, other=0.0).to(tl.float32)
+            else:
+                vec = tl.load(row_ptr + v[:, None] * VEC_C + lane[None, :], mask=active[:, None], other=0.0)
+                x0, x1, x2, x3 = unpack4(vec.to(tl.float32))
+            mean, m2 = _online(mean, m2, x0, active, 1.0 / (4 * k + 1))
+            mean, m2 = _online(mean, m2, x1, active, 1.0 / (4 * k + 2))
+            mean, m2 = _online(mean, m2, x2, active, 1.0 / (4 * k + 3))
+            mean, m2 = _online(mean, m2, x3, active, 1.0 / (4 * k + 4))
+            n = tl.where(active, n + 4.0, n)
+    if TREE == 1:
+        return tl.reduce((mean, m2, n), 0, welford_combine)
+    elif TREE == 2:
+        return tl.reduce((mean, m2, n), 0, _welford_combine_swapped)
+    else:
+        return block_welford_reduce(mean, m2, n)
+
+
+@triton.jit
+def _welford_combine_swapped(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
+    return welford_combine(mean_b, m2_b, n_b, mean_a, m2_a, n_a)
+
+
+@triton.jit
+def _rcp(c):
+    return tl.math.div_rn(tl.full(c.shape, 1.0, tl.float32), c)
 
 
 @triton.jit
