@@ -1,12 +1,15 @@
-"""Lower sgdiff op calls in an executed graph to direct launcher calls.
+"""Lower sgdiff op calls in an executed graph to direct calls.
 
 A custom op call goes through the dispatcher (tens of µs of host time per call); the graph a
-backend runs does not need it: each ``torch.ops.sgdiff.<op>`` node is retargeted to the op's
+backend runs does not need it. Each ``torch.ops.sgdiff.<op>`` node is retargeted to the op's
 plain Python launcher (:func:`sgdiff.kernels.dispatch.launcher`), which picks the same
-implementation the op would. Graphs meant for export keep the ops.
+implementation the op would, or, where the op has nothing but its reference on that device and
+dtype, to the reference itself: the eager chain, at the eager chain's cost. Graphs meant for
+export keep the ops.
 """
 from __future__ import annotations
 
+import torch
 from torch import fx
 
 from sgdiff.kernels import dispatch, registry
@@ -25,7 +28,12 @@ def lower_to_launchers(gm: fx.GraphModule) -> int:
     lowered = 0
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in by_overload and not node.kwargs:
-            node.target = dispatch.launcher(by_overload[node.target])
+            op = by_overload[node.target]
+            x = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+            if isinstance(x, torch.Tensor) and not dispatch.accelerated(op, x.device.type, x.dtype):
+                node.target = dispatch.reference(op)
+            else:
+                node.target = dispatch.launcher(op)
             lowered += 1
     if lowered:
         gm.recompile()

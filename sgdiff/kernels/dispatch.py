@@ -36,6 +36,7 @@ def disable(op: str, backend: str, reason: str) -> None:
     """Stop using one implementation of one op for the rest of the process."""
     if (op, backend) not in _disabled:
         _disabled[(op, backend)] = reason
+        _plans.clear()
         log.warning("sgdiff: %s implementation of %s disabled, falling back: %s", backend, op, reason)
 
 
@@ -47,6 +48,7 @@ def reset() -> None:
     """Forget verifications and disabled implementations (for tests)."""
     _disabled.clear()
     _verified.clear()
+    _plans.clear()
 
 
 @contextlib.contextmanager
@@ -115,26 +117,41 @@ def launcher(op: str) -> Callable:
     return launch
 
 
+def _plan(op: str, device: torch.device, dtype: torch.dtype) -> list:
+    """The implementations to try for ``op`` on this device and dtype, cached."""
+    key = (op, device.type, device.index, dtype, registry.generation())
+    plan = _plans.get(key)
+    if plan is None:
+        cap = _capability(device.index or 0) if device.type == "cuda" else None
+        dtype_name = str(dtype).removeprefix("torch.")
+        plan = []
+        for spec in registry.kernel_specs(op):
+            if spec.backend == "reference":
+                plan.append((spec, _load(spec), None))
+                break
+            if (op, spec.backend) not in _disabled and spec.supports(device.type, dtype_name, cap):
+                impl = _load(spec)
+                plan.append((spec, impl, getattr(impl, "can_use", None)))
+        _plans[key] = plan
+    return plan
+
+
+_plans: Dict[tuple, list] = {}
+
+
 def run(op: str, *args):
     """Run ``op`` on ``args`` with the best implementation that accepts them."""
     x = args[0]
-    device = x.device
-    cap = _capability(device.index or 0) if device.type == "cuda" else None
-    dtype_name = str(x.dtype).removeprefix("torch.")
-    for spec in registry.kernel_specs(op):
+    for spec, impl, can_use in _plan(op, x.device, x.dtype):
         if spec.backend == "reference":
-            return _load(spec)(*args)
-        if (op, spec.backend) in _disabled or not spec.supports(device.type, dtype_name, cap):
-            continue
-        impl = _load(spec)
-        can_use = getattr(impl, "can_use", None)
+            return impl(*args)
         if can_use is not None and not can_use(*args):
             continue
         try:
             if spec.contract is Contract.BITEXACT and _verify.get():
                 key = (op, spec.backend, signature(args))
                 if key not in _verified:
-                    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                    if x.is_cuda and torch.cuda.is_current_stream_capturing():
                         continue  # no verification inside a capture: the reference runs
                     out = impl(*args)
                     diff = _first_difference(out, _reference(op)(*args))
@@ -146,4 +163,17 @@ def run(op: str, *args):
             return impl(*args)
         except Exception as exc:  # a kernel must never break the model: fall back
             disable(op, spec.backend, f"raised {type(exc).__name__}: {exc}")
-    raise RuntimeError(f"no implementation of sgdiff::{op} for {device.type} {x.dtype}")
+    raise RuntimeError(f"no implementation of sgdiff::{op} for {x.device.type} {x.dtype}")
+
+
+def accelerated(op: str, device_type: str, dtype: torch.dtype) -> bool:
+    """Whether ``op`` has an implementation other than the reference for this device and dtype."""
+    dtype_name = str(dtype).removeprefix("torch.")
+    return any(s.backend != "reference" and (op, s.backend) not in _disabled
+               and s.supports(device_type, dtype_name, _capability(0) if device_type == "cuda" else None)
+               for s in registry.kernel_specs(op))
+
+
+def reference(op: str) -> Callable:
+    """The op's reference implementation: the eager chain itself."""
+    return _reference(op)

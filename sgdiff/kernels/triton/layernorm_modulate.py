@@ -46,28 +46,19 @@ def _layernorm_modulate_kernel(
     HAS_SHIFT: tl.constexpr,
     PLUS_ONE: tl.constexpr,  # factor is (scale + 1) rather than scale
     EXACT_RSQRT: tl.constexpr,  # interpreter only
-    COLUMNS: tl.constexpr = 0,
-    DYNAMIC: tl.constexpr = 0,
-    TREE: tl.constexpr = 0,
 ):
     row = tl.program_id(0).to(tl.int64)
     bi = row // S
     si = row % S
     x_row = x_ptr + bi * stride_xb + si * stride_xs
-    mean, m2, _ = row_welford(x_row, N // VEC_C, ITERS, COLUMNS, DYNAMIC, TREE)
+    mean, m2, _ = row_welford(x_row, N // VEC_C, ITERS)
     var = tl.math.div_rn(m2, tl.full(m2.shape, N, tl.float32))
     rstd = rsqrt_approx(var + eps, EXACT_RSQRT)
 
-    if DYNAMIC:
-        for k in range(ITERS):
-            _modulate_tile(k, x_row, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr, row, bi, si, N, mean, rstd,
-                           stride_scb, stride_scs, stride_scn, stride_shb, stride_shs, stride_shn,
-                           HAS_WEIGHT, HAS_BIAS, HAS_SHIFT, PLUS_ONE)
-    else:
-        for k in tl.static_range(ITERS):
-            _modulate_tile(k, x_row, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr, row, bi, si, N, mean, rstd,
-                           stride_scb, stride_scs, stride_scn, stride_shb, stride_shs, stride_shn,
-                           HAS_WEIGHT, HAS_BIAS, HAS_SHIFT, PLUS_ONE)
+    for k in tl.static_range(ITERS):
+        _modulate_tile(k, x_row, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr, row, bi, si, N, mean, rstd,
+                       stride_scb, stride_scs, stride_scn, stride_shb, stride_shs, stride_shn,
+                       HAS_WEIGHT, HAS_BIAS, HAS_SHIFT, PLUS_ONE)
 
 
 @triton.jit
@@ -143,9 +134,6 @@ def _bsn_strides(p: torch.Tensor, shape) -> tuple:
     return p.expand(shape).stride()
 
 
-VARIANT = {}
-
-
 def layernorm_modulate(x, weight, bias, eps, scale, shift, scale_plus_one=True):
     """Launch; the caller has checked :func:`can_use`."""
     shape = (1, *x.shape) if x.dim() == 2 else tuple(x.shape)
@@ -161,7 +149,7 @@ def layernorm_modulate(x, weight, bias, eps, scale, shift, scale_plus_one=True):
         ITERS=triton.cdiv(N // VEC, THREADS),
         HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
         HAS_SHIFT=shift is not None, PLUS_ONE=scale_plus_one, EXACT_RSQRT=_INTERPRET,
-        num_warps=4, enable_fp_fusion=False, **VARIANT,
+        num_warps=4, enable_fp_fusion=False,
     )
     return out.view(x.shape)
 
