@@ -64,6 +64,11 @@ class KernelSpec:
 
 _OPS: Dict[str, OpDef] = {}
 _SPECS: Dict[str, List[KernelSpec]] = {}
+_generation = [0]  # bumped on every registration, so cached choices are redone
+
+
+def generation() -> int:
+    return _generation[0]
 
 
 def register_op(op: OpDef) -> OpDef:
@@ -87,6 +92,7 @@ def register_kernel(spec: KernelSpec) -> KernelSpec:
     if spec not in specs:
         specs.append(spec)
         specs.sort(key=lambda s: -s.priority)
+        _generation[0] += 1
     return spec
 
 
