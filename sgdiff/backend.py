@@ -13,6 +13,7 @@ from torch import fx
 
 from sgdiff import _compat
 from sgdiff.fxpasses import ManagerResult, PassManager
+from sgdiff.fxpasses.cudagraphs import CudaGraphRunner
 from sgdiff.fxpasses.lowering import lower_to_launchers
 from sgdiff.kernels import dispatch
 from sgdiff.options import Options
@@ -75,7 +76,7 @@ class TieredGraph:
         lower_to_launchers(gm)
         fn = gm.forward
         if self.options.cudagraphs:
-            log.info("sgdiff: mode='reduce-overhead' accepted; graphs run without CUDA graphs")
+            fn = CudaGraphRunner(fn, gm)
         self._variants[tier] = fn
         return fn
 
