@@ -35,8 +35,7 @@ class Case:
     sgdiff_raw: Callable[[], torch.Tensor]  # the Triton launcher, called directly
     sgdiff_op: Callable[[], torch.Tensor]  # through torch.ops.sgdiff (dispatcher + checks)
     sgdiff_launcher: Callable[[], torch.Tensor]  # what a compiled graph calls (checks, no dispatcher)
-    copy_src: torch.Tensor  # a copy of these bytes in and out is the floor
-    copy_bytes_factor: float = 1.0
+    copy_src: torch.Tensor  # copying it moves as many bytes as the op must (read + write)
 
 
 def _modulated_params(B, S, N, dtype, form, g):
@@ -89,8 +88,43 @@ def layernorm_modulate_cases(quick: bool) -> List[Case]:
     return cases
 
 
+def residual_gate_cases(quick: bool) -> List[Case]:
+    from sgdiff.kernels.dispatch import launcher
+    from sgdiff.kernels.registry import op_def
+    from sgdiff.kernels.triton.residual_gate import residual_gate as kernel
+
+    op = op_def("residual_gate").load()
+    launch = launcher("residual_gate")
+    shapes = [((2, 1024, 2240), "Sana 1.6B"), ((2, 4096, 1152), "PixArt-Sigma"),
+              ((1, 4608, 3072), "Flux.1-dev"), ((1, 32760, 5120), "Wan 2.1 14B")]
+    if quick:
+        shapes = shapes[:1]
+    cases = []
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for (B, S, N), model in shapes:
+        wan = "Wan" in model
+        forms = [(torch.bfloat16, torch.bfloat16, "gate [B,1,D] chunk")]
+        if wan:  # Wan keeps the residual stream and the gates in fp32; the update is bf16
+            forms.append((torch.float32, torch.bfloat16, "fp32 stream and gate, bf16 update"))
+        for stream, upd_dtype, note in forms:
+            res = torch.randn(B, S, N, device="cuda", generator=g).to(stream)
+            gate = torch.randn(B, 6 * N, device="cuda", generator=g).to(stream).chunk(6, dim=1)[2][:, None]
+            upd = torch.randn(B, S, N, device="cuda", generator=g).to(upd_dtype)
+            args = (res, gate, upd, False)
+            moved = sum(t.numel() * t.element_size() for t in (res, upd, res))  # out is like res
+
+            def eager(res=res, gate=gate, upd=upd):
+                return res + gate * upd
+
+            cases.append(Case("residual_gate", (B, S, N), stream, f"{model}, {note}", eager,
+                              lambda a=args: kernel(*a), lambda a=args: op(*a), lambda a=args: launch(*a),
+                              torch.empty(moved // 2, dtype=torch.uint8, device="cuda")))
+    return cases
+
+
 CASES: Dict[str, Callable[[bool], List[Case]]] = {
     "layernorm_modulate": layernorm_modulate_cases,
+    "residual_gate": residual_gate_cases,
 }
 
 

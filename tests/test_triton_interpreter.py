@@ -48,6 +48,41 @@ SCRIPT = textwrap.dedent(r"""
 """)
 
 
+RESIDUAL_GATE = textwrap.dedent(r"""
+    import torch
+    from sgdiff.kernels.triton import residual_gate as tk
+    from sgdiff.kernels.residual_gate import residual_gate_reference as ref
+    torch.manual_seed(0)
+    cases = 0
+    for dt in (torch.float32, torch.bfloat16):
+        r = torch.randn(2, 5, 96, dtype=dt)
+        g = torch.randn(2, 1, 96, dtype=dt)
+        u = torch.randn(2, 5, 192, dtype=dt)[..., :96]  # a chunk view
+        for args in [(r, g, u, False), (r, g[:, 0][:, None], u, False), (r[0], g[0, 0], u[0], False),
+                     (r.float(), g.float(), u, False)]:                 # Wan: fp32 stream, bf16 update
+            assert tk.supported_layout(*args)
+            got, want = tk.residual_gate(*args), ref(*args)
+            assert got.dtype == want.dtype and got.shape == want.shape
+            if got.dtype == torch.float32:   # the interpreter's fp32 is the GPU's: exact
+                assert torch.equal(got, want)
+            else:                            # it truncates to bf16: an ulp per rounding
+                err = (got.float() - want.float()).abs().max().item()
+                assert err <= 2 ** -6 * want.float().abs().max().item(), err
+            cases += 1
+    assert not tk.supported_layout(r, g, u, True)                    # tanh gates: the reference
+    assert not tk.supported_layout(r[:, :1], g, u, False)            # broadcasts past the residual
+    assert not tk.supported_layout(r.transpose(0, 1), g.transpose(0, 1), u.transpose(0, 1), False)
+    print("ok", cases)
+""")
+
+
+def test_residual_gate_kernel_under_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", RESIDUAL_GATE], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["ok", "8"]
+
+
 def test_layernorm_modulate_kernel_under_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env)

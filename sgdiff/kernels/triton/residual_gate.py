@@ -1,0 +1,84 @@
+"""Triton sgdiff::residual_gate (without tanh), bitwise equal to eager on CUDA.
+
+Eager chain and its rounding steps::
+
+    y = gate * update      # fp32 product, rounded to promote(gate, update)
+    y = residual + y       # fp32 sum, rounded to promote(residual, y)
+
+One program writes one row of ``residual`` ([B, S, D], contiguous); ``gate`` and ``update``
+are read through broadcast strides, so ``[B, 1, D]`` gates and chunk views need no copy.
+A ``tanh`` gate is left to the reference: Triton's tanh is not CUDA's ``tanhf``.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+@triton.jit
+def _residual_gate_kernel(
+    res_ptr,  # [B, S, D] residual, contiguous
+    gate_ptr,  # gate broadcast to [B, S, D] through (stride_gb, stride_gs, stride_gd)
+    upd_ptr,  # update, likewise
+    out_ptr,  # [B, S, D] contiguous output
+    S,  # rows per batch entry
+    D,  # row length
+    stride_gb, stride_gs, stride_gd,
+    stride_ub, stride_us, stride_ud,
+    PRODUCT_DTYPE: tl.constexpr,  # promote(gate, update)
+    BLOCK: tl.constexpr,  # power of two >= D
+):
+    row = tl.program_id(0).to(tl.int64)
+    bi = row // S
+    si = row % S
+    d = tl.arange(0, BLOCK)
+    mask = d < D
+    g = tl.load(gate_ptr + bi * stride_gb + si * stride_gs + d * stride_gd, mask=mask, other=0.0)
+    u = tl.load(upd_ptr + bi * stride_ub + si * stride_us + d * stride_ud, mask=mask, other=0.0)
+    y = (g.to(tl.float32) * u.to(tl.float32)).to(PRODUCT_DTYPE)
+    r = tl.load(res_ptr + row * D + d, mask=mask, other=0.0)
+    out = r.to(tl.float32) + y.to(tl.float32)
+    tl.store(out_ptr + row * D + d, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def can_use(residual, gate, update, tanh_gate) -> bool:
+    return residual.is_cuda and supported_layout(residual, gate, update, tanh_gate)
+
+
+def supported_layout(residual, gate, update, tanh_gate) -> bool:
+    """can_use without the device check (the interpreter runs the kernel on CPU tensors)."""
+    if tanh_gate or not (2 <= residual.dim() <= 3 and residual.is_contiguous() and residual.numel() > 0):
+        return False
+    if residual.shape[-1] > 16384:
+        return False
+    for t in (residual, gate, update):
+        if t.dtype not in _DTYPES or t.device != residual.device or t.dim() > residual.dim():
+            return False
+    try:
+        out_shape = torch.broadcast_shapes(residual.shape, gate.shape, update.shape)
+    except RuntimeError:
+        return False
+    out_dtype = torch.promote_types(residual.dtype, torch.promote_types(gate.dtype, update.dtype))
+    return tuple(out_shape) == tuple(residual.shape) and out_dtype in _DTYPES
+
+
+def residual_gate(residual, gate, update, tanh_gate):
+    """Launch; the caller has checked :func:`can_use`."""
+    shape = (1, *residual.shape) if residual.dim() == 2 else tuple(residual.shape)
+    B, S, D = shape
+    product = torch.promote_types(gate.dtype, update.dtype)
+    out = torch.empty(shape, dtype=torch.promote_types(residual.dtype, product), device=residual.device)
+    _residual_gate_kernel[(B * S,)](
+        residual, gate, update, out, S, D,
+        *gate.expand(shape).stride(), *update.expand(shape).stride(),
+        PRODUCT_DTYPE=_TL[product], BLOCK=triton.next_power_of_2(D),
+        num_warps=4 if D <= 4096 else 8, enable_fp_fusion=False,
+    )
+    return out.view(residual.shape)
+
+
+residual_gate.can_use = can_use

@@ -1,0 +1,56 @@
+"""residual_gate on CUDA: the Triton kernel is bitwise equal to eager, or is not used."""
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from sgdiff.kernels import dispatch, registry
+from sgdiff.kernels.triton import residual_gate as tk
+
+pytestmark = pytest.mark.gpu
+OP = registry.op_def("residual_gate").load()
+
+
+@pytest.fixture(autouse=True)
+def fresh_dispatch():
+    dispatch.reset()
+    yield
+    dispatch.reset()
+
+
+# Flux.1-dev, Sana 1.6B, PixArt-Sigma, Wan 2.1 1.3B / 14B (fp32 stream), SD3.5-large
+@pytest.mark.parametrize("shape,stream,update", [
+    ((1, 4608, 3072), torch.bfloat16, torch.bfloat16), ((2, 1024, 2240), torch.bfloat16, torch.bfloat16),
+    ((2, 4096, 1152), torch.float16, torch.float16), ((1, 32760, 1536), torch.float32, torch.bfloat16),
+    ((1, 32760, 5120), torch.float32, torch.bfloat16), ((1, 4429, 2432), torch.bfloat16, torch.bfloat16)])
+@pytest.mark.parametrize("per_token", [False, True])
+def test_real_shapes_bitexact(shape, stream, update, per_token):
+    B, S, D = shape
+    res = torch.randn(shape, device="cuda").to(stream)
+    gate = (torch.randn(B, S, 2 * D, device="cuda") if per_token else
+            torch.randn(B, 6 * D, device="cuda")).to(stream)
+    gate = gate.chunk(2, dim=-1)[1] if per_token else gate.chunk(6, dim=1)[2][:, None]
+    upd = torch.randn(shape, device="cuda").to(update)
+    args = (res, gate, upd, False)
+    assert tk.can_use(*args)
+    assert torch.equal(tk.residual_gate(*args), res + gate * upd)
+
+
+@settings(max_examples=40, deadline=None)
+@given(B=st.integers(1, 3), S=st.integers(1, 200), D=st.integers(1, 3000),
+       dtypes=st.sampled_from([(torch.bfloat16,) * 3, (torch.float16,) * 3, (torch.float32,) * 3,
+                               (torch.float32, torch.float32, torch.bfloat16)]),
+       gate_form=st.sampled_from(["row", "per_token", "vector", "transposed_residual"]),
+       tanh=st.booleans())
+def test_any_layout_is_exact_or_falls_back(B, S, D, dtypes, gate_form, tanh):
+    rd, gd, ud = dtypes
+    res = torch.randn(B, S, D, device="cuda").to(rd)
+    if gate_form == "transposed_residual":
+        res = res.transpose(0, 1).contiguous().transpose(0, 1)
+    gate = {"row": lambda: torch.randn(B, 1, D, device="cuda"), "per_token": lambda: torch.randn(B, S, D, device="cuda"),
+            "vector": lambda: torch.randn(D, device="cuda"),
+            "transposed_residual": lambda: torch.randn(B, 1, D, device="cuda")}[gate_form]().to(gd)
+    upd = torch.randn(B, S, D, device="cuda").to(ud)
+    want = res + (torch.tanh(gate) if tanh else gate) * upd
+    got = OP(res, gate, upd, tanh)
+    assert torch.equal(got, want) and got.stride() == want.stride()
+    assert not dispatch.disabled(), dispatch.disabled()
