@@ -1,6 +1,5 @@
 """layernorm_modulate on CUDA: the Triton kernel is bitwise equal to eager, or is not used."""
 import logging
-
 import os
 
 import pytest
