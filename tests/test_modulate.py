@@ -5,6 +5,7 @@ import torch.nn.functional as F
 from hypothesis import given, strategies as st
 
 from sgdiff.fxpasses import PassManager
+from tests import capture
 from tests.helpers import bits_equal, count_op, rewrite, targets, trace
 
 aten = torch.ops.aten
@@ -15,7 +16,19 @@ OP = registry.op_def("layernorm_modulate").load()
 FORMS = ["chunk", "split_index", "unsqueeze", "index_after_add", "per_token", "vector", "table_temb"]
 
 
-def make_chain(form, shift=True, swap_mul=False, swap_add=False, affine=False, upcast=False, eps=1e-6):
+def normalize(norm, t, w, b, eps, affine):
+    """``norm(t)``: the LayerNorm, F.rms_norm, diffusers' RMSNorm, or no norm at all."""
+    if norm == "layer_norm":
+        return F.layer_norm(t, t.shape[-1:], w if affine else None, b if affine else None, eps)
+    if norm == "F.rms_norm":
+        return F.rms_norm(t, t.shape[-1:], w if affine else None, eps)
+    if norm == "diffusers":
+        return capture.diffusers_rms_norm(t, w if affine else None, eps)
+    return t
+
+
+def make_chain(form, shift=True, swap_mul=False, swap_add=False, affine=False, upcast=False, eps=1e-6,
+               norm="layer_norm"):
     """An eager modulate chain spelled the way one diffusers model or another spells it."""
 
     def params(x, emb, table):
@@ -44,7 +57,7 @@ def make_chain(form, shift=True, swap_mul=False, swap_add=False, affine=False, u
         inp = x.float() if upcast else x
         if upcast:  # Wan: (norm(x.float()) * (1 + scale) + shift).type_as(x), fp32 parameters
             sh, sc, w, b = sh.float(), sc.float(), w.float(), b.float()
-        n = F.layer_norm(inp, inp.shape[-1:], w if affine else None, b if affine else None, eps)
+        n = normalize(norm, inp, w, b, eps, affine)
         factor = (1 + sc)[:, None, :] if where == "after" else 1 + sc
         y = factor * n if swap_mul else n * factor
         if shift:
@@ -228,3 +241,116 @@ def test_reference_is_the_eager_chain():
         torch.randn(3, 1, 24, dtype=torch.bfloat16)
     want = F.layer_norm(x, (24,), eps=1e-6) * (1 + s) + b
     assert bits_equal(ref(x, None, None, 1e-6, s, b, True), want)
+
+
+# --- RMSNorm-modulate and bare modulation ---------------------------------------------------
+
+NORM_OPS = {"F.rms_norm": registry.op_def("rmsnorm_modulate").load(),
+            "diffusers": registry.op_def("rmsnorm_modulate").load(),
+            "none": registry.op_def("modulate").load()}
+RMS_CHAIN = (aten.pow.Tensor_Scalar, aten.mean.dim, aten.rsqrt.default)
+
+
+@given(
+    norm=st.sampled_from(list(NORM_OPS)), form=st.sampled_from(FORMS),
+    shift=st.booleans(), swap_mul=st.booleans(), swap_add=st.booleans(),
+    affine=st.booleans(), upcast=st.booleans(),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    B=st.integers(1, 3), S=st.integers(1, 9), D=st.sampled_from([4, 8, 12, 32, 36]),
+    eps=st.sampled_from([1e-6, 1e-5]),
+)
+def test_every_rms_and_bare_spelling_is_one_bitexact_site(norm, form, shift, swap_mul, swap_add, affine, upcast,
+                                                          dtype, B, S, D, eps):
+    fn = make_chain(form, shift, swap_mul, swap_add, affine, upcast, eps, norm=norm)
+    args = make_args(form, B, S, D, dtype)
+    run, gm, result = capture.rewrite(fn, args, families=["modulate"])
+    assert result.counts["modulate"] == 1, result.skipped
+    assert count_op(gm, NORM_OPS[norm]) == 1
+    assert not set(RMS_CHAIN) & set(targets(gm)) and aten.mul.Tensor not in targets(gm)
+    node = next(n for n in gm.graph.nodes if n.target == NORM_OPS[norm])
+    if norm != "none":  # an affine norm keeps its weight, an affine-free one has none
+        assert (node.args[1] is not None) == affine
+    assert bits_equal(run(*args), fn(*args))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shift", [True, False])
+def test_fused_rms_norm_modulate(dtype, shift):
+    # F.rms_norm as CUDA graphs hold it: one aten._fused_rms_norm node
+    def fn(x, w, s, b):
+        n = aten._fused_rms_norm.default(x, [16], w, 1e-6)[0]
+        y = aten.mul.Tensor(n, aten.add.Tensor(s, 1))
+        return aten.add.Tensor(y, b) if shift else y
+
+    args = (torch.randn(2, 5, 16).to(dtype), torch.randn(16).to(dtype), torch.randn(2, 1, 16).to(dtype),
+            torch.randn(2, 1, 16).to(dtype))
+    gm = capture.fx_graph(fn, *args)
+    result = PassManager(families=["modulate"]).apply(gm)
+    assert result.counts["modulate"] == 1
+    node = next(n for n in gm.graph.nodes if n.target == NORM_OPS["F.rms_norm"])
+    assert node.args[3] == "fused" and aten._fused_rms_norm.default not in targets(gm)
+    assert bits_equal(gm(*args), fn(*args))
+
+
+@pytest.mark.parametrize("eps", [1e-6, 1e-5, 1e-3])
+def test_rms_eps_and_form_are_carried_exactly(eps):
+    for norm, form in (("diffusers", "diffusers"), ("F.rms_norm", "composite")):
+        fn = make_chain("unsqueeze", eps=eps, affine=True, norm=norm)
+        args = make_args("unsqueeze", dtype=torch.bfloat16)
+        run, gm, _ = capture.rewrite(fn, args)
+        node = next(n for n in gm.graph.nodes if n.target == NORM_OPS[norm])
+        assert node.args[3] == form
+        assert node.args[2] == (eps if form == "diffusers" else torch.tensor(eps, dtype=torch.float32).item())
+        assert bits_equal(run(*args), fn(*args))
+
+
+def test_one_rms_norm_feeding_two_modulates_is_two_sites():
+    def fn(x, e1, e2):
+        n = F.rms_norm(x, x.shape[-1:], eps=1e-6)
+        return n * (1 + e1[:, None]) + e2[:, None], n * (1 + e2[:, None]) + e1[:, None]
+
+    args = (torch.randn(2, 5, 8, dtype=torch.bfloat16), torch.randn(2, 8, dtype=torch.bfloat16),
+            torch.randn(2, 8, dtype=torch.bfloat16))
+    run, gm, result = capture.rewrite(fn, args)
+    assert result.counts["modulate"] == 2 and count_op(gm, NORM_OPS["F.rms_norm"]) == 2
+    assert not set(RMS_CHAIN) & set(targets(gm))
+    assert all(bits_equal(g, w) for g, w in zip(run(*args), fn(*args)))
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("rms over two dims", lambda x, s, b: F.rms_norm(x, x.shape[-2:]) * (1 + s) + b),
+    ("rms in bf16, no upcast", lambda x, s, b: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + s) + b),
+    ("rms of another tensor", lambda x, s, b: (x + 1) * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+     * (1 + s) + b),
+])
+def test_near_misses_are_not_rmsnorm_modulate(name, fn):
+    # the modulation alone may still be fused (a bare `modulate`): never into an RMSNorm op
+    args = (torch.randn(2, 5, 8, dtype=torch.bfloat16), torch.randn(2, 1, 8, dtype=torch.bfloat16),
+            torch.randn(2, 1, 8, dtype=torch.bfloat16))
+    run, gm, result = capture.rewrite(fn, args, families=["modulate"])
+    assert count_op(gm, NORM_OPS["F.rms_norm"]) == 0, name
+    assert bits_equal(run(*args), fn(*args))
+
+
+def test_a_norm_that_fails_its_guard_still_lets_the_modulation_fuse():
+    fn = lambda x, s, b: F.layer_norm(x, x.shape[-2:]) * (1 + s) + b  # noqa: E731
+    args = (torch.randn(2, 5, 8), torch.randn(2, 1, 8), torch.randn(2, 1, 8))
+    run, gm, result = capture.rewrite(fn, args, families=["modulate"])
+    assert count_op(gm, NORM_OPS["none"]) == 1 and count_op(gm, OP) == 0
+    assert aten.native_layer_norm.default in targets(gm)
+    assert bits_equal(run(*args), fn(*args))
+
+
+def test_opcheck_rms_and_bare():
+    from sgdiff.kernels.modulate import modulate
+    from sgdiff.kernels.rmsnorm_modulate import rmsnorm_modulate
+
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(2, 5, 16, dtype=dtype)
+        s, b = torch.randn(2, 1, 16, dtype=dtype), torch.randn(2, 5, 16, dtype=dtype)
+        w = torch.randn(16, dtype=dtype)
+        for form in ("composite", "fused", "diffusers"):
+            torch.library.opcheck(rmsnorm_modulate, (x, w, 1e-6, form, s, b))
+            torch.library.opcheck(rmsnorm_modulate, (x, None, 1e-5, form, s, None))
+        torch.library.opcheck(modulate, (x, s, b))
+        torch.library.opcheck(modulate, (x, s, None))

@@ -25,6 +25,10 @@ from torch import fx
 aten = torch.ops.aten
 
 
+#: ops that read a tensor's sizes, not its values
+SIZE_READS = (aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default, aten.sym_storage_offset.default)
+
+
 @dataclasses.dataclass(frozen=True)
 class Match:
     """One way a chain fits the graph."""
@@ -62,14 +66,17 @@ class Match:
         )
 
     def escaping_users(self) -> List[Tuple[fx.Node, fx.Node]]:
-        """(covered node, outside user) pairs for covered nodes that must stay private."""
+        """(covered node, outside user) pairs for covered nodes that must stay private.
+
+        A user that reads only the node's sizes (``sym_size`` in graphs with dynamic shapes)
+        does not count: it keeps the node alive, but sees the same sizes after a rewrite."""
         inside = set(self.nodes)
         return [
             (node, user)
             for node in self.nodes
             if node is not self.root and node not in self.shared
             for user in node.users
-            if user not in inside
+            if user not in inside and user.target not in SIZE_READS
         ]
 
 
@@ -126,6 +133,36 @@ class AnyOf(Expr):
     def matches(self, value, m):
         for alt in self.alternatives:
             yield from alt.matches(value, m)
+
+
+@dataclasses.dataclass(frozen=True)
+class Items(Expr):
+    """A list argument (the tensors of ``cat`` or ``stack``) whose items match in order."""
+
+    items: Tuple[Expr, ...]
+
+    def __init__(self, *items: Expr):
+        object.__setattr__(self, "items", tuple(items))
+
+    def matches(self, value, m):
+        if isinstance(value, (list, tuple)) and len(value) == len(self.items):
+            yield from _match_all(list(zip(self.items, value)), m)
+
+
+@dataclasses.dataclass(frozen=True)
+class When(Expr):
+    """``inner`` at a value for which ``predicate(value)`` holds; elsewhere no match at all.
+
+    A structural filter (e.g. "the norm output is split into heads"): unlike a pattern's check,
+    a value it rejects is not a site, so it is neither rewritten nor reported as skipped.
+    """
+
+    inner: Expr
+    predicate: Callable[[Any], bool]
+
+    def matches(self, value, m):
+        if self.predicate(value):
+            yield from self.inner.matches(value, m)
 
 
 class Op(Expr):

@@ -128,3 +128,41 @@ register_kernel(KernelSpec(
     "sgdiff.kernels.triton.layernorm_modulate:layernorm_modulate",
     devices=frozenset({"cuda"}), min_capability=(8, 0), priority=10,
 ))
+
+# Chain families beyond LayerNorm-modulate. Each op's module holds its schema, its reference
+# implementation (the eager chain, or for a `close` op the fp32 math it promises) and its fake.
+for _name, _contract, _doc in (
+    ("modulate", Contract.BITEXACT,
+     "x * (1 + scale) + shift, no norm; shift optional"),
+    ("rmsnorm_modulate", Contract.BITEXACT,
+     "rms_norm(x, weight, eps, form) * (1 + scale) + shift, each eager rounding kept"),
+    ("residual_gate", Contract.BITEXACT,
+     "residual + gate * update (tanh(gate) with tanh_gate), in eager's promoted dtypes and the "
+     "residual's layout (contiguous with residual_layout=False)"),
+    ("rope", Contract.BITEXACT,
+     "(x.float() * cos + rotate(x).float() * sin).to(x.dtype), interleaved pairs or rotate-half"),
+    ("rope_complex", Contract.BITEXACT,
+     "view_as_real(view_as_complex(x.float() pairs) * freqs).flatten(3).type_as(x)"),
+    ("rope_even_odd", Contract.BITEXACT,
+     "out[..., 0::2] = x1 * cos - x2 * sin; out[..., 1::2] = x1 * sin + x2 * cos (Wan)"),
+    ("rms_norm", Contract.BITEXACT,
+     "RMSNorm over the last dim: F.rms_norm composite or fused, or diffusers' RMSNorm"),
+    ("layer_norm", Contract.BITEXACT,
+     "native_layer_norm over the last dim"),
+    ("silu_mul", Contract.BITEXACT,
+     "silu(a) * b"),
+    ("linear_gelu_tanh", Contract.CLOSE,
+     "gelu_tanh(x @ weight.T + bias) in one fp32 pass, one rounding to x.dtype. fp32: bitwise "
+     "equal to eager. fp16/bf16 (measured, tests/test_activation.py): a third of the elements "
+     "differ from eager's two roundings, by at most 2 ulps where |out| >= 0.1 and at most "
+     "2^-10 (fp16) / 2^-7 (bf16) of max |out| anywhere"),
+):
+    register_op(OpDef(_name, _contract, f"sgdiff.kernels.{_name}", _doc))
+    register_kernel(KernelSpec(_name, "reference", _contract, f"sgdiff.kernels.{_name}:{_name}_reference"))
+del _name, _contract, _doc
+
+register_kernel(KernelSpec(
+    "residual_gate", "triton", Contract.BITEXACT,
+    "sgdiff.kernels.triton.residual_gate:residual_gate",
+    devices=frozenset({"cuda"}), min_capability=(8, 0), priority=10,
+))

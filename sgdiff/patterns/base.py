@@ -8,6 +8,7 @@ import torch
 from torch import fx
 
 from sgdiff.fxpasses.matcher import Expr, Match
+from sgdiff.kernels.layout import like_strides, same_strides
 
 #: the stable family names a Report counts under
 FAMILIES = ("modulate", "residual_gate", "rope", "qk_norm", "activation")
@@ -59,6 +60,11 @@ def same_size(a, b) -> bool:
         return False
 
 
+def same_shape(a, b) -> bool:
+    """Equal shapes (ints or SymInts), without adding a guard."""
+    return len(a) == len(b) and all(same_size(p, q) for p, q in zip(a, b))
+
+
 def broadcast_reason(param: Any, target: torch.Tensor, what: str) -> Optional[str]:
     """Why ``param`` cannot act as an elementwise operand of ``target``'s shape, or None."""
     p = tensor_meta(param)
@@ -74,3 +80,17 @@ def broadcast_reason(param: Any, target: torch.Tensor, what: str) -> Optional[st
 
 def node_meta(x: Any) -> Dict[str, Any]:
     return x.meta if isinstance(x, fx.Node) else {}
+
+
+def like_layout_reason(out: torch.Tensor, x: torch.Tensor) -> Optional[str]:
+    """Why the chain's output ``out`` lacks the layout ``like(x)`` that row-wise and elementwise
+    ops promise (:mod:`sgdiff.kernels.layout`), or None."""
+    if not same_shape(out.shape, x.shape):
+        return f"the chain's output shape {tuple(out.shape)} is not the input's {tuple(x.shape)}"
+    if x.is_contiguous() and out.is_contiguous():
+        return None
+    if any(isinstance(s, torch.SymInt) for s in (*x.shape, *x.stride(), *out.stride())):
+        return "a non-contiguous layout with symbolic sizes"
+    if not same_strides(out.shape, out.stride(), like_strides(x)):
+        return f"the chain's output strides {tuple(out.stride())} do not follow the input's layout"
+    return None

@@ -1,13 +1,16 @@
-"""Family ``modulate``: adaLN modulation of a normalized activation.
+"""Family ``modulate``: adaLN modulation of a (normalized) activation.
 
-The eager chain, as diffusers writes it (Flux ``AdaLayerNormZero``, Sana, PixArt, SD3, Wan)::
+The eager chain, as diffusers writes it (Flux ``AdaLayerNormZero``, Sana, PixArt, SD3, Wan,
+QwenImage; RMSNorm in LTX-Video, Lumina2, HiDream)::
 
     norm(x) * (1 + scale) + shift
 
-in either operand order, with ``scale``/``shift`` as ``[B,1,D]`` chunks, ``scale[:, None]``,
-``(1 + scale)[:, None, :]``, per-token ``[B,S,D]``, with or without ``shift``. Upcasts such as
-Wan's ``(norm(x.float()) * (1 + scale) + shift).type_as(x)`` leave the casts around an fp32
-chain, which matches like any other. Variants come from :class:`ModulateKey`.
+in either operand order, with ``norm`` a LayerNorm (``layernorm_modulate``), an RMSNorm in any
+of its eager forms (``rmsnorm_modulate``) or absent (``modulate``); ``scale``/``shift`` as
+``[B,1,D]`` chunks, ``scale[:, None]``, ``(1 + scale)[:, None, :]``, per-token ``[B,S,D]``; with or
+without ``shift``. Upcasts such as Wan's ``(norm(x.float()) * (1 + scale) + shift).type_as(x)``
+leave the casts around an fp32 chain, which matches like any other. Variants come from
+:class:`ModulateKey`; a chain with a norm is preferred to the bare modulation it contains.
 """
 from __future__ import annotations
 
@@ -18,56 +21,75 @@ import torch
 
 from sgdiff.fxpasses.matcher import Arg, Lit, Match, Op, ReplayViews
 from sgdiff.patterns import parts
-from sgdiff.patterns.base import ChainPattern, broadcast_reason, same_size, tensor_meta, val
+from sgdiff.patterns.base import ChainPattern, broadcast_reason, same_shape, tensor_meta
 
 aten = torch.ops.aten
+
+NORMS = ("layer_norm", "rms_norm", "none")
+OPS = {"layer_norm": "layernorm_modulate", "rms_norm": "rmsnorm_modulate", "none": "modulate"}
 
 
 @dataclasses.dataclass(frozen=True)
 class ModulateKey:
-    norm: str  # "layer_norm"
+    norm: str  # one of NORMS
     shift: bool  # "+ shift" present
+
+    @property
+    def name(self) -> str:
+        return OPS[self.norm] + ("" if self.shift else "_noshift")
+
+    @property
+    def priority(self) -> int:
+        # a normalized chain before the bare modulation inside it, a shift before none
+        return (0 if self.norm == "none" else 2) + (0 if self.shift else -1)
 
 
 def chain(key: ModulateKey):
-    normed = parts.layer_norm()
+    normed = {"layer_norm": parts.layer_norm, "rms_norm": lambda: parts.rms_norm(shared=True),
+              "none": lambda: Arg("x")}[key.norm]()
     scaled = Op(aten.mul.Tensor, normed, parts.plus_one(), commutative=True)
     if not key.shift:
         return scaled
     return Op(aten.add.Tensor, scaled, Arg("shift"), alpha=Lit(1), commutative=True)
 
 
-def replacement(m: Match):
+def _scale(m: Match):
     scale = m["scale"]
-    if m["scale_views"]:
-        scale = ReplayViews(m["scale_views"], scale)
-    return (m["x"], m["weight"], m["bias"], m["eps"], scale, m.get("shift"), True)
+    return ReplayViews(m["scale_views"], scale) if m["scale_views"] else scale
 
 
-def check(m: Match) -> Optional[str]:
-    x = tensor_meta(m["x"])
-    if x is None or not x.dtype.is_floating_point:
-        return "input is not a floating-point tensor"
-    shape = m["normalized_shape"]
-    if not (isinstance(shape, (list, tuple)) and len(shape) == 1 and same_size(val(shape[0]), x.shape[-1])):
-        return f"LayerNorm over {shape}, not over the last dim only"
-    if not isinstance(m["eps"], float):
-        return "eps is not a constant"
-    for name in ("weight", "bias"):
-        p = m[name]
-        if p is not None and (tensor_meta(p) is None or tensor_meta(p).dim() != 1):
-            return f"LayerNorm {name} is not a 1-D tensor"
-    out = tensor_meta(m.root)
-    if out is None or tuple(out.shape) != tuple(x.shape):
-        return "the chain broadcasts the output beyond the input's shape"
-    if not out.is_contiguous():
-        return "the chain's output is not contiguous"
-    for name in ("scale", "shift"):
-        if m.get(name) is not None:
-            reason = broadcast_reason(_param_after_views(m, name), x, name)
-            if reason:
-                return reason
-    return None
+def replacement(key: ModulateKey):
+    if key.norm == "layer_norm":
+        return lambda m: (m["x"], m["weight"], m["bias"], m["eps"], _scale(m), m.get("shift"), True)
+    if key.norm == "rms_norm":
+        return lambda m: (m["x"], m.get("weight"), m["eps"], parts.rms_norm_form(m)[0], _scale(m), m.get("shift"))
+    return lambda m: (m["x"], _scale(m), m.get("shift"))
+
+
+def check(key: ModulateKey):
+    norm_reason = {"layer_norm": parts.layer_norm_reason, "rms_norm": lambda m: parts.rms_norm_form(m)[1],
+                   "none": lambda m: None}[key.norm]
+
+    def modulate_check(m: Match) -> Optional[str]:
+        x = tensor_meta(m["x"])
+        if x is None or not x.dtype.is_floating_point:
+            return "input is not a floating-point tensor"
+        reason = norm_reason(m)
+        if reason:
+            return reason
+        out = tensor_meta(m.root)
+        if out is None or not same_shape(out.shape, x.shape):
+            return "the chain broadcasts the output beyond the input's shape"
+        if not out.is_contiguous():
+            return "the chain's output is not contiguous"
+        for name in ("scale", "shift"):
+            if m.get(name) is not None:
+                reason = broadcast_reason(_param_after_views(m, name), x, name)
+                if reason:
+                    return reason
+        return None
+
+    return modulate_check
 
 
 def _param_after_views(m: Match, name: str):
@@ -79,15 +101,16 @@ def _param_after_views(m: Match, name: str):
 
 def patterns() -> List[ChainPattern]:
     out = []
-    for shift in (True, False):
-        key = ModulateKey("layer_norm", shift)
-        out.append(ChainPattern(
-            family="modulate",
-            name=f"layernorm_modulate{'' if shift else '_noshift'}",
-            chain=chain(key),
-            op="layernorm_modulate",
-            replacement=replacement,
-            check=check,
-            priority=2 if shift else 1,
-        ))
+    for norm in NORMS:
+        for shift in (True, False):
+            key = ModulateKey(norm, shift)
+            out.append(ChainPattern(
+                family="modulate",
+                name=key.name,
+                chain=chain(key),
+                op=OPS[norm],
+                replacement=replacement(key),
+                check=check(key),
+                priority=key.priority,
+            ))
     return out

@@ -1,19 +1,28 @@
 """Sub-chains that several families share: norms, `1 + scale`, casts."""
 from __future__ import annotations
 
-import torch
+from typing import Any, Callable, Optional, Tuple
 
-from sgdiff.fxpasses.matcher import AnyOf, Arg, Expr, Lit, Op, Views, getitem
+import torch
+from torch import fx
+
+from sgdiff.fxpasses.matcher import AnyOf, Arg, Expr, Lit, Match, Op, Views, getitem
+from sgdiff.patterns.base import same_size, tensor_meta, val
 
 aten = torch.ops.aten
 
+#: ops that only reshape a tensor (``reshape``, ``flatten``, ``unflatten`` trace to these)
+RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+HALF = (torch.float16, torch.bfloat16)
 
-def layer_norm(x: str = "x", weight: str = "weight", bias: str = "bias", eps: str = "eps") -> Expr:
+
+def layer_norm(x: str = "x", weight: str = "weight", bias: str = "bias", eps: str = "eps",
+               x_check: Optional[Callable[[Any], bool]] = None) -> Expr:
     """``F.layer_norm(x, shape, weight, bias, eps)`` in both of its ATen spellings.
 
     The norm output may feed several chains (one LayerNorm, two modulates), so it is shared.
     """
-    args = dict(input=Arg(x), normalized_shape=Arg("normalized_shape"),
+    args = dict(input=Arg(x, check=x_check), normalized_shape=Arg("normalized_shape"),
                 weight=Arg(weight), bias=Arg(bias), eps=Arg(eps))
     return AnyOf(
         getitem(Op(aten.native_layer_norm.default, **args, shared=True), 0, shared=True, name="norm"),
@@ -21,8 +30,193 @@ def layer_norm(x: str = "x", weight: str = "weight", bias: str = "bias", eps: st
     )
 
 
+def layer_norm_reason(m: Match) -> Optional[str]:
+    """Why a match of :func:`layer_norm` is not a LayerNorm over the last dim with a constant
+    eps and 1-D affine parameters (what the sgdiff ops take), or None."""
+    x = tensor_meta(m["x"])
+    shape = m["normalized_shape"]
+    if not (isinstance(shape, (list, tuple)) and len(shape) == 1 and same_size(val(shape[0]), x.shape[-1])):
+        return f"LayerNorm over {shape}, not over the last dim only"
+    if not isinstance(m["eps"], float):
+        return "eps is not a constant"
+    return _params_reason(m, x, ("weight", "bias"), "LayerNorm")
+
+
+def _params_reason(m: Match, x: torch.Tensor, names, norm: str) -> Optional[str]:
+    for name in names:
+        p = m.get(name)
+        t = tensor_meta(p)
+        if p is not None and (t is None or t.dim() != 1 or not same_size(t.shape[0], x.shape[-1])):
+            return f"{norm} {name} is not a 1-D tensor over the normalized dim"
+    return None
+
+
 def plus_one(scale: str = "scale", views: str = "scale_views") -> Expr:
     """``1 + scale`` (traced as ``add(scale, 1)``), possibly indexed after the add:
     ``(1 + scale)[:, None, :]``. The add may have other users: it is cheap to redo."""
     return Views(AnyOf(Op(aten.add.Tensor, Arg(scale), Lit(1), alpha=Lit(1), shared=True),
                        Op(aten.add.Scalar, Arg(scale), Lit(1), alpha=Lit(1), shared=True)), views)
+
+
+def cast(inner: Expr, name: str, shared: bool = False) -> Expr:
+    """``inner.to(dtype)`` (``.float()``, ``.type_as``): a ``_to_copy`` that changes the dtype
+    only; the node is bound to ``name`` (its dtype: :func:`cast_dtype`)."""
+    return Op(aten._to_copy.default, inner, name=name, shared=shared,
+              layout=AnyOf(Lit(None), Lit(torch.strided)), pin_memory=AnyOf(Lit(None), Lit(False)),
+              memory_format=AnyOf(Lit(None), Lit(torch.preserve_format)))
+
+
+def maybe_cast(inner: Expr, name: str, shared: bool = False) -> Expr:
+    return AnyOf(cast(inner, name, shared), inner)
+
+
+def cast_dtype(m: Match, name: str) -> Optional[torch.dtype]:
+    """The dtype the cast bound to ``name`` rounds to, None where the chain has no such cast."""
+    node = m.get(name)
+    return None if node is None else node.kwargs.get("dtype")
+
+
+def is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# --- RMSNorm --------------------------------------------------------------------------------
+
+def rms_norm(x_check: Optional[Callable[[Any], bool]] = None, shared: bool = False) -> Expr:
+    """An RMSNorm over the last dim of ``x``, in each of its eager forms
+    (:mod:`sgdiff.kernels.rms_norm` states their rounding steps)::
+
+        F.rms_norm, composite (CPU):  [xf = x.float()] pow(xf, 2) -> mean(-1, keepdim)
+                                      -> add.Scalar(eps) -> rsqrt -> xf * r [* w] [.to(x.dtype)]
+        F.rms_norm, fused (CUDA):     aten._fused_rms_norm(x, [D], w, eps)[0]
+        diffusers RMSNorm:            x.float().pow(2).mean(-1, keepdim) -> add.Tensor(eps)
+                                      -> rsqrt -> x * r [.to(w.dtype)] * w  |  .to(x.dtype)
+
+    Binds ``x``, ``weight`` (absent without one), ``eps`` and the nodes :func:`rms_norm_form`
+    reads. ``shared`` lets the norm's nodes keep other users (one norm, two modulates).
+    """
+    x = Arg("x", check=x_check)
+    xf = maybe_cast(x, "rms_upcast", shared)
+    square_mean = Op(aten.mean.dim, Op(aten.pow.Tensor_Scalar, xf, Lit(2), shared=shared),
+                     Arg("rms_dims"), Lit(True), dtype=Lit(None), shared=shared)
+    inv = Op(aten.rsqrt.default, Op((aten.add.Scalar, aten.add.Tensor), square_mean,
+                                    Arg("eps", check=is_number), alpha=Lit(1), shared=shared), shared=shared)
+    core = Op(aten.mul.Tensor, xf, inv, commutative=True, shared=shared)
+
+    def weighted(e: Expr) -> Expr:
+        return Op(aten.mul.Tensor, e, Arg("weight"), commutative=True, shared=shared)
+
+    fused = getitem(Op(aten._fused_rms_norm.default, x, Arg("normalized_shape"), Arg("weight"), Arg("eps"),
+                       name="rms_fused", shared=shared), 0, shared=shared)
+    return AnyOf(
+        cast(weighted(core), "rms_downcast", shared),  # F.rms_norm of fp16/bf16 x
+        weighted(cast(core, "rms_cast", shared)),  # diffusers, fp16/bf16 weight
+        weighted(core),
+        cast(core, "rms_downcast", shared),  # no weight, fp16/bf16 x
+        core,
+        fused,
+    )
+
+
+def rms_norm_form(m: Match) -> Tuple[Optional[str], Optional[str]]:
+    """``(form, None)`` naming the eager RMSNorm a match of :func:`rms_norm` is, or
+    ``(None, reason)`` when its rounding steps are those of no known form."""
+    x = tensor_meta(m["x"])
+    if x is None or not x.dtype.is_floating_point:
+        return None, "RMSNorm input is not a floating-point tensor"
+    reason = _params_reason(m, x, ("weight",), "RMSNorm")
+    if reason:
+        return None, reason
+    weight, eps = tensor_meta(m.get("weight")), m["eps"]
+    if "rms_fused" in m:
+        shape = m["normalized_shape"]
+        if not (isinstance(shape, (list, tuple)) and len(shape) == 1):
+            return None, f"RMSNorm over {shape}, not over the last dim only"
+        return ("fused", None) if eps is None or is_number(eps) else (None, "eps is not a constant")
+    if not is_last_dim(m["rms_dims"], x.dim()):
+        return None, f"RMSNorm mean over dims {m['rms_dims']}, not the last dim only"
+    if "rms_upcast" in m and cast_dtype(m, "rms_upcast") != torch.float32:
+        return None, "RMSNorm input is cast to a dtype other than fp32"
+    seen = ("rms_upcast" in m, cast_dtype(m, "rms_cast"), cast_dtype(m, "rms_downcast"))
+    wdtype = None if weight is None else weight.dtype
+    for form in ("composite", "diffusers"):
+        if _rms_casts(form, x.dtype, wdtype) == seen:
+            return form, None
+    return None, "RMSNorm rounding steps match neither F.rms_norm nor diffusers' RMSNorm"
+
+
+def _rms_casts(form: str, x: torch.dtype, w: Optional[torch.dtype]):
+    """(upcast?, cast before the weight, cast after) that ``form``'s eager chain runs."""
+    promote = torch.promote_types
+    if form == "composite":
+        up = x in HALF
+        y = torch.float32 if up else x
+        if w is not None:
+            y = promote(y, w)
+        return up, None, (x if y != x else None)
+    y = promote(x, torch.float32)  # diffusers: x * rsqrt(fp32 variance)
+    if w is None:
+        return x != torch.float32, None, (x if y != x else None)
+    return x != torch.float32, (w if w in HALF and y != w else None), None
+
+
+def is_last_dim(dim: Any, ndim: int) -> bool:
+    """``dim`` (an int, or a list of one) names the last of ``ndim`` dims."""
+    if isinstance(dim, (list, tuple)):
+        return len(dim) == 1 and is_last_dim(dim[0], ndim)
+    return isinstance(dim, int) and not isinstance(dim, bool) and dim in (-1, ndim - 1)
+
+
+# --- structural predicates (for Arg checks and matcher.When) --------------------------------
+
+def is_product(v: Any) -> bool:
+    return _is_call(v, (aten.mul.Tensor,))
+
+
+def is_token_stream(v: Any) -> bool:
+    """A transformer's residual stream: [B, S, D]."""
+    t = tensor_meta(v)
+    return t is not None and t.dim() == 3
+
+
+def splits_heads(v: Any) -> bool:
+    """``v`` is a projection split into heads: ``[..., H*D]`` viewed as ``[..., H, D]``
+    (``unflatten``, ``view``), maybe transposed after that with ``head_dim`` kept last (SD3's
+    ``view(B, -1, H, D).transpose(1, 2)``) or cast (AuraFlow's fp32 LayerNorm)."""
+    node = v
+    while (_is_call(node, (aten.transpose.int, aten.permute.default)) and _keeps_last_dim(node)
+           or _is_call(node, (aten._to_copy.default,))):
+        node = node.args[0]
+    if not _is_call(node, RESHAPES) or not isinstance(node.args[0], fx.Node):
+        return False
+    out, whole = tensor_meta(node), tensor_meta(node.args[0])
+    return (out is not None and whole is not None and out.dim() == whole.dim() + 1
+            and all(same_size(a, b) for a, b in zip(out.shape[:-2], whole.shape[:-1]))
+            and same_size(out.shape[-2] * out.shape[-1], whole.shape[-1]))
+
+
+def _is_call(node: Any, targets) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
+
+
+def _keeps_last_dim(node: fx.Node) -> bool:
+    ndim = tensor_meta(node).dim()
+    if node.target == aten.transpose.int:
+        return not any(is_last_dim(d, ndim) for d in node.args[1:3])
+    return is_last_dim(node.args[1][-1], ndim)
+
+
+def feeds_head_split(node: Any) -> bool:
+    """Every user of ``node`` reshapes its last dim into heads, [..., H*D] -> [..., H, D], H > 1
+    (a QK-norm across heads, before ``unflatten``: Wan)."""
+    out = tensor_meta(node)
+    if out is None or not isinstance(node, fx.Node) or not node.users:
+        return False
+    for user in node.users:
+        view = tensor_meta(user) if _is_call(user, RESHAPES) else None
+        if view is None or view.dim() != out.dim() + 1 or same_size(view.shape[-2], 1):
+            return False
+        if not (all(same_size(a, b) for a, b in zip(view.shape[:-2], out.shape[:-1]))
+                and same_size(view.shape[-2] * view.shape[-1], out.shape[-1])):
+            return False
+    return True

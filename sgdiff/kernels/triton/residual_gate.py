@@ -45,12 +45,16 @@ def _residual_gate_kernel(
     tl.store(out_ptr + row * D + d, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def can_use(residual, gate, update, tanh_gate) -> bool:
+def can_use(residual, gate, update, tanh_gate, residual_layout=True) -> bool:
     return residual.is_cuda and supported_layout(residual, gate, update, tanh_gate)
 
 
-def supported_layout(residual, gate, update, tanh_gate) -> bool:
-    """can_use without the device check (the interpreter runs the kernel on CPU tensors)."""
+def supported_layout(residual, gate, update, tanh_gate, residual_layout=True) -> bool:
+    """can_use without the device check (the interpreter runs the kernel on CPU tensors).
+
+    The residual must be contiguous, where its layout and the contiguous one coincide, so
+    ``residual_layout`` (which of the two the output takes) changes nothing here.
+    """
     if tanh_gate or not (2 <= residual.dim() <= 3 and residual.is_contiguous() and residual.numel() > 0):
         return False
     if residual.shape[-1] > 16384:
@@ -66,7 +70,7 @@ def supported_layout(residual, gate, update, tanh_gate) -> bool:
     return tuple(out_shape) == tuple(residual.shape) and out_dtype in _DTYPES
 
 
-def residual_gate(residual, gate, update, tanh_gate):
+def residual_gate(residual, gate, update, tanh_gate, residual_layout=True):
     """Launch; the caller has checked :func:`can_use`."""
     shape = (1, *residual.shape) if residual.dim() == 2 else tuple(residual.shape)
     B, S, D = shape

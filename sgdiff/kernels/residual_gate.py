@@ -1,0 +1,53 @@
+"""sgdiff::residual_gate — the gated residual update of a DiT block.
+
+Eager chain (Flux, SD3, Sana, PixArt, Wan, QwenImage; Lumina-style ``tanh`` gates)::
+
+    g = tanh(gate) if tanh_gate else gate     # rounded to gate.dtype
+    y = g * update                            # rounded to the promoted dtype
+    y = residual + y                          # rounded to the promoted dtype
+
+``gate`` and ``update`` broadcast to ``residual`` ([B,1,D] or per-token [B,S,D] gates); mixed
+dtypes promote as in eager (Wan: fp32 residual and gate, bf16 update). IEEE addition and
+multiplication are commutative, so the operand order of the eager spelling is not carried,
+but the layout it gives the output is: eager's output keeps the residual's layout
+(:mod:`sgdiff.kernels.layout`) when the residual comes first, as in Sana, whose first token
+stream is a transposed view, and is contiguous when the product comes first, as in PixArt.
+The output has the residual's layout, or with ``residual_layout=False`` is contiguous (the
+two coincide for a contiguous residual). The reference implementation *is* the chain.
+"""
+from __future__ import annotations
+
+import torch
+
+from sgdiff.kernels import dispatch
+from sgdiff.kernels.layout import in_layout_of
+
+aten = torch.ops.aten
+
+
+def residual_gate_reference(
+    residual: torch.Tensor,
+    gate: torch.Tensor,
+    update: torch.Tensor,
+    tanh_gate: bool,
+    residual_layout: bool = True,
+) -> torch.Tensor:
+    g = aten.tanh.default(gate) if tanh_gate else gate
+    y = aten.add.Tensor(residual, aten.mul.Tensor(g, update))
+    return in_layout_of(y, residual) if residual_layout else y.contiguous()
+
+
+@torch.library.custom_op("sgdiff::residual_gate", mutates_args=())
+def residual_gate(
+    residual: torch.Tensor,
+    gate: torch.Tensor,
+    update: torch.Tensor,
+    tanh_gate: bool,
+    residual_layout: bool = True,
+) -> torch.Tensor:
+    return dispatch.run("residual_gate", residual, gate, update, tanh_gate, residual_layout)
+
+
+@residual_gate.register_fake
+def _(residual, gate, update, tanh_gate, residual_layout=True):
+    return residual_gate_reference(residual, gate, update, tanh_gate, residual_layout)

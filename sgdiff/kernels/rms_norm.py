@@ -1,0 +1,102 @@
+"""sgdiff::rms_norm — an RMSNorm over the last dim, in each of its eager forms.
+
+``form`` names the eager chain the op reproduces (``w`` is the optional weight)::
+
+    "composite"  F.rms_norm / torch.nn.RMSNorm where ATen decomposes it (CPU):
+                     xf = x.float() if x is fp16/bf16 else x        # _to_copy
+                     r  = rsqrt(mean(xf ** 2, -1, keepdim) + eps)   # pow, mean.dim, add.Scalar, rsqrt
+                     y  = xf * r                                    # rounded to xf's dtype
+                     y  = y * w                                     # promoted with w (fp32 * bf16 -> fp32)
+                     y  = y.to(x.dtype)                             # after an upcast only
+    "fused"      F.rms_norm where ATen runs one kernel (CUDA):
+                     y = aten._fused_rms_norm(x, [D], w, eps)[0]
+    "diffusers"  diffusers' hand-written RMSNorm:
+                     r = rsqrt(x.to(float32).pow(2).mean(-1, keepdim=True) + eps)   # add.Tensor
+                     y = x * r                                      # fp32: x's values are exact in fp32
+                     with w: y = y.to(w.dtype) if w is fp16/bf16; y = y * w
+                     without: y = y.to(x.dtype)
+
+Each ``.to`` is a rounding step, and a no-op (absent from the graph) when the dtype already
+matches. The output has ``x``'s layout (:mod:`sgdiff.kernels.layout`), as each chain leaves it.
+The reference implementation below *is* the chain, op for op.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from sgdiff.kernels import dispatch
+from sgdiff.kernels.layout import in_layout_of
+
+aten = torch.ops.aten
+
+FORMS = ("composite", "fused", "diffusers")
+HALF = (torch.float16, torch.bfloat16)
+
+
+def to(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``Tensor.to(dtype)``: a rounding ``_to_copy``, or ``t`` itself when the dtype matches."""
+    return t if t.dtype == dtype else aten._to_copy.default(t, dtype=dtype)
+
+
+def _inv_rms(xf: torch.Tensor, eps: float, add) -> torch.Tensor:
+    return aten.rsqrt.default(add(aten.mean.dim(aten.pow.Tensor_Scalar(xf, 2), [-1], True), eps))
+
+
+def _composite(x, weight, eps):
+    xf = to(x, torch.float32) if x.dtype in HALF else x
+    y = aten.mul.Tensor(xf, _inv_rms(xf, eps, aten.add.Scalar))
+    del xf  # freed where the graph frees it: the allocator then reuses its memory
+    if weight is not None:
+        y = aten.mul.Tensor(y, weight)
+    return to(y, x.dtype)
+
+
+def _fused(x, weight, eps):
+    return aten._fused_rms_norm.default(x, [x.shape[-1]], weight, eps)[0]
+
+
+def _diffusers(x, weight, eps):
+    y = aten.mul.Tensor(x, _inv_rms(to(x, torch.float32), eps, aten.add.Tensor))
+    if weight is None:
+        return to(y, x.dtype)
+    if weight.dtype in HALF:
+        y = to(y, weight.dtype)
+    return aten.mul.Tensor(y, weight)
+
+
+_CHAINS = {"composite": _composite, "fused": _fused, "diffusers": _diffusers}
+
+
+def rms_norm_chain(x: torch.Tensor, weight: Optional[torch.Tensor], eps: Optional[float], form: str) -> torch.Tensor:
+    """The eager chain of ``form``, as it leaves its output (shared with ``rmsnorm_modulate``)."""
+    if form not in _CHAINS:
+        raise ValueError(f"unknown RMSNorm form {form!r}; known: {', '.join(FORMS)}")
+    if eps is None and form != "fused":
+        raise ValueError(f"RMSNorm form {form!r} needs an eps")
+    return _CHAINS[form](x, weight, eps)
+
+
+def rms_norm_reference(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: Optional[float],
+    form: str,
+) -> torch.Tensor:
+    return in_layout_of(rms_norm_chain(x, weight, eps, form), x)
+
+
+@torch.library.custom_op("sgdiff::rms_norm", mutates_args=())
+def rms_norm(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: Optional[float],
+    form: str,
+) -> torch.Tensor:
+    return dispatch.run("rms_norm", x, weight, eps, form)
+
+
+@rms_norm.register_fake
+def _(x, weight, eps, form):
+    return rms_norm_reference(x, weight, eps, form)

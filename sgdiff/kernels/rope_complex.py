@@ -1,0 +1,46 @@
+"""sgdiff::rope_complex — rotary embedding as a complex product (diffusers ``use_real=False``).
+
+Eager chain (QwenImage ``apply_rotary_emb_qwen``, Lumina, HiDream)::
+
+    x_c = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))   # (x[2i], x[2i+1]) pairs
+    out = torch.view_as_real(x_c * freqs).flatten(3)                        # one complex product
+    out = out.type_as(x)
+
+``freqs`` is the complex table as the product sees it (e.g. ``freqs_cis.unsqueeze(1)``).
+Rounding: the complex product in complex64 (real and imaginary parts each rounded to fp32 as
+ATen's complex multiply rounds them), one rounding to ``x.dtype``; ``.float()``/``type_as``
+vanish for fp32 ``x``. The output has ``x``'s layout. The reference implementation *is* that
+chain, op for op.
+"""
+from __future__ import annotations
+
+import torch
+
+from sgdiff.kernels import dispatch
+from sgdiff.kernels.layout import in_layout_of
+from sgdiff.kernels.rms_norm import to
+
+aten = torch.ops.aten
+
+
+def rope_complex_reference(
+    x: torch.Tensor,
+    freqs: torch.Tensor,
+) -> torch.Tensor:
+    pairs = aten.reshape.default(to(x, torch.float32), list(x.shape[:-1]) + [-1, 2])
+    y = aten.view_as_real.default(aten.mul.Tensor(aten.view_as_complex.default(pairs), freqs))
+    y = aten.reshape.default(y, x.shape)
+    return in_layout_of(to(y, x.dtype), x)
+
+
+@torch.library.custom_op("sgdiff::rope_complex", mutates_args=())
+def rope_complex(
+    x: torch.Tensor,
+    freqs: torch.Tensor,
+) -> torch.Tensor:
+    return dispatch.run("rope_complex", x, freqs)
+
+
+@rope_complex.register_fake
+def _(x, freqs):
+    return rope_complex_reference(x, freqs)

@@ -1,0 +1,75 @@
+"""Family ``qk_norm``: the normalization of queries and keys before attention.
+
+The eager chains: an RMSNorm (any of its eager forms: ``F.rms_norm``/``torch.nn.RMSNorm``
+composite or fused, diffusers' ``RMSNorm``) or a LayerNorm over ``head_dim`` of a tensor split
+into heads (Flux, Flux2, SD3.5, QwenImage, CogVideoX), or over all heads before the split
+(Wan's ``norm_q``/``norm_k``, then ``unflatten(2, (heads, -1))``). A norm is a QK-norm by where
+it sits, not by how it is written: its input is a projection split into heads, or every user
+splits its output into heads. Other norms (QwenImage's ``txt_norm``) are not sites. Variants come from
+:class:`QkNormKey`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional
+
+from sgdiff.fxpasses.matcher import Match, When
+from sgdiff.patterns import parts
+from sgdiff.patterns.base import ChainPattern, like_layout_reason, tensor_meta
+
+NORMS = ("rms_norm", "layer_norm")
+HEADS = ("per_head", "across_heads")
+
+
+@dataclasses.dataclass(frozen=True)
+class QkNormKey:
+    norm: str  # one of NORMS
+    heads: str  # one of HEADS: normalized over head_dim, or over all heads before the split
+
+
+def chain(key: QkNormKey):
+    x_check = parts.splits_heads if key.heads == "per_head" else None
+    norm = parts.rms_norm(x_check) if key.norm == "rms_norm" else parts.layer_norm(x_check=x_check)
+    return norm if key.heads == "per_head" else When(norm, parts.feeds_head_split)
+
+
+def replacement(key: QkNormKey):
+    if key.norm == "rms_norm":
+        return lambda m: (m["x"], m.get("weight"), m["eps"], parts.rms_norm_form(m)[0])
+    return lambda m: (m["x"], m["weight"], m["bias"], m["eps"])
+
+
+def check(key: QkNormKey):
+    norm_reason = (lambda m: parts.rms_norm_form(m)[1]) if key.norm == "rms_norm" else parts.layer_norm_reason
+
+    def qk_norm_check(m: Match) -> Optional[str]:
+        x = tensor_meta(m["x"])
+        if x is None or not x.dtype.is_floating_point:
+            return "input is not a floating-point tensor"
+        reason = norm_reason(m)
+        if reason:
+            return reason
+        out = tensor_meta(m.root)
+        if out is None:
+            return "the chain's output is not a tensor"
+        if key.norm == "layer_norm":  # ATen's LayerNorm writes a contiguous output
+            return None if out.is_contiguous() else "the chain's output is not contiguous"
+        return like_layout_reason(out, x)
+
+    return qk_norm_check
+
+
+def patterns() -> List[ChainPattern]:
+    out = []
+    for norm in NORMS:
+        for heads in HEADS:
+            key = QkNormKey(norm, heads)
+            out.append(ChainPattern(
+                family="qk_norm",
+                name=f"qk_{norm}" + ("" if heads == "per_head" else "_across_heads"),
+                chain=chain(key),
+                op=norm,
+                replacement=replacement(key),
+                check=check(key),
+            ))
+    return out

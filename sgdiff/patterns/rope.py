@@ -1,0 +1,223 @@
+"""Family ``rope``: rotary position embeddings on q and on k (two sites).
+
+The eager chains, as diffusers writes them (:mod:`sgdiff.kernels.rope` and siblings give their
+rounding steps)::
+
+    interleaved  (apply_rotary_emb, use_real_unbind_dim=-1: Flux, Flux2, CogVideoX, HunyuanDiT)
+        x_rot = stack([-x_imag, x_real], -1).flatten(3)   of x.reshape(..., -1, 2).unbind(-1)
+        out   = (x.float() * cos + x_rot.float() * sin).to(x.dtype)
+    rotate_half  (use_real_unbind_dim=-2: Stable Audio, CogView4, Cosmos)
+        x_rot = cat([-x_imag, x_real], -1)                of x.reshape(..., 2, -1).unbind(-2)
+    complex      (use_real=False: QwenImage, Lumina)
+        out = view_as_real(view_as_complex(x.float().reshape(..., -1, 2)) * freqs).flatten(3).type_as(x)
+    even_odd     (Wan: strided writes into empty_like)
+        out[..., 0::2] = x1 * cos - x2 * sin;  out[..., 1::2] = x1 * sin + x2 * cos
+
+with the tables broadcast along any sequence dim. Variants come from :class:`RopeKey`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional
+
+import torch
+
+from sgdiff.fxpasses.matcher import AnyOf, Arg, Expr, Items, Lit, Match, Op, getitem
+from sgdiff.patterns import parts
+from sgdiff.patterns.base import ChainPattern, broadcast_reason, like_layout_reason, same_size, tensor_meta
+
+aten = torch.ops.aten
+
+FORMS = ("interleaved", "rotate_half", "complex", "even_odd")
+OPS = {"interleaved": "rope", "rotate_half": "rope", "complex": "rope_complex", "even_odd": "rope_even_odd"}
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeKey:
+    form: str  # one of FORMS
+
+
+def _reshape(inner: Expr, name: str) -> Expr:
+    return Op(parts.RESHAPES, inner, Arg(name + "_shape"), name=name)
+
+
+def _pairs(x: Expr) -> Expr:
+    """``x.reshape(*x.shape[:-1], -1, 2).unbind(-1)`` (or ``(2, -1)``, ``-2``): the unbind node;
+    the check reads which."""
+    return Op(aten.unbind.int, _reshape(x, "rope_pairs"), Arg("rope_unbind_dim"), name="rope_unbind")
+
+
+def _rotated(form: str) -> Expr:
+    pairs = _pairs(Arg("x"))
+    negated = Items(Op(aten.neg.default, getitem(pairs, 1)), getitem(pairs, 0))
+    if form == "interleaved":
+        return _reshape(Op(aten.stack.default, negated, Arg("rope_join_dim")), "rope_flat")
+    return Op(aten.cat.default, negated, Arg("rope_join_dim"))
+
+
+def _real(form: str) -> Expr:
+    x_term = Op(aten.mul.Tensor, parts.maybe_cast(Arg("x"), "rope_upcast_x"), Arg("cos"), commutative=True)
+    rot_term = Op(aten.mul.Tensor, parts.maybe_cast(_rotated(form), "rope_upcast_rot"), Arg("sin"),
+                  commutative=True)
+    return parts.maybe_cast(Op(aten.add.Tensor, x_term, rot_term, alpha=Lit(1), commutative=True), "rope_downcast")
+
+
+def _complex() -> Expr:
+    pairs = _reshape(parts.maybe_cast(Arg("x"), "rope_upcast_x"), "rope_pairs")
+    product = Op(aten.mul.Tensor, Op(aten.view_as_complex.default, pairs), Arg("freqs"), commutative=True)
+    flat = _reshape(Op(aten.view_as_real.default, product), "rope_flat")
+    return parts.maybe_cast(flat, "rope_downcast")
+
+
+def _even_odd() -> Expr:
+    pairs = _pairs(Arg("x"))
+    x1, x2 = getitem(pairs, 0), getitem(pairs, 1)
+
+    def term(a, table):
+        return Op(aten.mul.Tensor, a, Arg(table), commutative=True)
+
+    even = Op(aten.sub.Tensor, term(x1, "cos"), term(x2, "sin"), alpha=Lit(1))
+    odd = Op(aten.add.Tensor, term(x1, "sin"), term(x2, "cos"), alpha=Lit(1), commutative=True)
+    out = Op(aten.empty_like.default, Arg("x"), dtype=Lit(None), name="rope_out",
+             memory_format=AnyOf(Lit(None), Lit(torch.preserve_format)))
+    with_even = _slot(out, "rope_out", 0, even, name="rope_even")
+    return _slot(with_even, "rope_even", 1, odd)
+
+
+def _slot(base: Expr, base_name: str, start: int, value: Expr, name: Optional[str] = None) -> Expr:
+    """``base[..., start::2] = value`` as functionalization writes it: ``slice_scatter(base,
+    copy(base[..., start::2], value), -1, start, end, 2)``."""
+    strided = Op(aten.slice.Tensor, Arg(base_name), Arg(f"rope_slice{start}_dim"), Lit(start),
+                 Arg(f"rope_slice{start}_end"), Lit(2))
+    src = AnyOf(Op(aten.copy.default, strided, value), value)
+    return Op(aten.slice_scatter.default, base, src, Arg(f"rope_scatter{start}_dim"), Lit(start),
+              Arg(f"rope_scatter{start}_end"), Lit(2), name=name)
+
+
+def chain(key: RopeKey) -> Expr:
+    if key.form == "complex":
+        return _complex()
+    if key.form == "even_odd":
+        return _even_odd()
+    return _real(key.form)
+
+
+def replacement(key: RopeKey):
+    if key.form == "complex":
+        return lambda m: (m["x"], m["freqs"])
+    if key.form == "even_odd":
+        return lambda m: (m["x"], m["cos"], m["sin"])
+    return lambda m: (m["x"], m["cos"], m["sin"], key.form == "interleaved")
+
+
+def check(key: RopeKey):
+    def rope_check(m: Match) -> Optional[str]:
+        x = tensor_meta(m["x"])
+        if x is None or not x.dtype.is_floating_point or x.dim() < 2:
+            return "input is not a floating-point tensor with a head dim"
+        for reason in (_structure_reason(key.form, m, x), _cast_reason(key.form, m, x), _table_reason(key.form, m, x)):
+            if reason:
+                return reason
+        out = tensor_meta(m.root)
+        return "the chain's output is not a tensor" if out is None else like_layout_reason(out, x)
+
+    return rope_check
+
+
+def _shape_is(node, shape) -> bool:
+    t = tensor_meta(node)
+    return t is not None and len(t.shape) == len(shape) and all(same_size(a, b) for a, b in zip(t.shape, shape))
+
+
+def _structure_reason(form: str, m: Match, x: torch.Tensor) -> Optional[str]:
+    """The reshapes and joins pair up the last dim as the form says (and nothing else)."""
+    lead, d = tuple(x.shape[:-1]), x.shape[-1]
+    if form == "rotate_half":
+        pair_shape, unbind_dim = lead + (2, d // 2), -2
+    else:
+        pair_shape, unbind_dim = lead + (d // 2, 2), -1
+    if not _shape_is(m["rope_pairs"], pair_shape):
+        return f"the pairs are not the last dim as {pair_shape[-2:]}"
+    if form == "complex":
+        return None if _shape_is(m["rope_flat"], x.shape) else "the rotated pairs are not flattened back to x's shape"
+    if m["rope_unbind_dim"] not in (unbind_dim, x.dim() + 1 + unbind_dim):
+        return f"unbind over dim {m['rope_unbind_dim']}, not {unbind_dim}"
+    if form == "interleaved":
+        if not parts.is_last_dim(m["rope_join_dim"], x.dim() + 1) or not _shape_is(m["rope_flat"], x.shape):
+            return "the rotated pairs are not stacked and flattened back to x's shape"
+    elif form == "rotate_half":
+        if not parts.is_last_dim(m["rope_join_dim"], x.dim()):
+            return "the rotated halves are not concatenated along the last dim"
+    else:  # even_odd: both writes stride 2 over the last dim
+        for key in ("rope_slice0_dim", "rope_slice1_dim", "rope_scatter0_dim", "rope_scatter1_dim"):
+            if not parts.is_last_dim(m[key], x.dim()):
+                return "the even/odd writes are not along the last dim"
+        for key in ("rope_slice0_end", "rope_slice1_end", "rope_scatter0_end", "rope_scatter1_end"):
+            if not _to_the_end(m[key], d):
+                return "the even/odd writes stop before the end of the last dim"
+    return None
+
+
+def _to_the_end(end, d) -> bool:
+    """A slice end that reaches the end of a dim of size ``d`` (``x[..., 0::2]`` traces an
+    end of ``sys.maxsize``)."""
+    if end is None or (isinstance(end, int) and end >= 2 ** 62):
+        return True
+    return isinstance(end, int) and isinstance(d, int) and end >= d
+
+
+def _cast_reason(form: str, m: Match, x: torch.Tensor) -> Optional[str]:
+    """``.float()`` on every operand the form upcasts, ``.to(x.dtype)`` at the end: present
+    exactly when they are not no-ops (an fp32 ``x``)."""
+    if form == "even_odd":
+        return None
+    upcasts = ("rope_upcast_x",) if form == "complex" else ("rope_upcast_x", "rope_upcast_rot")
+    wanted = x.dtype != torch.float32
+    for name in upcasts:
+        if (name in m) != wanted or (wanted and parts.cast_dtype(m, name) != torch.float32):
+            return "the rotation is not computed from x.float()" if wanted else "x is cast before the rotation"
+    inner = m["rope_downcast"].args[0] if "rope_downcast" in m else m.root
+    inner_dtype = tensor_meta(inner).dtype
+    if "rope_downcast" in m and (inner_dtype == x.dtype or parts.cast_dtype(m, "rope_downcast") != x.dtype):
+        return "the result is not cast back to x's dtype"
+    if "rope_downcast" not in m and inner_dtype != x.dtype:
+        return "the result is not cast back to x's dtype"
+    return None
+
+
+def _table_reason(form: str, m: Match, x: torch.Tensor) -> Optional[str]:
+    if form == "complex":
+        freqs = tensor_meta(m["freqs"])
+        if freqs is None or not freqs.dtype.is_complex:
+            return "the frequencies are not a complex tensor"
+        return broadcast_reason(m["freqs"], _Half(x), "freqs")
+    target = x if form != "even_odd" else _Half(x)
+    for name in ("cos", "sin"):
+        reason = broadcast_reason(m[name], target, name)
+        if reason:
+            return reason
+    return None
+
+
+class _Half:
+    """Shape stand-in for one element of each pair, [..., D/2], for broadcast checks."""
+
+    def __init__(self, x: torch.Tensor):
+        self.shape = (*x.shape[:-1], x.shape[-1] // 2)
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+
+def patterns() -> List[ChainPattern]:
+    return [
+        ChainPattern(
+            family="rope",
+            name=f"rope_{form}",
+            chain=chain(RopeKey(form)),
+            op=OPS[form],
+            replacement=replacement(RopeKey(form)),
+            check=check(RopeKey(form)),
+        )
+        for form in FORMS
+    ]

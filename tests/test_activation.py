@@ -1,0 +1,147 @@
+"""Family `activation`: silu(a) * b (bit-exact) and bias + GELU-tanh after a linear (close)."""
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, strategies as st
+
+from sgdiff.kernels import registry
+from tests.capture import rewrite
+from tests.helpers import bits_equal, count_op, targets
+
+aten = torch.ops.aten
+SILU_MUL = registry.op_def("silu_mul").load()
+LINEAR_GELU = registry.op_def("linear_gelu_tanh").load()
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+SPLITS = ["slices", "chunk", "split", "gate_second", "two_projections", "conv_chunk"]
+
+
+def make_glu(split, swap=False):
+    """A gated activation spelled the way one model or another spells it."""
+
+    def fn(x, w1, w2):
+        if split == "two_projections":  # LLaMA-style: silu(w1(x)) * w3(x)
+            a, b = F.linear(x, w1), F.linear(x, w2)
+        elif split == "conv_chunk":  # Sana GLUMBConv: a channels-last convolution, chunked
+            h = F.conv2d(x.permute(0, 2, 1).unflatten(-1, (1, -1)), w1[:, :, None, None])
+            b, a = h.chunk(2, dim=1)
+        else:
+            h = F.linear(x, w1)
+            half = h.shape[-1] // 2
+            if split == "slices":  # Flux2SwiGLU: silu(x[..., :half]) * x[..., half:]
+                a, b = h[..., :half], h[..., half:]
+            elif split == "chunk":
+                a, b = h.chunk(2, dim=-1)
+            elif split == "split":
+                a, b = h.split(half, dim=-1)
+            else:  # Sana: hidden, gate = chunk(2); hidden * silu(gate)
+                b, a = h.chunk(2, dim=-1)
+        return b * F.silu(a) if swap else F.silu(a) * b
+
+    return fn
+
+
+def make_args(B=2, S=5, D=8, N=12, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, S, D, generator=g).to(dtype), torch.randn(2 * N, D, generator=g).to(dtype),
+            torch.randn(2 * N, D, generator=g).to(dtype))
+
+
+@given(
+    split=st.sampled_from(SPLITS), swap=st.booleans(), dtype=st.sampled_from(DTYPES),
+    B=st.integers(1, 3), S=st.integers(1, 9), D=st.sampled_from([4, 8, 16]), N=st.sampled_from([3, 8, 12]),
+)
+def test_every_gated_activation_is_one_bitexact_site(split, swap, dtype, B, S, D, N):
+    fn = make_glu(split, swap)
+    args = make_args(B, S, D, N, dtype)
+    run, gm, result = rewrite(fn, args, families=["activation"])
+    assert result.counts["activation"] == 1, result.skipped
+    assert count_op(gm, SILU_MUL) == 1 and aten.silu.default not in targets(gm)
+    got, want = run(*args), fn(*args)
+    assert bits_equal(got, want) and got.stride() == want.stride()
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("a broadcast multiplier", lambda a, b: F.silu(a) * b[:, :1]),
+    ("sigmoid, not silu", lambda a, b: torch.sigmoid(a) * b),
+    ("silu added", lambda a, b: F.silu(a) + b),
+])
+def test_near_misses_are_not_silu_mul(name, fn):
+    args = (torch.randn(2, 5, 8), torch.randn(2, 5, 8))
+    run, gm, result = rewrite(fn, args, families=["activation"])
+    assert count_op(gm, SILU_MUL) == 0, name
+    assert bits_equal(run(*args), fn(*args))
+
+
+def test_silu_with_another_user_is_skipped():
+    def fn(a, b):
+        s = F.silu(a)
+        return s * b, s
+
+    args = (torch.randn(2, 5, 8), torch.randn(2, 5, 8))
+    run, gm, result = rewrite(fn, args, families=["activation"])
+    assert result.counts["activation"] == 0 and any("another user" in s.reason for s in result.skipped)
+
+
+def ff_gelu(bias=True):
+    def fn(x, w, b):  # diffusers GELU(approximate="tanh"): proj, then gelu
+        return F.gelu(F.linear(x, w, b if bias else None), approximate="tanh")
+
+    return fn
+
+
+def gelu_args(dtype, B=2, S=64, K=32, N=128, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, S, K, generator=g).to(dtype), (torch.randn(N, K, generator=g) / K ** 0.5).to(dtype),
+            torch.randn(N, generator=g).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_gelu_is_close_not_lossless(dtype, bias):
+    fn, args = ff_gelu(bias), gelu_args(dtype)
+    run, gm, result = rewrite(fn, args, quality="lossless", families=["activation"])
+    assert result.counts["activation"] == 0 and count_op(gm, LINEAR_GELU) == 0
+    assert [s.reason for s in result.skipped] == ["contract close is not admitted at lossless"]
+    assert bits_equal(run(*args), fn(*args))
+    run, gm, result = rewrite(fn, args, quality="extra-high", families=["activation"])
+    assert result.counts["activation"] == 1 and count_op(gm, LINEAR_GELU) == 1
+    assert aten.gelu.default not in targets(gm)
+    got, want = run(*args), fn(*args)
+    if dtype == torch.float32:  # one fp32 pass is the eager chain itself
+        assert bits_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype,share", [(torch.bfloat16, 2 ** -7), (torch.float16, 2 ** -10)])
+@pytest.mark.parametrize("shape", [(64, 32, 128), (333, 96, 384), (1024, 256, 1024)])  # K, N as in tiny/full FFs
+def test_linear_gelu_tolerance(dtype, share, shape):
+    # the contract written in the registry: measured here against eager's two roundings
+    S, K, N = shape
+    x, w, b = gelu_args(dtype, S=S, K=K, N=N)
+    want = ff_gelu()(x, w, b).float()
+    got = LINEAR_GELU(x, w, b).float()
+    mant = 7 if dtype == torch.bfloat16 else 10
+    ulp = torch.exp2(torch.floor(torch.log2(want.abs().clamp_min(1e-30))) - mant)
+    large = want.abs() >= 0.1
+    assert ((got - want).abs()[large] <= 2 * ulp[large]).all()
+    assert (got - want).abs().max() <= share * want.abs().max()
+
+
+def test_gelu_without_tanh_is_not_matched():
+    fn = lambda x, w, b: F.gelu(F.linear(x, w, b))  # noqa: E731
+    args = gelu_args(torch.float32)
+    run, gm, result = rewrite(fn, args, quality="high", families=["activation"])
+    assert result.passes["activation"].found_count == 0
+    assert bits_equal(run(*args), fn(*args))
+
+
+def test_opcheck():
+    from sgdiff.kernels.linear_gelu_tanh import linear_gelu_tanh
+    from sgdiff.kernels.silu_mul import silu_mul
+
+    for dtype in (torch.float32, torch.bfloat16):
+        h = torch.randn(2, 5, 16, dtype=dtype)
+        torch.library.opcheck(silu_mul, (h[..., :8], h[..., 8:]))
+        torch.library.opcheck(silu_mul, (torch.randn(2, 5, 8, dtype=dtype), torch.randn(2, 5, 8, dtype=dtype)))
+        x, w, b = gelu_args(dtype, S=5, K=8, N=12)
+        torch.library.opcheck(linear_gelu_tanh, (x, w, b))
+        torch.library.opcheck(linear_gelu_tanh, (x[0], w, None))

@@ -1,0 +1,59 @@
+"""Every chain family, found in real diffusers DiTs (tiny configs, random weights, CPU), and the
+compiled model bitwise equal to eager.
+
+Counts per model, for modulate / residual_gate / rope / qk_norm, are those of the captured graph.
+QwenImage differs from the 4L+1 / 4L of a per-block count: its forward discards the text stream
+of the last block (only ``hidden_states`` reaches ``norm_out``), so that block's ``txt_norm2``
+modulation and both text-stream gated residuals are dead code, which torch.compile removes:
+4L modulates and 4L-2 gated residuals, 4 and 2 for one layer.
+"""
+import logging
+
+import pytest
+import torch
+
+import sgdiff
+from sgdiff import zoo
+from tests.helpers import bits_equal
+
+FAMILIES = ("modulate", "residual_gate", "rope", "qk_norm")
+EXPECTED = {
+    "flux": (6, 5, 4, 6),  # 1 double + 1 single block: 4L+S+1, 4L+S, 2L+2S, 4L+2S
+    "flux2": (6, 5, 4, 6),
+    "sana": (3, 2, 0, 0),
+    "sd35": (9, 7, 0, 10),  # 2 layers, layer 0 dual attention: 4L+X, 4L-2+X, -, 4L+2X
+    "pixart": (3, 2, 0, 0),
+    "wan": (3, 2, 2, 4),
+    "qwenimage": (4, 2, 4, 4),  # see the module docstring
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@pytest.fixture(scope="module", params=[(m, d) for m in EXPECTED for d in DTYPES], ids=lambda p: f"{p[0]}-{p[1]}")
+def case(request):
+    """One model per name and dtype, built once: (name, model, kwargs, eager output)."""
+    name, dtype = request.param
+    logging.getLogger("diffusers").setLevel(logging.ERROR)  # the `.to(dtype)` fp32-modules notice
+    model, kwargs = zoo.build(name, dtype=DTYPES[dtype])
+    with torch.no_grad():
+        eager = model(**kwargs)[0]
+    return name, model, kwargs, eager
+
+
+def test_every_chain_is_found_and_rewritten(case):
+    name, model, kwargs, _ = case
+    report = sgdiff.explain(model, **kwargs)
+    assert tuple(report.counts[f] for f in FAMILIES) == EXPECTED[name], str(report)
+    # nothing of these families was found and left eager
+    assert all(report.found[f] == report.counts[f] for f in FAMILIES), report.skipped
+
+
+def test_compiled_model_is_bitwise_equal_to_eager(case):
+    name, model, kwargs, eager = case
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            got = torch.compile(model, backend="sgdiff")(**kwargs)[0]
+    finally:
+        torch._dynamo.reset()
+    assert bits_equal(got, eager)

@@ -1,0 +1,224 @@
+"""Family `qk_norm`: RMSNorm (every eager form) and LayerNorm on queries and keys."""
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, strategies as st
+
+from sgdiff.fxpasses import PassManager
+from sgdiff.kernels import registry
+from tests.capture import diffusers_rms_norm, fx_graph, rewrite
+from tests.helpers import bits_equal, count_op, targets
+
+aten = torch.ops.aten
+RMS = registry.op_def("rms_norm").load()
+LN = registry.op_def("layer_norm").load()
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+NORMS = ["F.rms_norm", "diffusers", "diffusers_no_affine", "layer_norm", "layer_norm_no_affine"]
+LAYOUTS = ["bshd", "bhsd", "across_heads"]  # Flux/QwenImage, SD3 (transposed), Wan (before unflatten)
+CHAIN_OPS = (aten.pow.Tensor_Scalar, aten.rsqrt.default, aten.mean.dim, aten.native_layer_norm.default)
+
+
+def norm_fn(kind, eps):
+    def norm(t, w, b):
+        if kind == "F.rms_norm":
+            return F.rms_norm(t, t.shape[-1:], w, eps)
+        if kind.startswith("diffusers"):
+            return diffusers_rms_norm(t, None if kind.endswith("no_affine") else w, eps)
+        affine = not kind.endswith("no_affine")
+        return F.layer_norm(t, t.shape[-1:], w if affine else None, b if affine else None, eps)
+
+    return norm
+
+
+def make_qk(kind, layout, heads, eps=1e-6):
+    """Normalized q and k of an attention processor, spelled as ``layout`` says."""
+    norm = norm_fn(kind, eps)
+
+    def split(t):
+        B, S, _ = t.shape
+        if layout == "bhsd":  # SD3: view(B, -1, heads, head_dim).transpose(1, 2), then the norm
+            return t.view(B, -1, heads, t.shape[-1] // heads).transpose(1, 2)
+        return t.unflatten(-1, (heads, -1))
+
+    def fn(q, k, w, b):
+        if layout == "across_heads":  # Wan: norm over all heads, then unflatten
+            return split(norm(q, w, b)), split(norm(k, w, b))
+        return norm(split(q), w, b), norm(split(k), w, b)
+
+    return fn
+
+
+def make_args(layout, B=2, S=5, H=3, D=8, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(B, S, H * D, generator=g).to(dtype) for _ in range(2))
+    n = H * D if layout == "across_heads" else D
+    w, b = torch.randn(n, generator=g).to(dtype), torch.randn(n, generator=g).to(dtype)
+    return q, k, w, b
+
+
+@given(
+    kind=st.sampled_from(NORMS), layout=st.sampled_from(LAYOUTS), dtype=st.sampled_from(DTYPES),
+    B=st.integers(1, 3), S=st.integers(1, 7), H=st.integers(2, 4), D=st.sampled_from([2, 4, 8, 12, 16]),
+    eps=st.sampled_from([1e-6, 1e-5, 1e-3]),
+)
+def test_every_spelling_is_two_bitexact_sites(kind, layout, dtype, B, S, H, D, eps):
+    fn = make_qk(kind, layout, H, eps)
+    args = make_args(layout, B, S, H, D, dtype)
+    run, gm, result = rewrite(fn, args, families=["qk_norm"])
+    op = LN if kind.startswith("layer_norm") else RMS
+    assert result.counts["qk_norm"] == 2, result.skipped
+    assert count_op(gm, op) == 2
+    assert not set(CHAIN_OPS) & set(targets(gm))
+    for got, want in zip(run(*args), fn(*args)):
+        assert bits_equal(got, want) and got.stride() == want.stride()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("weighted", [True, False])
+def test_fused_rms_norm_form(dtype, weighted):
+    # the CUDA form of F.rms_norm: one aten._fused_rms_norm node (eps None: the dtype's epsilon)
+    def fn(q, k, w):
+        wq = w if weighted else None
+        q, k = aten.view.default(q, [2, 5, 3, 8]), aten.view.default(k, [2, 5, 3, 8])  # unflatten heads
+        return (aten._fused_rms_norm.default(q, [8], wq, 1e-6)[0],
+                aten._fused_rms_norm.default(k, [8], wq, None)[0])
+
+    args = (torch.randn(2, 5, 24).to(dtype), torch.randn(2, 5, 24).to(dtype), torch.randn(8).to(dtype))
+    gm = fx_graph(fn, *args)
+    result = PassManager(families=["qk_norm"]).apply(gm)
+    assert result.counts["qk_norm"] == 2
+    assert aten._fused_rms_norm.default not in targets(gm)
+    forms = [n.args[3] for n in gm.graph.nodes if n.target == RMS]
+    assert forms == ["fused", "fused"]
+    for got, want in zip(gm(*args), fn(*args)):
+        assert bits_equal(got, want)
+
+
+@pytest.mark.parametrize("kind,form", [("F.rms_norm", "composite"), ("diffusers", "diffusers")])
+def test_rms_form_and_eps_are_carried(kind, form):
+    for eps in (1e-6, 1e-5, 0.25):
+        fn = make_qk(kind, "bshd", 2, eps)
+        args = make_args("bshd", H=2, dtype=torch.bfloat16)
+        run, gm, _ = rewrite(fn, args, families=["qk_norm"])
+        node = next(n for n in gm.graph.nodes if n.target == RMS)
+        assert node.args[3] == form
+        # F.rms_norm's composite adds eps rounded to fp32 (as it appears in the graph)
+        assert node.args[2] == (torch.tensor(eps, dtype=torch.float32).item() if form == "composite" else eps)
+        assert node.args[1] is not None  # an affine norm keeps its weight
+        assert all(bits_equal(g, w) for g, w in zip(run(*args), fn(*args)))
+
+
+def test_fp32_norm_of_half_precision_heads():
+    # AuraFlow's fp32 LayerNorm QK-norm: the heads are cast up, normalized, and cast back
+    def fn(q, k, w, b):
+        return tuple(F.layer_norm(t.unflatten(-1, (2, -1)).float(), (8,), w.float(), b.float(), 1e-5).to(t.dtype)
+                     for t in (q, k))
+
+    args = make_args("bshd", H=2, dtype=torch.bfloat16)
+    run, gm, result = rewrite(fn, args, families=["qk_norm"])
+    assert result.counts["qk_norm"] == 2 and count_op(gm, LN) == 2
+    assert all(bits_equal(g, w) for g, w in zip(run(*args), fn(*args)))
+
+
+def test_affine_free_norm_carries_no_weight():
+    for kind in ("diffusers_no_affine", "layer_norm_no_affine"):
+        _, gm, _ = rewrite(make_qk(kind, "bshd", 2), make_args("bshd", H=2), families=["qk_norm"])
+        node = next(n for n in gm.graph.nodes if n.target in (RMS, LN))
+        assert node.args[1] is None
+
+
+@pytest.mark.parametrize("name,fn", [
+    # QwenImage's txt_norm: an RMSNorm over the model width, feeding a linear
+    ("a norm over the model width",
+     lambda x, w: F.linear(diffusers_rms_norm(x, w[:16], 1e-6), w[:8, None].expand(8, 16))),
+    # a rank-4 tensor that is no projection split into heads (a video's [B, F, S, D] tokens)
+    ("a norm over video tokens", lambda x, w: F.rms_norm(x.view(2, 1, 5, 16), (16,), w[:16], 1e-6)),
+    # heads split, then the head dim moved away from the last place
+    ("a norm across the heads of one head dim", lambda x, w: F.rms_norm(x.unflatten(-1, (2, 8)).transpose(-1, -2),
+                                                                       (2,), w[:2], 1e-6)),
+])
+def test_a_norm_outside_attention_is_not_a_site(name, fn):
+    args = (torch.randn(2, 5, 16), torch.randn(16))
+    run, gm, result = rewrite(fn, args)
+    assert result.passes["qk_norm"].found_count == 0 and count_op(gm, RMS) == 0, name
+    assert bits_equal(run(*args), fn(*args))
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("over two dims", lambda t, w: F.rms_norm(t, t.shape[-2:], None, 1e-6)),
+    ("cube, not square", lambda t, w: t * torch.rsqrt(t.pow(3).mean(-1, keepdim=True) + 1e-6)),
+    ("mean without keepdim", lambda t, w: t * torch.rsqrt(t.pow(2).mean(-1) + 1e-6)[..., None]),
+    ("another tensor normalized", lambda t, w: (t + 1) * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6)),
+    ("eps subtracted", lambda t, w: t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) - 1e-6)),
+])
+def test_near_misses_are_not_rms_norm(name, fn):
+    def qk(q, w):
+        return fn(q.unflatten(-1, (2, -1)), w)
+
+    args = (torch.randn(2, 5, 16), torch.randn(8))
+    run, gm, result = rewrite(qk, args, families=["qk_norm"])
+    assert count_op(gm, RMS) == 0, name
+    assert bits_equal(run(*args), qk(*args))
+
+
+def test_rms_norm_in_half_precision_without_upcast_is_skipped():
+    # a hand-written RMSNorm reducing in bf16: no known form rounds like that
+    def fn(q):
+        t = q.unflatten(-1, (2, -1))
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    args = (torch.randn(2, 5, 16, dtype=torch.bfloat16),)
+    run, gm, result = rewrite(fn, args, families=["qk_norm"])
+    assert result.counts["qk_norm"] == 0
+    assert any("rounding steps" in s.reason for s in result.skipped)
+    assert bits_equal(run(*args), fn(*args))
+
+
+def test_fp32_weight_on_bf16_input_keeps_diffusers_promotion():
+    # diffusers RMSNorm with an fp32 weight on bf16 activations returns fp32: still the op
+    def fn(q, w):
+        return diffusers_rms_norm(q.unflatten(-1, (2, -1)), w, 1e-6)
+
+    args = (torch.randn(2, 5, 16, dtype=torch.bfloat16), torch.randn(8))
+    run, gm, result = rewrite(fn, args, families=["qk_norm"])
+    assert result.counts["qk_norm"] == 1
+    assert run(*args).dtype == torch.float32 and bits_equal(run(*args), fn(*args))
+
+
+def test_intermediate_with_another_user_is_skipped():
+    def fn(q):
+        t = q.unflatten(-1, (2, -1))
+        r = torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return t * r, r
+
+    args = (torch.randn(2, 5, 16),)
+    run, gm, result = rewrite(fn, args, families=["qk_norm"])
+    assert result.counts["qk_norm"] == 0
+    assert any("another user" in s.reason for s in result.skipped)
+    assert all(bits_equal(g, w) for g, w in zip(run(*args), fn(*args)))
+
+
+def test_symbolic_shapes():
+    fn = make_qk("F.rms_norm", "bshd", 2)
+    run, gm, result = rewrite(fn, make_args("bshd", S=5, H=2), families=["qk_norm"], dynamic=True)
+    assert result.counts["qk_norm"] == 2
+    for S in (3, 9):
+        args = make_args("bshd", S=S, H=2)
+        assert all(bits_equal(g, w) for g, w in zip(run(*args), fn(*args)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_opcheck(dtype):
+    from sgdiff.kernels.layer_norm import layer_norm
+    from sgdiff.kernels.rms_norm import rms_norm
+
+    x = torch.randn(2, 5, 3, 8, dtype=dtype)
+    w, b = torch.randn(8, dtype=dtype), torch.randn(8, dtype=dtype)
+    for form in ("composite", "fused", "diffusers"):
+        for args in [(x, w, 1e-6, form), (x.transpose(1, 2), None, 1e-5, form)]:
+            torch.library.opcheck(rms_norm, args)
+            out = rms_norm(*args)
+            assert out.stride() == torch.empty_like(args[0]).stride()
+    for args in [(x, w, b, 1e-6), (x.transpose(1, 2), None, None, 1e-5)]:
+        torch.library.opcheck(layer_norm, args)
+        assert layer_norm(*args).is_contiguous()

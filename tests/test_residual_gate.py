@@ -1,0 +1,173 @@
+"""Family `residual_gate`: residual + gate * update, in the spellings DiTs use."""
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+from sgdiff.kernels import registry
+from tests.capture import rewrite
+from tests.helpers import bits_equal, count_op, targets
+
+aten = torch.ops.aten
+OP = registry.op_def("residual_gate").load()
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+GATES = ["chunk", "unsqueeze", "index", "per_token", "table_temb"]
+ORDERS = ["r + g*u", "r + u*g", "g*u + r", "u*g + r"]
+CASTS = ["none", "fp32_residual", "fp32_both"]  # Wan: (x.float() + y * gate).type_as(x)
+
+
+def make_chain(gate_form, order, tanh=None, dropout=False, cast="none"):
+    """A gated residual spelled the way one diffusers model or another spells it."""
+
+    def gate_of(x, emb, table):
+        B, S, D = x.shape
+        if gate_form == "chunk":  # Flux2: mod.unsqueeze(1).chunk(...) -> [B, 1, D] views
+            return emb[:, None].chunk(2, dim=-1)[1]
+        if gate_form == "unsqueeze":  # Flux/SD3: gate_msa.unsqueeze(1)
+            return emb.chunk(2, dim=1)[1].unsqueeze(1)
+        if gate_form == "index":
+            return emb.chunk(2, dim=1)[1][:, None, :]
+        if gate_form == "per_token":  # [B, S, D] gates (Wan 2.2 TI2V, QwenImage zero_cond_t)
+            return emb.chunk(2, dim=-1)[1]
+        return (table[None] + emb.reshape(B, 2, D)).chunk(2, dim=1)[1]  # PixArt/Sana: [B, 1, D]
+
+    def fn(x, y, emb, table):
+        g = gate_of(x, emb, table)
+        if cast != "none":
+            g = g.float()
+        if tanh == "after_views":  # Lumina: gate_msa.unsqueeze(1).tanh()
+            g = g.tanh()
+        u = y.clone() if dropout else y  # eval-mode Dropout
+        if cast == "fp32_both":
+            u = u.float()
+        r = x.float() if cast != "none" else x
+        prod = {"r + g*u": lambda: r + g * u, "r + u*g": lambda: r + u * g,
+                "g*u + r": lambda: g * u + r, "u*g + r": lambda: u * g + r}[order]()
+        return prod.type_as(x) if cast != "none" else prod
+
+    return fn
+
+
+def make_args(gate_form, B=2, S=5, D=16, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(B, S, D, generator=g).to(dtype), torch.randn(B, S, D, generator=g).to(dtype)
+    emb_shape = (B, S, 2 * D) if gate_form == "per_token" else (B, 2 * D)
+    emb = torch.randn(*emb_shape, generator=g).to(dtype)
+    table = torch.randn(2, D, generator=g).to(dtype)
+    return x, y, emb, table
+
+
+@given(
+    gate_form=st.sampled_from(GATES), order=st.sampled_from(ORDERS),
+    tanh=st.sampled_from([None, "after_views"]), dropout=st.booleans(), cast=st.sampled_from(CASTS),
+    dtype=st.sampled_from(DTYPES), B=st.integers(1, 3), S=st.integers(1, 9), D=st.sampled_from([4, 8, 12, 36]),
+)
+def test_every_spelling_is_one_bitexact_site(gate_form, order, tanh, dropout, cast, dtype, B, S, D):
+    fn = make_chain(gate_form, order, tanh, dropout, cast)
+    args = make_args(gate_form, B, S, D, dtype)
+    run, gm, result = rewrite(fn, args, families=["residual_gate"])
+    assert result.counts["residual_gate"] == 1, result.skipped
+    assert count_op(gm, OP) == 1
+    assert aten.mul.Tensor not in targets(gm) and aten.tanh.default not in targets(gm)
+    if cast != "fp32_both":  # the Dropout copy goes with the chain (unless a cast follows it)
+        assert aten.clone.default not in targets(gm)
+    node = next(n for n in gm.graph.nodes if n.target == OP)
+    assert node.args[3] is (tanh is not None)
+    assert bits_equal(run(*args), fn(*args))
+
+
+def test_tanh_before_the_views_stays_with_the_gate():
+    def fn(x, y, g):
+        return x + torch.tanh(g)[:, None] * y
+
+    args = (torch.randn(2, 5, 8), torch.randn(2, 5, 8), torch.randn(2, 8))
+    run, gm, result = rewrite(fn, args)
+    assert result.counts["residual_gate"] == 1 and aten.tanh.default not in targets(gm)
+    assert bits_equal(run(*args), fn(*args))
+
+
+@pytest.mark.parametrize("residual_first", [True, False])
+def test_transposed_token_stream_gives_the_layout_eager_gives(residual_first):
+    # The token stream of Sana and PixArt is the transposed patch embedding. Eager's output keeps
+    # it when the residual is the first operand (Sana), and is contiguous otherwise (PixArt).
+    def fn(x, y, g):
+        h = x.flatten(2).transpose(1, 2)
+        return h + g[:, None] * y if residual_first else g[:, None] * y + h
+
+    args = (torch.randn(2, 8, 3, 4), torch.randn(2, 12, 8), torch.randn(2, 8))
+    run, gm, result = rewrite(fn, args)
+    assert result.counts["residual_gate"] == 1
+    got, want = run(*args), fn(*args)
+    assert want.is_contiguous() != residual_first
+    assert bits_equal(got, want) and got.stride() == want.stride()
+
+
+def test_rotary_embedding_is_not_a_gated_residual():
+    # x * cos + x_rot * sin: a sum of two products on [B, S, H, D], for the rope family
+    def fn(x, cos, sin):
+        real, imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
+        x_rot = torch.stack([-imag, real], -1).flatten(3)
+        return x * cos + x_rot * sin
+
+    args = (torch.randn(2, 5, 3, 8), torch.randn(1, 5, 1, 8), torch.randn(1, 5, 1, 8))
+    run, gm, result = rewrite(fn, args, families=["residual_gate"])
+    assert result.passes["residual_gate"].found_count == 0
+    assert bits_equal(run(*args), fn(*args))
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("a sum of two products", lambda x, y, g: x * g + y * g),
+    ("subtracted", lambda x, y, g: x - g * y),
+    ("scaled add", lambda x, y, g: torch.add(x, g * y, alpha=2)),
+    ("divided gate", lambda x, y, g: x + y / g),
+    ("not a token stream", lambda x, y, g: x[0] + g[0] * y[0]),
+])
+def test_near_misses_are_not_residual_gates(name, fn):
+    args = (torch.randn(2, 5, 8), torch.randn(2, 5, 8), torch.randn(2, 1, 8))
+    run, gm, result = rewrite(fn, args, families=["residual_gate"])
+    assert count_op(gm, OP) == 0, name
+    assert bits_equal(run(*args), fn(*args))
+
+
+def test_output_broadcasting_beyond_the_residual_is_skipped():
+    fn = lambda x, y, g: x + g * y  # noqa: E731
+    args = (torch.randn(1, 5, 8), torch.randn(3, 5, 8), torch.randn(3, 1, 8))  # output is [3, 5, 8]
+    run, gm, result = rewrite(fn, args)
+    assert result.counts["residual_gate"] == 0
+    assert any("broadcast" in s.reason for s in result.skipped)
+    assert bits_equal(run(*args), fn(*args))
+
+
+def test_product_with_another_user_is_skipped():
+    def fn(x, y, g):
+        p = g * y
+        return x + p, p
+
+    args = (torch.randn(2, 5, 8), torch.randn(2, 5, 8), torch.randn(2, 1, 8))
+    run, gm, result = rewrite(fn, args)
+    assert result.counts["residual_gate"] == 0
+    assert any("another user" in s.reason for s in result.skipped)
+    assert all(bits_equal(a, b) for a, b in zip(run(*args), fn(*args)))
+
+
+def test_symbolic_shapes():
+    fn = make_chain("unsqueeze", "r + g*u")
+    run, gm, result = rewrite(fn, make_args("unsqueeze", S=7), families=["residual_gate"], dynamic=True)
+    assert result.counts["residual_gate"] == 1
+    for S in (3, 11):
+        args = make_args("unsqueeze", S=S)
+        assert bits_equal(run(*args), fn(*args))
+
+
+def test_opcheck():
+    from sgdiff.kernels.residual_gate import residual_gate
+
+    for dtype in (torch.float32, torch.bfloat16):
+        x, y = torch.randn(2, 5, 16, dtype=dtype), torch.randn(2, 5, 16, dtype=dtype)
+        for gate in (torch.randn(2, 1, 16, dtype=dtype), torch.randn(2, 5, 16), torch.randn(16, dtype=dtype)):
+            for tanh in (False, True):
+                torch.library.opcheck(residual_gate, (x, gate, y, tanh))
+        for residual_layout in (False, True):
+            args = (x.transpose(0, 1), torch.randn(16, dtype=dtype), y.transpose(0, 1), False, residual_layout)
+            torch.library.opcheck(residual_gate, args)
+            assert residual_gate(*args).is_contiguous() != residual_layout
+        torch.library.opcheck(residual_gate, (x, torch.randn(16, dtype=dtype), y, True))  # 4 args: residual layout

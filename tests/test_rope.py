@@ -1,0 +1,182 @@
+"""Family `rope`: rotary embeddings, interleaved, rotate-half, complex and Wan's even/odd writes."""
+import pytest
+import torch
+from diffusers.models.embeddings import apply_rotary_emb
+from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb_qwen
+from hypothesis import given, strategies as st
+
+from sgdiff.kernels import registry
+from tests.capture import rewrite
+from tests.helpers import bits_equal, count_op, targets
+
+aten = torch.ops.aten
+OPS = {form: registry.op_def(name).load() for form, name in
+       [("interleaved", "rope"), ("rotate_half", "rope"), ("complex", "rope_complex"), ("even_odd", "rope_even_odd")]}
+FORMS = list(OPS)
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def wan_rope(x, freqs_cos, freqs_sin):
+    """diffusers WanAttnProcessor's nested apply_rotary_emb, verbatim."""
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    cos = freqs_cos[..., 0::2]
+    sin = freqs_sin[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
+    return out.type_as(x)
+
+
+def apply(form, x, tables, sequence_dim):
+    if form == "complex":
+        if sequence_dim == 1:  # QwenImage: freqs [S, D/2] -> unsqueeze(1)
+            return apply_rotary_emb_qwen(x, tables[0], use_real=False)
+        return apply_rotary_emb(x, tables[0], use_real=False)  # Lumina: [B, S, D/2] -> unsqueeze(2)
+    if form == "even_odd":
+        return wan_rope(x, *tables)
+    return apply_rotary_emb(x, tables, use_real_unbind_dim=-1 if form == "interleaved" else -2,
+                            sequence_dim=sequence_dim)
+
+
+def make_rope(form, sequence_dim, transposed):
+    def fn(q, k, *tables):
+        if transposed:  # heads-first tensors made by a transpose, as SD3-style processors do
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+        return apply(form, q, tables, sequence_dim), apply(form, k, tables, sequence_dim)
+
+    return fn
+
+
+def make_args(form, sequence_dim, transposed, B=2, S=5, H=3, D=8, dtype=torch.float32,
+              table_dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    heads_first = sequence_dim == 2 and form in ("interleaved", "rotate_half")  # [B, H, S, D]
+    shape = (B, H, S, D) if heads_first else (B, S, H, D)
+    if transposed:  # made contiguous the other way round; fn transposes it back
+        shape = (shape[0], shape[2], shape[1], shape[3])
+    q, k = (torch.randn(*shape, generator=g).to(dtype) for _ in range(2))
+    if form == "complex":  # QwenImage: [S, D/2]; Lumina: per-batch [B, S, D/2]
+        table_shape = (S, D // 2) if sequence_dim == 1 else (B, S, D // 2)
+        tables = (torch.polar(torch.ones(table_shape), torch.randn(table_shape, generator=g)),)
+    elif form == "even_odd":
+        tables = tuple(torch.randn(1, S, 1, D, generator=g).to(table_dtype) for _ in range(2))
+    else:
+        tables = tuple(torch.randn(S, D, generator=g) for _ in range(2))
+    return (q, k) + tables
+
+
+@given(
+    form=st.sampled_from(FORMS), sequence_dim=st.sampled_from([1, 2]), transposed=st.booleans(),
+    dtype=st.sampled_from(DTYPES), table_dtype=st.sampled_from([torch.float32, "model"]),
+    B=st.integers(1, 3), S=st.integers(1, 7), H=st.integers(1, 4), D=st.sampled_from([2, 4, 8, 12, 32]),
+)
+def test_every_spelling_is_two_bitexact_sites(form, sequence_dim, transposed, dtype, table_dtype, B, S, H, D):
+    if form == "even_odd":
+        sequence_dim = 1  # Wan's tables are [1, S, 1, D]
+    fn = make_rope(form, sequence_dim, transposed)
+    args = make_args(form, sequence_dim, transposed, B, S, H, D, dtype,
+                     dtype if table_dtype == "model" else table_dtype)
+    run, gm, result = rewrite(fn, args, families=["rope"])
+    want = fn(*args)
+    layout_ok = all(w.stride() == torch.empty_like(w).stride() for w in want)
+    if layout_ok:
+        assert result.counts["rope"] == 2, result.skipped
+        assert count_op(gm, OPS[form]) == 2
+        assert not {aten.unbind.int, aten.view_as_complex.default, aten.slice_scatter.default} & set(targets(gm))
+    else:  # the chain itself left another layout: the site is kept, with its reason
+        assert all("layout" in s.reason for s in result.skipped)
+    for got, w in zip(run(*args), want):
+        assert bits_equal(got, w) and got.stride() == w.stride()
+
+
+def test_interleaved_and_rotate_half_are_told_apart():
+    for form in ("interleaved", "rotate_half"):
+        fn = make_rope(form, 1, False)
+        args = make_args(form, 1, False)
+        run, gm, _ = rewrite(fn, args, families=["rope"])
+        flags = [n.args[3] for n in gm.graph.nodes if n.target == OPS[form]]
+        assert flags == [form == "interleaved"] * 2
+        assert all(bits_equal(g, w) for g, w in zip(run(*args), fn(*args)))
+
+
+def _real_rope(join, upcast=True, cast_back=True):
+    """``(x.float() * cos + x_rot.float() * sin).to(x.dtype)`` with ``x_rot = join(real, imag)``."""
+    def fn(x, cos, sin):
+        real, imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
+        x_rot, cos, sin = join(real, imag), cos[None, :, None], sin[None, :, None]
+        if not upcast:
+            return x * cos.to(x.dtype) + x_rot * sin.to(x.dtype)
+        out = x.float() * cos + x_rot.float() * sin
+        return out.to(x.dtype) if cast_back else out
+
+    return fn
+
+
+def _interleave(a, b):
+    return torch.stack([a, b], -1).flatten(3)
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("the reference spelling", _real_rope(lambda re, im: _interleave(-im, re))),
+    ("rotation with the sign on the other half", _real_rope(lambda re, im: _interleave(im, -re))),
+    ("pairs not rotated", _real_rope(lambda re, im: _interleave(re, -im))),
+    ("interleaved pairs joined as halves", _real_rope(lambda re, im: torch.cat([-im, re], -1))),
+    ("no cast back to bf16", _real_rope(lambda re, im: _interleave(-im, re), cast_back=False)),
+    ("bf16 tables, no upcast", _real_rope(lambda re, im: _interleave(-im, re), upcast=False)),
+])
+def test_near_misses_are_not_rope(name, fn):
+    args = (torch.randn(2, 5, 3, 8, dtype=torch.bfloat16), torch.randn(5, 8), torch.randn(5, 8))
+    run, gm, result = rewrite(fn, args, families=["rope"])
+    assert count_op(gm, OPS["interleaved"]) == (1 if name == "the reference spelling" else 0), name
+    assert bits_equal(run(*args), fn(*args))
+
+
+def test_rotation_of_another_tensor_is_not_rope():
+    def fn(x, y, cos, sin):
+        real, imag = y.reshape(*y.shape[:-1], -1, 2).unbind(-1)
+        x_rot = _interleave(-imag, real)
+        return (x.float() * cos[None, :, None] + x_rot.float() * sin[None, :, None]).to(x.dtype)
+
+    args = (torch.randn(2, 5, 3, 8), torch.randn(2, 5, 3, 8), torch.randn(5, 8), torch.randn(5, 8))
+    run, gm, result = rewrite(fn, args, families=["rope"])
+    assert result.passes["rope"].found_count == 0
+    assert bits_equal(run(*args), fn(*args))
+
+
+def test_tables_broadcasting_beyond_x_are_skipped():
+    # a batch of two tables applied to a batch of one: the output outgrows x
+    def outgrowing(x, cos, sin):
+        real, imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
+        return (x.float() * cos + _interleave(-imag, real).float() * sin).to(x.dtype)
+
+    args = (torch.randn(1, 5, 3, 8), torch.randn(2, 5, 1, 8), torch.randn(2, 5, 1, 8))
+    run, gm, result = rewrite(outgrowing, args, families=["rope"])
+    assert result.counts["rope"] == 0 and any("broadcast" in s.reason for s in result.skipped)
+    assert bits_equal(run(*args), outgrowing(*args))
+
+
+def test_symbolic_shapes():
+    fn = make_rope("interleaved", 1, False)
+    run, gm, result = rewrite(fn, make_args("interleaved", 1, False, S=5), families=["rope"], dynamic=True)
+    assert result.counts["rope"] == 2
+    for S in (3, 9):
+        args = make_args("interleaved", 1, False, S=S)
+        assert all(bits_equal(g, w) for g, w in zip(run(*args), fn(*args)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_opcheck(dtype):
+    from sgdiff.kernels.rope import rope
+    from sgdiff.kernels.rope_complex import rope_complex
+    from sgdiff.kernels.rope_even_odd import rope_even_odd
+
+    x = torch.randn(2, 5, 3, 8, dtype=dtype)
+    cos, sin = torch.randn(1, 5, 1, 8), torch.randn(1, 5, 1, 8)
+    freqs = torch.polar(torch.ones(5, 1, 4), torch.randn(5, 1, 4))
+    for xx in (x, x.transpose(1, 2)):
+        c, s = (cos, sin) if xx is x else (cos.transpose(1, 2), sin.transpose(1, 2))
+        for interleaved in (True, False):
+            torch.library.opcheck(rope, (xx, c, s, interleaved))
+        torch.library.opcheck(rope_even_odd, (xx, c[..., 0::2].to(dtype), s[..., 1::2].to(dtype)))
+        assert rope(xx, c, s, True).stride() == torch.empty_like(xx).stride()
+    torch.library.opcheck(rope_complex, (x, freqs))
