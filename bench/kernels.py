@@ -118,7 +118,7 @@ def residual_gate_cases(quick: bool) -> List[Case]:
 
             cases.append(Case("residual_gate", (B, S, N), stream, f"{model}, {note}", eager,
                               lambda a=args: kernel(*a), lambda a=args: op(*a), lambda a=args: launch(*a),
-                              torch.empty(moved // 2, dtype=torch.uint8, device="cuda")))
+                              torch.empty(moved // 8, dtype=torch.float32, device="cuda")))
     return cases
 
 
