@@ -1,7 +1,6 @@
 """User-facing API: ``optimize`` (decorator), ``explain`` (a Report of what sgdiff does)."""
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, List, Optional
 
 import torch

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
-import torch
 from torch import fx
 
 from sgdiff import _compat

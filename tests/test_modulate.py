@@ -6,7 +6,7 @@ from hypothesis import given, strategies as st
 
 from sgdiff.fxpasses import PassManager
 from tests import capture
-from tests.helpers import bits_equal, count_op, rewrite, targets, trace
+from tests.helpers import bits_equal, count_op, rewrite, targets
 
 aten = torch.ops.aten
 from sgdiff.kernels import registry  # noqa: E402

@@ -11,7 +11,6 @@ import dataclasses
 import hashlib
 import inspect
 import logging
-import sys
 from typing import Dict, Iterable, List, Optional, Sequence
 
 from torch import fx

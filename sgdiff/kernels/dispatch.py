@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import inspect
 import logging
 from typing import Any, Callable, Dict, Optional, Set, Tuple
 
@@ -104,6 +105,24 @@ def _first_difference(got: torch.Tensor, want: torch.Tensor) -> Optional[str]:
     idx = tuple(int(i) for i in torch.nonzero(differ)[0])
     return (f"{int(differ.sum())} elements differ, first at {idx}: kernel {got[idx].item()!r}, "
             f"reference {want[idx].item()!r}")
+
+
+def define_op(name: str, reference: Callable):
+    """Register ``sgdiff::<name>`` with ``reference``'s signature (its type hints give the
+    schema). The op runs :func:`run` (the best implementation for its inputs); its fake
+    implementation is the reference itself, made of ATen ops that fake tensors understand."""
+    signature = inspect.signature(reference)
+
+    @functools.wraps(reference)
+    def implementation(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return run(name, *bound.args)
+
+    implementation.__name__ = implementation.__qualname__ = name
+    op = torch.library.custom_op(f"sgdiff::{name}", mutates_args=())(implementation)
+    op.register_fake(reference)
+    return op
 
 
 @functools.lru_cache(maxsize=None)

@@ -24,16 +24,4 @@ def layer_norm_reference(
     return aten.native_layer_norm.default(x, [x.shape[-1]], weight, bias, eps)[0].contiguous()
 
 
-@torch.library.custom_op("sgdiff::layer_norm", mutates_args=())
-def layer_norm(
-    x: torch.Tensor,
-    weight: Optional[torch.Tensor],
-    bias: Optional[torch.Tensor],
-    eps: float,
-) -> torch.Tensor:
-    return dispatch.run("layer_norm", x, weight, bias, eps)
-
-
-@layer_norm.register_fake
-def _(x, weight, bias, eps):
-    return layer_norm_reference(x, weight, bias, eps)
+layer_norm = dispatch.define_op("layer_norm", layer_norm_reference)

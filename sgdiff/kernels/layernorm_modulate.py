@@ -39,20 +39,4 @@ def layernorm_modulate_reference(
     return y.contiguous()
 
 
-@torch.library.custom_op("sgdiff::layernorm_modulate", mutates_args=())
-def layernorm_modulate(
-    x: torch.Tensor,
-    weight: Optional[torch.Tensor],
-    bias: Optional[torch.Tensor],
-    eps: float,
-    scale: torch.Tensor,
-    shift: Optional[torch.Tensor],
-    scale_plus_one: bool = True,
-) -> torch.Tensor:
-    return dispatch.run("layernorm_modulate", x, weight, bias, eps, scale, shift, scale_plus_one)
-
-
-@layernorm_modulate.register_fake
-def _(x, weight, bias, eps, scale, shift, scale_plus_one=True):
-    # The reference is made of ATen ops, so it computes shape and dtype on fake tensors too.
-    return layernorm_modulate_reference(x, weight, bias, eps, scale, shift, scale_plus_one)
+layernorm_modulate = dispatch.define_op("layernorm_modulate", layernorm_modulate_reference)

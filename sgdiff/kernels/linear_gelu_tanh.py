@@ -34,15 +34,4 @@ def linear_gelu_tanh_reference(
     return to(aten.gelu.default(y, approximate="tanh"), x.dtype).contiguous()
 
 
-@torch.library.custom_op("sgdiff::linear_gelu_tanh", mutates_args=())
-def linear_gelu_tanh(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: Optional[torch.Tensor],
-) -> torch.Tensor:
-    return dispatch.run("linear_gelu_tanh", x, weight, bias)
-
-
-@linear_gelu_tanh.register_fake
-def _(x, weight, bias):
-    return linear_gelu_tanh_reference(x, weight, bias)
+linear_gelu_tanh = dispatch.define_op("linear_gelu_tanh", linear_gelu_tanh_reference)

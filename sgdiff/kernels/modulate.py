@@ -30,15 +30,4 @@ def modulate_reference(
     return y.contiguous()
 
 
-@torch.library.custom_op("sgdiff::modulate", mutates_args=())
-def modulate(
-    x: torch.Tensor,
-    scale: torch.Tensor,
-    shift: Optional[torch.Tensor],
-) -> torch.Tensor:
-    return dispatch.run("modulate", x, scale, shift)
-
-
-@modulate.register_fake
-def _(x, scale, shift):
-    return modulate_reference(x, scale, shift)
+modulate = dispatch.define_op("modulate", modulate_reference)

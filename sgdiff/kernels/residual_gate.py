@@ -37,17 +37,4 @@ def residual_gate_reference(
     return in_layout_of(y, residual) if residual_layout else y.contiguous()
 
 
-@torch.library.custom_op("sgdiff::residual_gate", mutates_args=())
-def residual_gate(
-    residual: torch.Tensor,
-    gate: torch.Tensor,
-    update: torch.Tensor,
-    tanh_gate: bool,
-    residual_layout: bool = True,
-) -> torch.Tensor:
-    return dispatch.run("residual_gate", residual, gate, update, tanh_gate, residual_layout)
-
-
-@residual_gate.register_fake
-def _(residual, gate, update, tanh_gate, residual_layout=True):
-    return residual_gate_reference(residual, gate, update, tanh_gate, residual_layout)
+residual_gate = dispatch.define_op("residual_gate", residual_gate_reference)

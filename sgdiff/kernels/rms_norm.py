@@ -87,16 +87,4 @@ def rms_norm_reference(
     return in_layout_of(rms_norm_chain(x, weight, eps, form), x)
 
 
-@torch.library.custom_op("sgdiff::rms_norm", mutates_args=())
-def rms_norm(
-    x: torch.Tensor,
-    weight: Optional[torch.Tensor],
-    eps: Optional[float],
-    form: str,
-) -> torch.Tensor:
-    return dispatch.run("rms_norm", x, weight, eps, form)
-
-
-@rms_norm.register_fake
-def _(x, weight, eps, form):
-    return rms_norm_reference(x, weight, eps, form)
+rms_norm = dispatch.define_op("rms_norm", rms_norm_reference)

@@ -36,18 +36,4 @@ def rmsnorm_modulate_reference(
     return y.contiguous()
 
 
-@torch.library.custom_op("sgdiff::rmsnorm_modulate", mutates_args=())
-def rmsnorm_modulate(
-    x: torch.Tensor,
-    weight: Optional[torch.Tensor],
-    eps: Optional[float],
-    form: str,
-    scale: torch.Tensor,
-    shift: Optional[torch.Tensor],
-) -> torch.Tensor:
-    return dispatch.run("rmsnorm_modulate", x, weight, eps, form, scale, shift)
-
-
-@rmsnorm_modulate.register_fake
-def _(x, weight, eps, form, scale, shift):
-    return rmsnorm_modulate_reference(x, weight, eps, form, scale, shift)
+rmsnorm_modulate = dispatch.define_op("rmsnorm_modulate", rmsnorm_modulate_reference)

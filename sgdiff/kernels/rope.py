@@ -49,16 +49,4 @@ def rope_reference(
     return in_layout_of(to(aten.add.Tensor(x_term, rot_term), x.dtype), x)
 
 
-@torch.library.custom_op("sgdiff::rope", mutates_args=())
-def rope(
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    interleaved: bool,
-) -> torch.Tensor:
-    return dispatch.run("rope", x, cos, sin, interleaved)
-
-
-@rope.register_fake
-def _(x, cos, sin, interleaved):
-    return rope_reference(x, cos, sin, interleaved)
+rope = dispatch.define_op("rope", rope_reference)

@@ -33,14 +33,4 @@ def rope_complex_reference(
     return in_layout_of(to(y, x.dtype), x)
 
 
-@torch.library.custom_op("sgdiff::rope_complex", mutates_args=())
-def rope_complex(
-    x: torch.Tensor,
-    freqs: torch.Tensor,
-) -> torch.Tensor:
-    return dispatch.run("rope_complex", x, freqs)
-
-
-@rope_complex.register_fake
-def _(x, freqs):
-    return rope_complex_reference(x, freqs)
+rope_complex = dispatch.define_op("rope_complex", rope_complex_reference)

@@ -36,15 +36,4 @@ def rope_even_odd_reference(
     return out
 
 
-@torch.library.custom_op("sgdiff::rope_even_odd", mutates_args=())
-def rope_even_odd(
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-) -> torch.Tensor:
-    return dispatch.run("rope_even_odd", x, cos, sin)
-
-
-@rope_even_odd.register_fake
-def _(x, cos, sin):
-    return rope_even_odd_reference(x, cos, sin)
+rope_even_odd = dispatch.define_op("rope_even_odd", rope_even_odd_reference)

@@ -28,14 +28,4 @@ def silu_mul_reference(
     return in_layout_of(aten.mul.Tensor(aten.silu.default(a), b), a)
 
 
-@torch.library.custom_op("sgdiff::silu_mul", mutates_args=())
-def silu_mul(
-    a: torch.Tensor,
-    b: torch.Tensor,
-) -> torch.Tensor:
-    return dispatch.run("silu_mul", a, b)
-
-
-@silu_mul.register_fake
-def _(a, b):
-    return silu_mul_reference(a, b)
+silu_mul = dispatch.define_op("silu_mul", silu_mul_reference)
