@@ -71,12 +71,10 @@ def check(key: ModulateKey):
                    "none": lambda m: None}[key.norm]
 
     def modulate_check(m: Match) -> Optional[str]:
-        x = tensor_meta(m["x"])
-        if x is None or not x.dtype.is_floating_point:
-            return "input is not a floating-point tensor"
-        reason = norm_reason(m)
+        reason = parts.norm_chain_reason(m, norm_reason)
         if reason:
             return reason
+        x = tensor_meta(m["x"])
         out = tensor_meta(m.root)
         if out is None or not same_shape(out.shape, x.shape):
             return "the chain broadcasts the output beyond the input's shape"

@@ -220,3 +220,12 @@ def feeds_head_split(node: Any) -> bool:
                 and same_size(view.shape[-2] * view.shape[-1], out.shape[-1])):
             return False
     return True
+
+
+def norm_chain_reason(m: Match, norm_reason: Callable[[Match], Optional[str]]) -> Optional[str]:
+    """What every chain rooted in a norm checks first: a floating-point input, and the norm's
+    own conditions (``norm_reason(m)``)."""
+    x = tensor_meta(m["x"])
+    if x is None or not x.dtype.is_floating_point:
+        return "input is not a floating-point tensor"
+    return norm_reason(m)

@@ -43,12 +43,10 @@ def check(key: QkNormKey):
     norm_reason = (lambda m: parts.rms_norm_form(m)[1]) if key.norm == "rms_norm" else parts.layer_norm_reason
 
     def qk_norm_check(m: Match) -> Optional[str]:
-        x = tensor_meta(m["x"])
-        if x is None or not x.dtype.is_floating_point:
-            return "input is not a floating-point tensor"
-        reason = norm_reason(m)
+        reason = parts.norm_chain_reason(m, norm_reason)
         if reason:
             return reason
+        x = tensor_meta(m["x"])
         out = tensor_meta(m.root)
         if out is None:
             return "the chain's output is not a tensor"
