@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from typing import Dict, List, Tuple
 
 from sgdiff.fxpasses import ManagerResult
@@ -44,7 +45,8 @@ class Report:
                 lines.append(f"{head}  {op:<24}{contract}")
         if self.skipped:
             lines.append("  skipped:")
-            lines += [f"    {family:<14}{op:<24}{reason}" for family, op, reason in self.skipped]
+            for (family, op, reason), n in Counter(self.skipped).items():  # first-seen order
+                lines.append(f"    {family:<14}{op:<24}{reason}" + (f" (x{n})" if n > 1 else ""))
         return "\n".join(lines)
 
 
