@@ -163,8 +163,8 @@ def _meta() -> dict:
             commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
         except OSError:
             commit = "unknown"
-    return dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                commit=commit or "unknown")
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    return dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, commit=commit or "unknown")
 
 
 def write_report(result: dict, out: pathlib.Path) -> None:

@@ -118,7 +118,8 @@ def build(name: str, size: str = "tiny", dtype: torch.dtype = torch.float32,
     if size not in MODELS[name].sizes:
         raise ValueError(f"{name} comes in sizes {MODELS[name].sizes}, not {size!r}")
     torch.manual_seed(seed)
-    return MODELS[name].build(size, dtype, torch.device(device))
+    with torch.device(device):  # weights are made where they run (a full Flux is 12 B parameters)
+        return MODELS[name].build(size, dtype, torch.device(device))
 
 
 def _gen(device) -> torch.Generator:
@@ -126,7 +127,7 @@ def _gen(device) -> torch.Generator:
 
 
 def _randn(*shape, g) -> torch.Tensor:
-    return torch.randn(*shape, generator=g)
+    return torch.randn(*shape, generator=g, device="cpu")  # the same inputs on every device
 
 
 def _place(model, kwargs, dtype, device):

@@ -223,3 +223,21 @@ def test_executed_graph_calls_the_reference_directly_where_nothing_is_faster():
     assert lower_to_launchers(gm) == 1  # on CPU only the reference exists: no dispatch at all
     assert layernorm_modulate_reference in [n.target for n in gm.graph.nodes]
     assert torch.equal(gm(*args), fn(*args))
+
+
+def test_diffusers_regional_compile_rewrites_each_block():
+    pytest.importorskip("diffusers")
+    from sgdiff import zoo
+
+    model, kwargs = zoo.build("flux", "tiny", dtype=torch.bfloat16)
+    with torch.no_grad():
+        want = model(**kwargs)[0]
+        results = []
+        model.compile_repeated_blocks(backend=SgdiffBackend(Options(), on_result=results.append))
+        got = model(**kwargs)[0]
+    assert torch.equal(got, want)
+    families = ("modulate", "residual_gate", "rope", "qk_norm")
+    per_block = sorted(tuple(r.counts[f] for f in families) for r in results)
+    # a Flux double block: 4 modulates, 4 gated residuals, RoPE on q and k, 4 QK-norms;
+    # a single block: 1, 1, 2, 2
+    assert per_block == [(1, 1, 2, 2), (4, 4, 2, 4)]

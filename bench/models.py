@@ -1,0 +1,202 @@
+"""Model benchmark: one denoising step of real DiTs (random weights), eager vs Inductor vs sgdiff.
+
+    python bench/models.py [--models flux,sana,wan] [--size full] [--out bench/results]
+
+For each model, in one run: median step time (CUDA events) and first-call time of eager,
+``torch.compile`` default (Inductor), sgdiff lossless, sgdiff lossless with CUDA graphs, sgdiff
+extra-high, and ``aot_eager`` (the capture alone); peak memory; ``torch.equal`` of every lossless
+output with eager and the max difference of the others; a 20-step Euler flow-matching
+trajectory of sgdiff lossless against eager, step by step; and where the GPU time of an sgdiff
+step goes (GEMM, attention, sgdiff kernels, other kernels, gaps). Writes models.json and
+models.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import time
+from typing import Callable, Dict
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from bench.kernels import _meta  # noqa: E402
+
+VARIANTS = {
+    "eager": None,
+    "inductor": dict(backend="inductor"),
+    "aot_eager": dict(backend="aot_eager"),
+    "sgdiff_lossless": dict(backend="sgdiff"),
+    "sgdiff_cudagraph": dict(backend="sgdiff", options={"cudagraphs": True}),
+    "sgdiff_extra_high": dict(backend="sgdiff", options={"quality": "extra-high"}),
+}
+LOSSLESS = ("eager", "aot_eager", "sgdiff_lossless", "sgdiff_cudagraph")
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def step_ms(fn: Callable, device: torch.device, repeats: int) -> float:
+    """Median time of one call in ms (CUDA events on GPU, wall clock on CPU)."""
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def euler(fn: Callable, kwargs: dict, steps: int):
+    """Flow-matching Euler: x <- x + (t_next - t) * v(x, t); returns every intermediate x."""
+    latents, out = kwargs["hidden_states"].clone(), []
+    scale = 1000.0 if float(kwargs["timestep"].flatten()[0]) > 1 else 1.0  # Sana/PixArt/Wan: 0..1000
+    for i in range(steps):
+        t, t_next = 1 - i / steps, 1 - (i + 1) / steps
+        v = fn(**dict(kwargs, hidden_states=latents, timestep=torch.full_like(kwargs["timestep"], t * scale)))[0]
+        latents = latents + (t_next - t) * v
+        out.append(latents)
+    return out
+
+
+def breakdown(fn: Callable, device: torch.device) -> Dict[str, float]:
+    """GPU time of one call by kernel category, in ms, and the gaps between kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if device.type != "cuda":
+        return {}
+    _sync(device)
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        _sync(device)
+    wall = (time.perf_counter() - t0) * 1e3
+    cats = {"gemm": 0.0, "attention": 0.0, "sgdiff": 0.0, "other": 0.0}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name, ms = e.name.lower(), e.device_time / 1e3
+        if any(k in name for k in ("gemm", "cutlass", "xmma", "nvjet", "matmul", "cublas")):
+            cats["gemm"] += ms
+        elif any(k in name for k in ("flash", "fmha", "attention", "sdpa")):
+            cats["attention"] += ms
+        elif name.startswith("_layernorm_modulate") or name.startswith("_residual_gate"):
+            cats["sgdiff"] += ms
+        else:
+            cats["other"] += ms
+    cats["gaps_and_host"] = max(0.0, wall - sum(cats.values()))
+    return cats
+
+
+def run_model(name: str, size: str, device: torch.device, dtype, variants, repeats: int, steps: int) -> dict:
+    from sgdiff import zoo
+
+    model, kwargs = zoo.build(name, size, dtype=dtype, device=device)
+    row = {"model": name, "size": size, "dtype": str(dtype).removeprefix("torch."),
+           "params_m": sum(p.numel() for p in model.parameters()) / 1e6}
+    with torch.no_grad():
+        want = model(**kwargs)[0]
+        for variant in variants:
+            torch._dynamo.reset()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            spec = VARIANTS[variant]
+            fn = model if spec is None else torch.compile(model, **spec)
+            _sync(device)
+            t0 = time.perf_counter()
+            out = fn(**kwargs)[0]
+            _sync(device)
+            row[f"{variant}_first_call_s"] = time.perf_counter() - t0
+            outs = [out] + [fn(**kwargs)[0] for _ in range(3)]  # past warm-up and capture
+            row[f"{variant}_ms"] = step_ms(lambda: fn(**kwargs), device, repeats)
+            row[f"{variant}_equal"] = all(torch.equal(o, want) for o in outs)
+            row[f"{variant}_max_diff"] = max(float((o.float() - want.float()).abs().max()) for o in outs)
+            if device.type == "cuda":
+                row[f"{variant}_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            if variant == "sgdiff_lossless":
+                row["sgdiff_breakdown_ms"] = breakdown(lambda: fn(**kwargs), device)
+                row["trajectory_steps"] = steps
+                row["trajectory_equal"] = all(
+                    torch.equal(a, b) for a, b in zip(euler(fn, kwargs, steps), euler(model, kwargs, steps)))
+            outs = None  # free before the next variant
+    torch._dynamo.reset()
+    lossless = [v for v in ("sgdiff_lossless", "sgdiff_cudagraph") if f"{v}_ms" in row and row[f"{v}_equal"]]
+    if lossless:
+        best = min(lossless, key=lambda v: row[f"{v}_ms"])
+        row["sgdiff_lossless_ms"], row["sgdiff_lossless_best"] = row[f"{best}_ms"], best
+    row["sgdiff_lossless_equal"] = all(row.get(f"{v}_equal", True) for v in ("sgdiff_lossless", "sgdiff_cudagraph"))
+    row["compile_s"] = row.get("sgdiff_lossless_first_call_s")
+    return row
+
+
+def write_report(result: dict, out: pathlib.Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "models.json").write_text(json.dumps(result, indent=1))
+    cols = [v for v in VARIANTS if any(f"{v}_ms" in c for c in result["cases"])]
+    lines = [f"# sgdiff on diffusers DiTs ({result['gpu']})",
+             f"torch {result['torch']}, triton {result['triton']}, commit {result['commit']}. "
+             "Median step time in ms; '=' marks an output torch.equal to eager, else the max abs diff.", "",
+             "| model | " + " | ".join(cols) + " | Euler trajectory (steps) equal |",
+             "|" + " --- |" * (len(cols) + 2)]
+    for c in result["cases"]:
+        cells = []
+        for v in cols:
+            ms = c.get(f"{v}_ms")
+            if ms is None:
+                cells.append("-")
+                continue
+            tag = "=" if c[f"{v}_equal"] else f"±{c[f'{v}_max_diff']:.3g}"
+            cells.append(f"{ms:.2f} ({tag}, first call {c[f'{v}_first_call_s']:.1f} s)")
+        lines.append(f"| {c['model']} ({c['size']}, {c['dtype']}) | " + " | ".join(cells)
+                     + f" | {c.get('trajectory_equal', '-')} ({c.get('trajectory_steps', '-')}) |")
+    for c in result["cases"]:
+        if c.get("sgdiff_breakdown_ms"):
+            parts = ", ".join(f"{k} {v:.2f}" for k, v in c["sgdiff_breakdown_ms"].items())
+            lines.append(f"\n{c['model']}: one sgdiff lossless step, GPU ms by category: {parts}")
+    (out / "models.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="flux,sana,wan")
+    parser.add_argument("--size", default="full")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--out", default="bench/results")
+    args = parser.parse_args(argv)
+    from tqdm import tqdm
+
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    variants = args.variants.split(",")
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}; valid: {', '.join(VARIANTS)}")
+    rows = []
+    for name in tqdm(args.models.split(","), desc="models", file=sys.stdout):
+        rows.append(run_model(name, args.size, device, dtype, variants, args.repeats, args.steps))
+        tqdm.write(json.dumps({k: v for k, v in rows[-1].items() if not isinstance(v, dict)}))
+    meta = _meta()
+    if device.type != "cuda":
+        meta["gpu"] = "cpu"
+    result = dict(meta, cases=rows)
+    write_report(result, pathlib.Path(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
