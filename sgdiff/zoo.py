@@ -87,7 +87,9 @@ def _pixart(size, dtype, device):
                    norm_type="ada_norm_single", use_additional_conditions=False)
         batch, latent, text = 2, 8, 6
     else:  # PixArt-Sigma 1024: 128x128 latent, patch 2 -> 4096 tokens, hidden 1152
-        cfg = dict(sample_size=128, use_additional_conditions=False)
+        cfg = dict(sample_size=128, num_attention_heads=16, attention_head_dim=72, in_channels=4,
+                   out_channels=8, num_layers=28, cross_attention_dim=1152, caption_channels=4096,
+                   patch_size=2, norm_type="ada_norm_single", use_additional_conditions=False)
         batch, latent, text = 2, 128, 300
     model = PixArtTransformer2DModel(**cfg)
     c = model.config

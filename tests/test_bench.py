@@ -14,3 +14,15 @@ def test_model_benchmark_on_a_tiny_flux(tmp_path):
     assert row["sgdiff_lossless_best"] == "sgdiff_lossless" and row["sgdiff_lossless_ms"] > 0
     models.write_report(dict(gpu="cpu", torch=torch.__version__, triton="-", commit="test", cases=[row]), tmp_path)
     assert "flux (tiny, float32)" in (tmp_path / "models.md").read_text()
+
+
+@pytest.mark.parametrize("name", ["flux", "sana", "pixart", "wan", "qwenimage"])
+def test_full_configs_run_on_the_meta_device(name):
+    """The published sizes the GPU benchmark uses: shapes check out without any memory."""
+    from sgdiff import zoo
+
+    model, kwargs = zoo.build(name, "full", dtype=torch.bfloat16, device="meta")
+    with torch.no_grad():
+        out = model(**kwargs)[0]
+    latents = kwargs["hidden_states"]
+    assert out.shape[0] == latents.shape[0] and out.device.type == "meta"
