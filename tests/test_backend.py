@@ -241,3 +241,24 @@ def test_diffusers_regional_compile_rewrites_each_block():
     # a Flux double block: 4 modulates, 4 gated residuals, RoPE on q and k, 4 QK-norms;
     # a single block: 1, 1, 2, 2
     assert per_block == [(1, 1, 2, 2), (4, 4, 2, 4)]
+
+
+def test_an_implementation_that_cannot_load_falls_back_with_one_warning(caplog):
+    from sgdiff.kernels import dispatch, registry
+    from sgdiff.kernels.layernorm_modulate import layernorm_modulate
+    from sgdiff.tiers import Contract
+
+    spec = registry.register_kernel(registry.KernelSpec(
+        "layernorm_modulate", "missing", Contract.BITEXACT, "sgdiff_no_such_module:kernel",
+        devices=frozenset({"cpu"}), priority=100))
+    try:
+        x, s = torch.randn(2, 4, 8), torch.randn(2, 1, 8)
+        with caplog.at_level("WARNING", logger="sgdiff"):
+            out = layernorm_modulate(x, None, None, 1e-6, s, s, True)
+            layernorm_modulate(x, None, None, 1e-6, s, s, True)
+        assert torch.equal(out, F.layer_norm(x, (8,), eps=1e-6) * (1 + s) + s)
+        assert "could not load sgdiff_no_such_module:kernel" in caplog.text
+        assert caplog.text.count("disabled") == 1
+    finally:
+        registry._SPECS["layernorm_modulate"].remove(spec)
+        dispatch.reset()

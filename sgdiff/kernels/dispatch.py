@@ -149,7 +149,11 @@ def _plan(op: str, device: torch.device, dtype: torch.dtype) -> list:
                 plan.append((spec, _load(spec), None))
                 break
             if (op, spec.backend) not in _disabled and spec.supports(device.type, dtype_name, cap):
-                impl = _load(spec)
+                try:
+                    impl = _load(spec)
+                except Exception as exc:  # e.g. no triton on this machine: the next one serves
+                    disable(op, spec.backend, f"could not load {spec.loader}: {type(exc).__name__}: {exc}")
+                    continue
                 plan.append((spec, impl, getattr(impl, "can_use", None)))
         _plans[key] = plan
     return plan
