@@ -38,6 +38,24 @@ class Case:
     copy_src: torch.Tensor  # copying it moves as many bytes as the op must (read + write)
 
 
+def _case(op_name: str, shape: tuple, dtype: torch.dtype, note: str, eager: Callable, args: tuple,
+          copy_src: torch.Tensor) -> Case:
+    """A case whose sgdiff side is the op's Triton launcher, its registered op and its graph launcher."""
+    from sgdiff.kernels.dispatch import launcher
+    from sgdiff.kernels.registry import kernel_specs, op_def
+
+    kernel = next(s for s in kernel_specs(op_name) if s.backend == "triton").load()
+    op, launch = op_def(op_name).load(), launcher(op_name)
+    return Case(op_name, shape, dtype, note, eager, lambda: kernel(*args), lambda: op(*args),
+                lambda: launch(*args), copy_src)
+
+
+def _bytes_like(*tensors: torch.Tensor) -> torch.Tensor:
+    """A buffer whose copy moves as many bytes as reading and writing ``tensors`` once."""
+    moved = sum(t.numel() * t.element_size() for t in tensors)
+    return torch.empty(moved // 8, dtype=torch.float32, device="cuda")
+
+
 def _modulated_params(B, S, N, dtype, form, g):
     if form == "chunk":  # Flux/SD3: emb -> linear -> [B, 6N] -> chunk -> [:, None]
         emb = torch.randn(B, 6 * N, device="cuda", generator=g).to(dtype)
@@ -54,12 +72,6 @@ def _modulated_params(B, S, N, dtype, form, g):
 
 
 def layernorm_modulate_cases(quick: bool) -> List[Case]:
-    from sgdiff.kernels.dispatch import launcher
-    from sgdiff.kernels.registry import op_def
-    from sgdiff.kernels.triton.layernorm_modulate import layernorm_modulate as kernel
-
-    op = op_def("layernorm_modulate").load()
-    launch = launcher("layernorm_modulate")
     shapes = [((2, 1024, 2240), "Sana 1.6B", "table"), ((2, 4096, 1152), "PixArt-Sigma", "table"),
               ((1, 4608, 3072), "Flux.1-dev", "chunk"), ((1, 32760, 5120), "Wan 2.1 14B", "table")]
     if quick:
@@ -81,20 +93,13 @@ def layernorm_modulate_cases(quick: bool) -> List[Case]:
                 def eager(x=x, w=w, b=b, scale=scale, shift=shift):
                     return F.layer_norm(x, x.shape[-1:], w, b, 1e-6) * (1 + scale) + shift
 
-                cases.append(Case("layernorm_modulate", (B, S, N), dtype,
-                                  f"{model}, {form} params" + (", affine LN" if affine else ""),
-                                  eager, lambda a=args: kernel(*a), lambda a=args: op(*a),
-                                  lambda a=args: launch(*a), x))
+                cases.append(_case("layernorm_modulate", (B, S, N), dtype,
+                                   f"{model}, {form} params" + (", affine LN" if affine else ""),
+                                   eager, args, x))
     return cases
 
 
 def residual_gate_cases(quick: bool) -> List[Case]:
-    from sgdiff.kernels.dispatch import launcher
-    from sgdiff.kernels.registry import op_def
-    from sgdiff.kernels.triton.residual_gate import residual_gate as kernel
-
-    op = op_def("residual_gate").load()
-    launch = launcher("residual_gate")
     shapes = [((2, 1024, 2240), "Sana 1.6B"), ((2, 4096, 1152), "PixArt-Sigma"),
               ((1, 4608, 3072), "Flux.1-dev"), ((1, 32760, 5120), "Wan 2.1 14B")]
     if quick:
@@ -110,21 +115,102 @@ def residual_gate_cases(quick: bool) -> List[Case]:
             res = torch.randn(B, S, N, device="cuda", generator=g).to(stream)
             gate = torch.randn(B, 6 * N, device="cuda", generator=g).to(stream).chunk(6, dim=1)[2][:, None]
             upd = torch.randn(B, S, N, device="cuda", generator=g).to(upd_dtype)
-            args = (res, gate, upd, False)
-            moved = sum(t.numel() * t.element_size() for t in (res, upd, res))  # out is like res
 
             def eager(res=res, gate=gate, upd=upd):
                 return res + gate * upd
 
-            cases.append(Case("residual_gate", (B, S, N), stream, f"{model}, {note}", eager,
-                              lambda a=args: kernel(*a), lambda a=args: op(*a), lambda a=args: launch(*a),
-                              torch.empty(moved // 8, dtype=torch.float32, device="cuda")))
+            cases.append(_case("residual_gate", (B, S, N), stream, f"{model}, {note}", eager,
+                               (res, gate, upd, False), _bytes_like(res, upd, res)))  # out is like res
+    return cases
+
+
+def rope_cases(quick: bool) -> List[Case]:
+    """diffusers ``apply_rotary_emb`` (use_real) on Flux's q, and Wan's even/odd RoPE."""
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    cases = []
+    B, S, H, D = 1, 4608, 24, 128  # Flux.1-dev q/k after the QK norm: [B, S, H, D]
+    x = torch.randn(B, S, H, D, device="cuda", generator=g).to(torch.bfloat16)
+    cos, sin = (torch.randn(S, D, device="cuda", generator=g) for _ in range(2))
+    for interleaved in ((True,) if quick else (True, False)):
+        def eager(x=x, interleaved=interleaved):
+            return apply_rotary_emb(x, (cos, sin), use_real_unbind_dim=-1 if interleaved else -2, sequence_dim=1)
+
+        cases.append(_case("rope", (B, S, H, D), x.dtype,
+                           "Flux.1-dev q, " + ("interleaved" if interleaved else "rotate-half"),
+                           eager, (x, cos[None, :, None], sin[None, :, None], interleaved), _bytes_like(x, x)))
+    if not quick:
+        B, S, H, D = 1, 32760, 12, 128  # Wan 2.1 1.3B, 480p x 81 frames
+        x = torch.randn(B, S, H, D, device="cuda", generator=g).to(torch.bfloat16)
+        fcos, fsin = (torch.randn(1, S, 1, D, device="cuda", generator=g) for _ in range(2))
+
+        def wan(x=x, fcos=fcos, fsin=fsin):  # WanAttnProcessor's apply_rotary_emb
+            x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+            cos, sin = fcos[..., 0::2], fsin[..., 1::2]
+            out = torch.empty_like(x)
+            out[..., 0::2] = x1 * cos - x2 * sin
+            out[..., 1::2] = x1 * sin + x2 * cos
+            return out.type_as(x)
+
+        cases.append(_case("rope_even_odd", (B, S, H, D), x.dtype, "Wan 2.1 1.3B q, fp32 tables", wan,
+                           (x, fcos[..., 0::2], fsin[..., 1::2]), _bytes_like(x, x)))
+    return cases
+
+
+def rms_norm_cases(quick: bool) -> List[Case]:
+    """QK norms: diffusers' RMSNorm per head (Flux, SD3) and torch's RMSNorm across heads (Wan)."""
+    from diffusers.models.normalization import RMSNorm
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    shapes = [((1, 4608, 24, 128), "Flux.1-dev q [B, S, H, D]", False),
+              ((2, 4096, 38, 64), "SD3.5-large image q, [B, H, S, D] view", True)]
+    cases = []
+    for (B, S, H, D), note, transposed in shapes[:1] if quick else shapes:
+        x = torch.randn(B, S, H, D, device="cuda", generator=g).to(torch.bfloat16)
+        if transposed:
+            x = x.transpose(1, 2)
+        norm = RMSNorm(D, eps=1e-6).to("cuda", torch.bfloat16)
+        with torch.no_grad():
+            norm.weight.copy_(torch.randn(D, generator=g, device="cuda"))
+        args = (x, norm.weight.detach(), 1e-6, "diffusers")
+        cases.append(_case("rms_norm", tuple(x.shape), x.dtype, note, lambda x=x, norm=norm: norm(x),
+                           args, _bytes_like(x, x)))
+    # Wan's QK norm across heads: torch.nn.RMSNorm -> F.rms_norm -> aten._fused_rms_norm
+    for D, model in ((1536, "Wan 2.1 1.3B"), (5120, "Wan 2.1 14B"))[:1 if quick else 2]:
+        x = torch.randn(1, 32760, D, device="cuda", generator=g).to(torch.bfloat16)
+        norm = torch.nn.RMSNorm(D, eps=1e-6).to("cuda", torch.bfloat16)
+        with torch.no_grad():
+            norm.weight.copy_(torch.randn(D, generator=g, device="cuda"))
+        cases.append(_case("rms_norm", tuple(x.shape), x.dtype, f"{model} q across heads (F.rms_norm, fused)",
+                           lambda x=x, norm=norm: norm(x), (x, norm.weight.detach(), 1e-6, "fused"),
+                           _bytes_like(x, x)))
+    return cases
+
+
+def silu_mul_cases(quick: bool) -> List[Case]:
+    """Sana's GLUMBConv gate (channels-last halves of a depthwise conv) and a SwiGLU."""
+    g = torch.Generator(device="cuda").manual_seed(4)
+    cases = []
+    conv = torch.randn(2, 11200, 32, 32, device="cuda", generator=g).to(torch.bfloat16)
+    conv = conv.to(memory_format=torch.channels_last)
+    hidden, gate = conv.chunk(2, dim=1)
+    cases.append(_case("silu_mul", tuple(hidden.shape), conv.dtype, "Sana 1.6B GLU, channels-last chunks",
+                       lambda: hidden * F.silu(gate), (gate, hidden), _bytes_like(hidden, gate, hidden)))
+    if not quick:
+        proj = torch.randn(1, 4608, 2 * 12288, device="cuda", generator=g).to(torch.bfloat16)
+        a, b = proj.chunk(2, dim=-1)
+        cases.append(_case("silu_mul", tuple(a.shape), proj.dtype, "SwiGLU halves of a projection",
+                           lambda: F.silu(a) * b, (a, b), _bytes_like(a, b, a)))
     return cases
 
 
 CASES: Dict[str, Callable[[bool], List[Case]]] = {
     "layernorm_modulate": layernorm_modulate_cases,
     "residual_gate": residual_gate_cases,
+    "rope": rope_cases,
+    "rms_norm": rms_norm_cases,
+    "silu_mul": silu_mul_cases,
 }
 
 
@@ -217,15 +303,15 @@ def main(argv=None) -> int:
 
     cases = [c for op in args.ops.split(",") for c in CASES[op](args.quick)]
     rows = []
+    meta = _meta()
     for case in tqdm(cases, desc="kernels", file=sys.stdout):
         rows.append(measure(case))
+        write_report(dict(meta, cases=rows), pathlib.Path(args.out))  # a cut-short run keeps its cases
         r = rows[-1]
         tqdm.write(f"{r['op']:<20} {str(r['shape']):<20} {r['dtype']:<9} exact={r['bitexact']} "
                    f"mism={r['mismatches']} sgdiff={r['sgdiff_us']:.1f} eager={r['eager_us']:.1f} "
                    f"ind={r['inductor_us']:.1f} copy={r['copy_us']:.1f} wall={r['wall_sgdiff_us']:.1f}/"
                    f"{r['wall_eager_us']:.1f} launcher={r['wall_sgdiff_launcher_us']:.1f} raw={r['wall_sgdiff_raw_us']:.1f}")
-    result = dict(_meta(), cases=rows)
-    write_report(result, pathlib.Path(args.out))
     return 0
 
 

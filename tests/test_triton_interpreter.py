@@ -69,7 +69,8 @@ RESIDUAL_GATE = textwrap.dedent(r"""
                 err = (got.float() - want.float()).abs().max().item()
                 assert err <= 2 ** -6 * want.float().abs().max().item(), err
             cases += 1
-    assert not tk.supported_layout(r, g, u, True)                    # tanh gates: the reference
+    got, want = tk.residual_gate(r, g, u, True), ref(r, g, u, True)   # tanh gates (numpy's tanh)
+    assert (got.float() - want.float()).abs().max().item() <= 2 ** -6 * want.float().abs().max().item()
     assert not tk.supported_layout(r[:, :1], g, u, False)            # broadcasts past the residual
     assert not tk.supported_layout(r.transpose(0, 1), g.transpose(0, 1), u.transpose(0, 1), False)
     print("ok", cases)
@@ -88,3 +89,130 @@ def test_layernorm_modulate_kernel_under_interpreter():
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["ok", "40"]
+
+
+ROWWISE = textwrap.dedent(r"""
+    import torch
+    import torch.nn.functional as F
+    from sgdiff.kernels.triton import rms_norm as trms, rope as trope, silu_mul as tsilu
+    from sgdiff.kernels.rope import rope_reference
+    from sgdiff.kernels.rope_even_odd import rope_even_odd_reference
+    from sgdiff.kernels.rms_norm import rms_norm_reference
+    from sgdiff.kernels.silu_mul import silu_mul_reference
+    torch.manual_seed(0)
+    cases = 0
+
+    def check(got, want, exact):
+        global cases
+        assert got.shape == want.shape and got.dtype == want.dtype and got.stride() == want.stride()
+        if exact:
+            assert torch.equal(got, want), (got - want).abs().max()
+        else:   # bf16 under the interpreter: truncation, an ulp or two per rounding
+            err = (got.float() - want.float()).abs().max().item()
+            assert err <= 2 ** -6 * max(1.0, want.float().abs().max().item()), err
+        cases += 1
+
+    def cuda_order_rms(x, w, eps):
+        # ATen's CUDA reduction order for mean(-1) of the squares, written with elementwise
+        # fp32 adds only (see sgdiff/kernels/triton/rms_norm.py), then diffusers' RMSNorm
+        xf = x.float()
+        sq = (xf * xf).reshape(-1, x.shape[-1])
+        M, N = sq.shape
+        if N >= 128:
+            K = -(-N // 128)
+            v = F.pad(sq, (0, K * 128 - N)).view(M, K, 32, 4)
+            acc = v[:, 0]
+            for k in range(1, K):
+                acc = acc + v[:, k]
+        else:
+            acc = F.pad(sq, (0, 128 - N)).view(M, 4, 32).transpose(1, 2)
+        lanes = ((acc[..., 0] + acc[..., 1]) + acc[..., 2]) + acc[..., 3]
+        for off in (16, 8, 4, 2, 1):
+            lanes = torch.cat([lanes[:, :off] + lanes[:, off:2 * off], lanes[:, 2 * off:]], 1)
+        mean = lanes[:, 0] * trms.mean_factor(M, N)
+        r = 1.0 / torch.sqrt(mean + torch.tensor(eps, dtype=torch.float32))
+        y = (xf.reshape(M, N) * r[:, None]).view(x.shape)
+        if w is None:
+            return y.to(x.dtype)
+        return (y.to(w.dtype) if w.dtype != torch.float32 else y) * w
+
+    def cuda_order_fused(x, w, eps):
+        # ATen's vectorized RMSNorm (128 threads, fma per thread, warp trees, (w0+w2)+(w1+w3));
+        # x holds bf16 values, so x * x is exact and fma(x, x, acc) == acc + x * x
+        xf = x.float().reshape(-1, x.shape[-1])
+        M, N = xf.shape
+        K = -(-N // 512)
+        v = F.pad(xf, (0, K * 512 - N)).view(M, K, 128, 4)
+        acc = torch.zeros(M, 128)
+        for k in range(K):
+            for j in range(4):
+                acc = acc + v[:, k, :, j] * v[:, k, :, j]
+        warps = acc.view(M, 4, 32)
+        for off in (16, 8, 4, 2, 1):
+            warps = torch.cat([warps[..., :off] + warps[..., off:2 * off], warps[..., 2 * off:]], -1)
+        s = warps[..., 0]
+        total = (s[:, 0] + s[:, 2]) + (s[:, 1] + s[:, 3])
+        r = 1.0 / torch.sqrt(total / N + torch.tensor(eps, dtype=torch.float32))
+        y = r[:, None] * xf
+        if w is not None:
+            y = w.float() * y
+        return y.to(x.dtype).view(x.shape)
+
+    for dt in (torch.float32, torch.bfloat16):
+        exact = dt == torch.float32
+        # rms_norm (fused form, F.rms_norm on CUDA)
+        for shape in [(3, 5120), (2, 3, 128), (4, 3072), (2, 2, 520)]:
+            x = (torch.randn(*shape) * 2).to(torch.bfloat16).to(dt)   # bf16 values: x * x exact
+            n = shape[-1]
+            for w, eps in ((None, None), (torch.randn(n).to(torch.bfloat16).to(dt), 1e-6)):
+                assert trms.supported_layout(x, w, eps, "fused"), shape
+                got = trms.rms_norm(x, w, eps, "fused")
+                check(got, cuda_order_fused(x, w, 2.0 ** -23 if eps is None else eps), exact)
+        # rope: Flux-like [B, S, H, D] and heads-first views, both rotations
+        x = torch.randn(2, 37, 3, 16, dtype=dt)
+        cos, sin = torch.randn(37, 16), torch.randn(37, 16)
+        for inter in (True, False):
+            args = (x, cos[None, :, None], sin[None, :, None], inter)
+            assert trope.supported_layout(*args)
+            check(trope.rope(*args), rope_reference(*args), exact)
+            args = (x.transpose(1, 2), cos[None, None], sin[None, None], inter)
+            check(trope.rope(*args), rope_reference(*args), exact)
+        args = (x, cos[None, :, None, 0::2], sin[None, :, None, 1::2])
+        assert trope.supported_layout_even_odd(*args)
+        check(trope.rope_even_odd(*args), rope_even_odd_reference(*args), exact)
+        # rms_norm (diffusers form): the kernel's order is ATen's CUDA order
+        for shape in [(2, 7, 3, 128), (40, 64), (16, 3, 48), (3, 11, 256), (20, 1000), (17, 3072)]:
+            x = torch.randn(*shape, dtype=dt) * 2
+            n = shape[-1]
+            for w in (None, torch.randn(n, dtype=torch.bfloat16), torch.randn(n)):
+                assert trms.supported_layout(x, w, 1e-6, "diffusers"), shape
+                got = trms.rms_norm(x, w, 1e-6, "diffusers")
+                check(got, cuda_order_rms(x, w, 1e-6).as_strided(got.shape, got.stride()), exact and (w is None or w.dtype == torch.float32))
+                check(got, rms_norm_reference(x, w, 1e-6, "diffusers"), False)   # CPU eager: another order
+        xt = torch.randn(2, 40, 3, 64, dtype=dt).transpose(1, 2)
+        check(trms.rms_norm(xt, None, 1e-6, "diffusers"), rms_norm_reference(xt, None, 1e-6, "diffusers"), False)
+        # silu_mul: projection halves and channels-last chunks (numpy's exp is not CUDA's: a tolerance)
+        a, b = (torch.randn(2, 7, 2 * 300, dtype=dt) * 4).chunk(2, -1)
+        check(tsilu.silu_mul(a, b), silu_mul_reference(a, b), False)
+        c = torch.randn(2, 8, 5, 6, dtype=dt).to(memory_format=torch.channels_last)
+        hidden, gate = c.chunk(2, 1)
+        check(tsilu.silu_mul(gate, hidden), silu_mul_reference(gate, hidden), False)
+    # refused: eager takes another ATen path or the tables are not fp32 math
+    assert not trms.supported_layout(torch.randn(4, 130), None, 1e-6, "diffusers")       # N % 4 at N >= 128
+    assert not trms.supported_layout(torch.randn(1, 64), None, 1e-6, "diffusers")        # block.x widens
+    assert not trms.supported_layout(torch.randn(64, 16), None, 1e-6, "diffusers")       # N < 32
+    assert not trms.supported_layout(torch.randn(4, 130), None, 1e-6, "fused")            # Welford fallback
+    assert not trms.supported_layout(torch.randn(4 * 128 + 1)[1:].view(4, 128), None, 1e-6, "fused")  # misaligned
+    assert not trms.supported_layout(torch.randn(4, 128), torch.randn(128, dtype=torch.bfloat16), 1e-6, "fused")
+    x = torch.randn(1, 4, 2, 16)
+    assert not trope.supported_layout(x, torch.randn(4, 16, dtype=torch.float64)[None, :, None], x, True)
+    assert not trope.supported_layout(x, torch.randn(5, 16)[None, :, None], x, True)      # wrong broadcast
+    print("ok", cases)
+""")
+
+
+def test_rowwise_kernels_under_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", ROWWISE], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["ok", "104"]

@@ -161,8 +161,10 @@ for _name, _contract, _doc in (
     register_kernel(KernelSpec(_name, "reference", _contract, f"sgdiff.kernels.{_name}:{_name}_reference"))
 del _name, _contract, _doc
 
-register_kernel(KernelSpec(
-    "residual_gate", "triton", Contract.BITEXACT,
-    "sgdiff.kernels.triton.residual_gate:residual_gate",
-    devices=frozenset({"cuda"}), min_capability=(8, 0), priority=10,
-))
+for _name, _module in (("residual_gate", "residual_gate"), ("rope", "rope"), ("rope_even_odd", "rope"),
+                      ("rms_norm", "rms_norm"), ("silu_mul", "silu_mul")):
+    register_kernel(KernelSpec(
+        _name, "triton", Contract.BITEXACT, f"sgdiff.kernels.triton.{_module}:{_name}",
+        devices=frozenset({"cuda"}), min_capability=(8, 0), priority=10,
+    ))
+del _name, _module

@@ -56,3 +56,17 @@ def test_any_layout_is_exact_or_falls_back(B, S, D, dtypes, gate_form, tanh):
     got = OP(res, gate, upd, tanh)
     assert torch.equal(got, want) and got.stride() == want.stride()
     assert not dispatch.disabled(), dispatch.disabled()
+
+
+def test_tanh_gates_match_cuda_tanhf():
+    """Lumina-style tanh gates: every bf16 value and fp32 extremes (denormals, inf, NaN)."""
+    every_bf16 = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32, device="cuda").to(torch.int16).view(torch.bfloat16)
+    extremes = torch.tensor([0.0, -0.0, 1e-40, -1e-40, 1e-38, 9.0, -9.0, 20.0, float("inf"), -float("inf"),
+                             float("nan"), 0.6, -0.6, 0.59999996, 1e-4, -3e-3], device="cuda")
+    for values in (every_bf16, extremes, torch.randn(1 << 20, device="cuda") * 3):
+        gate = values.view(1, -1, 16)  # per-token gates
+        res, upd = torch.zeros_like(gate), torch.ones_like(gate)  # out = tanh(gate), rounded
+        assert tk.can_use(res, gate, upd, True)
+        got, want = tk.residual_gate(res, gate, upd, True), res + torch.tanh(gate) * upd
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got.nan_to_num(), want.nan_to_num())

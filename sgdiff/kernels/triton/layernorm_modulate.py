@@ -15,15 +15,13 @@ the second time from cache. ``scale``/``shift`` are read through broadcast strid
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from sgdiff.kernels.triton.welford import THREADS, THREADS_C, VEC, VEC_C, row_welford, rsqrt_approx
+from sgdiff.kernels.triton.cuda_math import INTERPRET, rsqrtf
+from sgdiff.kernels.triton.welford import THREADS, THREADS_C, VEC, VEC_C, row_welford
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
@@ -45,7 +43,7 @@ def _layernorm_modulate_kernel(
     HAS_BIAS: tl.constexpr,
     HAS_SHIFT: tl.constexpr,
     PLUS_ONE: tl.constexpr,  # factor is (scale + 1) rather than scale
-    EXACT_RSQRT: tl.constexpr,  # interpreter only
+    INTERPRET: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     bi = row // S
@@ -53,7 +51,7 @@ def _layernorm_modulate_kernel(
     x_row = x_ptr + bi * stride_xb + si * stride_xs
     mean, m2, _ = row_welford(x_row, N // VEC_C, ITERS)
     var = tl.math.div_rn(m2, tl.full(m2.shape, N, tl.float32))
-    rstd = rsqrt_approx(var + eps, EXACT_RSQRT)
+    rstd = rsqrtf(var + eps, INTERPRET)
 
     for k in tl.static_range(ITERS):
         _modulate_tile(k, x_row, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr, row, bi, si, N, mean, rstd,
@@ -148,7 +146,7 @@ def layernorm_modulate(x, weight, bias, eps, scale, shift, scale_plus_one=True):
         S, N, x3.stride(0), x3.stride(1), *sc_strides, *sh_strides, eps,
         ITERS=triton.cdiv(N // VEC, THREADS),
         HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-        HAS_SHIFT=shift is not None, PLUS_ONE=scale_plus_one, EXACT_RSQRT=_INTERPRET,
+        HAS_SHIFT=shift is not None, PLUS_ONE=scale_plus_one, INTERPRET=INTERPRET,
         num_warps=4, enable_fp_fusion=False,
     )
     return out.view(x.shape)

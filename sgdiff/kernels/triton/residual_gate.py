@@ -1,19 +1,23 @@
-"""Triton sgdiff::residual_gate (without tanh), bitwise equal to eager on CUDA.
+"""Triton sgdiff::residual_gate, bitwise equal to eager on CUDA.
 
 Eager chain and its rounding steps::
 
-    y = gate * update      # fp32 product, rounded to promote(gate, update)
+    g = tanh(gate)         # with tanh_gate: fp32 tanhf, rounded to gate.dtype
+    y = g * update         # fp32 product, rounded to promote(gate, update)
     y = residual + y       # fp32 sum, rounded to promote(residual, y)
 
 One program writes one row of ``residual`` ([B, S, D], contiguous); ``gate`` and ``update``
 are read through broadcast strides, so ``[B, 1, D]`` gates and chunk views need no copy.
-A ``tanh`` gate is left to the reference: Triton's tanh is not CUDA's ``tanhf``.
+A ``tanh`` gate (rounded to gate.dtype first, as eager stores it) uses libdevice's ``tanhf``,
+CUDA's own (:mod:`sgdiff.kernels.triton.cuda_math`).
 """
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+from sgdiff.kernels.triton.cuda_math import INTERPRET, libdevice_options, tanhf
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
@@ -30,7 +34,9 @@ def _residual_gate_kernel(
     stride_gb, stride_gs, stride_gd,
     stride_ub, stride_us, stride_ud,
     PRODUCT_DTYPE: tl.constexpr,  # promote(gate, update)
+    TANH: tl.constexpr,
     BLOCK: tl.constexpr,  # power of two >= D
+    INTERPRET: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     bi = row // S
@@ -39,6 +45,8 @@ def _residual_gate_kernel(
     mask = d < D
     g = tl.load(gate_ptr + bi * stride_gb + si * stride_gs + d * stride_gd, mask=mask, other=0.0)
     u = tl.load(upd_ptr + bi * stride_ub + si * stride_us + d * stride_ud, mask=mask, other=0.0)
+    if TANH:
+        g = tanhf(g.to(tl.float32), INTERPRET).to(gate_ptr.dtype.element_ty)
     y = (g.to(tl.float32) * u.to(tl.float32)).to(PRODUCT_DTYPE)
     r = tl.load(res_ptr + row * D + d, mask=mask, other=0.0)
     out = r.to(tl.float32) + y.to(tl.float32)
@@ -55,7 +63,7 @@ def supported_layout(residual, gate, update, tanh_gate, residual_layout=True) ->
     The residual must be contiguous, where its layout and the contiguous one coincide, so
     ``residual_layout`` (which of the two the output takes) changes nothing here.
     """
-    if tanh_gate or not (2 <= residual.dim() <= 3 and residual.is_contiguous() and residual.numel() > 0):
+    if not (2 <= residual.dim() <= 3 and residual.is_contiguous() and residual.numel() > 0):
         return False
     if residual.shape[-1] > 16384:
         return False
@@ -79,8 +87,8 @@ def residual_gate(residual, gate, update, tanh_gate, residual_layout=True):
     _residual_gate_kernel[(B * S,)](
         residual, gate, update, out, S, D,
         *gate.expand(shape).stride(), *update.expand(shape).stride(),
-        PRODUCT_DTYPE=_TL[product], BLOCK=triton.next_power_of_2(D),
-        num_warps=4 if D <= 4096 else 8, enable_fp_fusion=False,
+        PRODUCT_DTYPE=_TL[product], TANH=bool(tanh_gate), BLOCK=triton.next_power_of_2(D), INTERPRET=INTERPRET,
+        num_warps=4 if D <= 4096 else 8, enable_fp_fusion=False, **libdevice_options(),
     )
     return out.view(residual.shape)
 

@@ -51,16 +51,6 @@ def welford_combine(own_mean, own_m2, own_n, oth_mean, oth_m2, oth_n):
 
 
 @triton.jit
-def rsqrt_approx(x, EXACT_RSQRT: tl.constexpr):
-    """CUDA's ``rsqrtf`` (rsqrt.approx.f32). The interpreter has no PTX: it uses 1/sqrt."""
-    if EXACT_RSQRT:
-        return 1.0 / tl.sqrt(x)
-    else:
-        return tl.inline_asm_elementwise("rsqrt.approx.f32 $0, $1;", "=r,r", [x],
-                                         dtype=tl.float32, is_pure=True, pack=1)
-
-
-@triton.jit
 def row_welford(row_ptr, n_vec, ITERS: tl.constexpr):
     """Mean, m2 and count of one row of ``4 * n_vec`` elements, in ATen's vectorized order.
 

@@ -1,0 +1,237 @@
+"""Triton sgdiff::rms_norm, bitwise equal to eager on CUDA: the diffusers and fused forms.
+
+**diffusers** form: diffusers' RMSNorm is a chain of ATen kernels; the only one with an order to
+reproduce is the mean, ATen's generic reduction (aten/src/ATen/native/cuda/Reduce.cuh)::
+
+    sq   = fp32(x) * fp32(x)                      # pow(2), rounded to fp32
+    mean = sum(sq) * factor                       # factor = fp32(M) / fp32(M * N), M rows
+    r    = rsqrtf(mean + eps)                     # rsqrt.approx.f32
+    y    = fp32(x) * r                            # rounded to fp32
+    y    = y.to(w.dtype) * w  (fp16/bf16 w),  y * w  (fp32 w),  y.to(x.dtype)  (no w)
+
+The sum: a warp (32 lanes) per row. For N >= 128 ATen loads 4-vectors: lane ``l`` keeps four
+accumulators, ``acc[i] += sq[4 (l + 32 k) + i]`` for k = 0, 1, ...; for 32 <= N < 128 it
+loads single elements, ``acc[i] = sq[l + 32 i]``. Each lane then folds
+``((acc0 + acc1) + acc2) + acc3`` and the warp folds lanes by shuffle-down with offsets 16, 8,
+4, 2, 1 (:func:`sgdiff.kernels.triton.rows.halving_sum`). Few rows make ATen widen the block;
+those inputs are left to the chain.
+
+**fused** form: ``aten::_fused_rms_norm`` (F.rms_norm / torch.nn.RMSNorm on CUDA), ATen's
+vectorized LayerNorm kernel with ``rms_norm=true`` (layer_norm_kernel.cu): 128 threads per
+row, thread ``t`` reading 4-vectors ``t, t + 128, ...``::
+
+    acc  = fma(x, x, acc)                         # per thread, elements in order
+    sum  = per-warp shuffle-down tree, then warps (0 + 2) + (1 + 3)
+    var  = sum / N                                # IEEE division
+    r    = rsqrtf(var + eps)                      # eps None: FLT_EPSILON
+    y    = w * (r * x)  or  r * x                 # fp32, rounded once to x.dtype
+
+It is taken when N % 4 == 0 and x (after ``.contiguous()``) and w are 4-vector aligned; other
+inputs run ATen's Welford fallback and are left to the chain.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from sgdiff.kernels.layout import like_strides
+from sgdiff.kernels.triton.rows import (LANES, LANES_C, bitrev_lanes, block128_threads, halving_sum, row_offsets,
+                                        shape4, strides4)
+from sgdiff.kernels.triton.cuda_math import INTERPRET, rsqrtf
+from sgdiff.kernels.triton.welford import unpack4
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_HALF = (torch.float16, torch.bfloat16)
+_TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+MAX_N = 16384
+FLT_EPSILON = 2.0 ** -23  # eps=None in _fused_rms_norm
+
+
+@triton.jit
+def _squares(x_row, cols, N, sx3):
+    v = tl.load(x_row + cols * sx3, mask=cols < N, other=0.0).to(tl.float32)
+    return v * v
+
+
+@triton.jit
+def _rms_norm_diffusers_kernel(
+    x_ptr, w_ptr, out_ptr,
+    n_rows, n1, n2, N,
+    sx0, sx1, sx2, sx3,
+    so0, so1, so2, so3,
+    eps, factor,
+    VECTORIZED: tl.constexpr,  # N >= 128: ATen's 4-vector loads
+    ITERS: tl.constexpr,  # vectors per lane: ceil(N / 128)
+    HAS_WEIGHT: tl.constexpr,
+    ROUND_DTYPE: tl.constexpr,  # y is rounded to this before the weight (w.dtype if half)
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < n_rows
+    x_row = x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None]
+    n_lim = tl.where(row_ok, N, 0)[:, None]  # rows past the end read nothing
+    lane = bitrev_lanes()[None, :]
+    acc0 = tl.zeros((BLOCK_R, LANES_C), tl.float32)
+    acc1 = tl.zeros((BLOCK_R, LANES_C), tl.float32)
+    acc2 = tl.zeros((BLOCK_R, LANES_C), tl.float32)
+    acc3 = tl.zeros((BLOCK_R, LANES_C), tl.float32)
+    if VECTORIZED:
+        for k in tl.static_range(ITERS):
+            base = 4 * (lane + k * LANES_C)
+            acc0 = acc0 + _squares(x_row, base, n_lim, sx3)
+            acc1 = acc1 + _squares(x_row, base + 1, n_lim, sx3)
+            acc2 = acc2 + _squares(x_row, base + 2, n_lim, sx3)
+            acc3 = acc3 + _squares(x_row, base + 3, n_lim, sx3)
+    else:
+        acc0 = _squares(x_row, lane, n_lim, sx3)
+        acc1 = _squares(x_row, lane + LANES_C, n_lim, sx3)
+        acc2 = _squares(x_row, lane + 2 * LANES_C, n_lim, sx3)
+        acc3 = _squares(x_row, lane + 3 * LANES_C, n_lim, sx3)
+    total = halving_sum(((acc0 + acc1) + acc2) + acc3, 5)
+    r = rsqrtf(total * factor + eps, INTERPRET)
+
+    d = tl.arange(0, BLOCK_N)
+    mask = row_ok[:, None] & (d < N)[None, :]
+    x = tl.load(x_row + d[None, :] * sx3, mask=mask, other=0.0).to(tl.float32)
+    y = x * r[:, None]
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + d, mask=d < N, other=0.0).to(tl.float32)
+        y = y.to(ROUND_DTYPE).to(tl.float32) * w[None, :]
+    o_row = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None]
+    tl.store(o_row + d[None, :] * so3, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rms_norm_fused_kernel(
+    x_ptr, w_ptr, out_ptr,
+    n1, n2, N,
+    sx0, sx1, sx2,
+    so0, so1, so2,
+    eps,
+    ITERS: tl.constexpr,  # 4-vectors per thread: ceil(N / 512)
+    HAS_WEIGHT: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row_offsets(row, n1, n2, sx0, sx1, sx2)
+    t = block128_threads()
+    lane = tl.arange(0, 4)
+    acc = tl.zeros((128,), tl.float32)
+    for k in tl.static_range(ITERS):
+        col = (t + k * 128)[:, None] * 4 + lane[None, :]
+        x0, x1, x2, x3 = unpack4(tl.load(x_row + col, mask=col < N, other=0.0).to(tl.float32))
+        acc = tl.fma(x0, x0, acc)
+        acc = tl.fma(x1, x1, acc)
+        acc = tl.fma(x2, x2, acc)
+        acc = tl.fma(x3, x3, acc)
+    total = halving_sum(tl.reshape(acc, (1, 128)), 7)
+    var = tl.math.div_rn(total, tl.full(total.shape, N, tl.float32))
+    r = rsqrtf(var + eps, INTERPRET)
+    o_row = out_ptr + row_offsets(row, n1, n2, so0, so1, so2)
+    for k in tl.static_range(ITERS):
+        col = (tl.arange(0, 128) + k * 128)[:, None] * 4 + lane[None, :]
+        mask = col < N
+        y = r * tl.load(x_row + col, mask=mask, other=0.0).to(tl.float32)
+        if HAS_WEIGHT:
+            y = tl.load(w_ptr + col, mask=mask, other=0.0).to(tl.float32) * y
+        tl.store(o_row + col, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _out_dtype(x, weight) -> torch.dtype:
+    if weight is None:
+        return x.dtype
+    return weight.dtype if weight.dtype in _HALF else torch.promote_types(torch.float32, weight.dtype)
+
+
+VECTORIZE_MIN = 128  # Reduce.cuh: "dim0 >= 128" vectorizes the input
+MAX_THREADS = 512  # Reduce.cuh: max_reduce_threads for fp32
+
+
+def _last_pow2(n: int) -> int:
+    return 1 << (n.bit_length() - 1)
+
+
+def aten_reduce_is_one_warp(n_rows: int, n: int) -> bool:
+    """Whether ATen reduces each row with one warp and nothing else (``setReduceConfig``):
+    block.x == 32 lanes, no split of a row across warps or blocks. Few rows widen block.x."""
+    if n < LANES or n > MAX_N:
+        return False
+    dim0 = n // 4 if n >= VECTORIZE_MIN else n
+    dim0_pow2 = _last_pow2(dim0) if dim0 < MAX_THREADS else MAX_THREADS
+    dim1_pow2 = _last_pow2(n_rows) if n_rows < MAX_THREADS else MAX_THREADS
+    width = min(dim0_pow2, LANES)
+    height = min(dim1_pow2, MAX_THREADS // width)
+    width = min(dim0_pow2, MAX_THREADS // height)
+    values_per_thread = -(-n // width)
+    return width == LANES and values_per_thread < min(height * 16, 256)
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    return t.data_ptr() % (4 * t.element_size()) == 0
+
+
+def _fused_supported(x, weight) -> bool:
+    n = x.shape[-1]
+    if n % 4 or n > MAX_N or x.stride(-1) != 1:
+        return False
+    if x.is_contiguous() and not _aligned(x):  # a strided x is copied (aligned) by eager
+        return False
+    return weight is None or (weight.dtype == x.dtype and weight.shape == (n,) and weight.stride(0) == 1
+                              and _aligned(weight) and weight.device == x.device)
+
+
+def supported_layout(x, weight, eps, form) -> bool:
+    """can_use without the device check (the interpreter runs the kernel on CPU tensors)."""
+    if not (x.dtype in _DTYPES and 1 <= x.dim() <= 4 and x.numel() > 0):
+        return False
+    if form == "fused":
+        return _fused_supported(x, weight)
+    if form != "diffusers" or eps is None:
+        return False
+    n = x.shape[-1]
+    if (n >= VECTORIZE_MIN and n % 4) or not aten_reduce_is_one_warp(x.numel() // n, n):
+        return False
+    return weight is None or (weight.dtype in _DTYPES and weight.shape == (n,) and weight.device == x.device)
+
+
+def can_use(x, weight, eps, form) -> bool:
+    return x.is_cuda and supported_layout(x, weight, eps, form)
+
+
+def mean_factor(n_rows: int, n: int) -> float:
+    """ATen's mean scale, ``float(num_outputs) / numel`` in fp32."""
+    return float(np.float32(n_rows) / np.float32(n_rows * n))
+
+
+def rms_norm(x, weight, eps, form):
+    """Launch; the caller has checked :func:`can_use`."""
+    shape = shape4(x.shape)
+    n_rows, n = shape[0] * shape[1] * shape[2], shape[3]
+    if form == "fused":
+        out = torch.empty_strided(x.shape, like_strides(x), dtype=x.dtype, device=x.device)
+        _rms_norm_fused_kernel[(n_rows,)](
+            x, weight if weight is not None else x, out, shape[1], shape[2], n,
+            *strides4(x, x.shape)[:3], *strides4(out, x.shape)[:3], FLT_EPSILON if eps is None else eps,
+            ITERS=triton.cdiv(n, 4 * 128), HAS_WEIGHT=weight is not None, INTERPRET=INTERPRET,
+            num_warps=4, enable_fp_fusion=False,
+        )
+        return out
+    out = torch.empty_strided(x.shape, like_strides(x), dtype=_out_dtype(x, weight), device=x.device)
+    block_n = triton.next_power_of_2(n)
+    block_r = max(1, min(16, 2048 // block_n))
+    round_dtype = weight.dtype if weight is not None and weight.dtype in _HALF else torch.float32
+    _rms_norm_diffusers_kernel[(triton.cdiv(n_rows, block_r),)](
+        x, weight if weight is not None else x, out, n_rows, shape[1], shape[2], n,
+        *strides4(x, x.shape), *strides4(out, x.shape), eps, mean_factor(n_rows, n),
+        VECTORIZED=n >= VECTORIZE_MIN, ITERS=triton.cdiv(n, 4 * LANES), HAS_WEIGHT=weight is not None,
+        ROUND_DTYPE=_TL[round_dtype], BLOCK_R=block_r, BLOCK_N=block_n, INTERPRET=INTERPRET,
+        num_warps=4, enable_fp_fusion=False,
+    )
+    return out
+
+
+rms_norm.can_use = can_use

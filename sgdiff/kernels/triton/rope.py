@@ -1,0 +1,150 @@
+"""Triton sgdiff::rope and sgdiff::rope_even_odd, bitwise equal to eager on CUDA.
+
+Both are elementwise: each output element needs its own ``x`` value, its rotation partner and
+one entry of each table, so the kernels only keep eager's rounding steps (fp32 products and
+sums, no FMA contraction) and read every operand once.
+
+``rope`` (diffusers ``apply_rotary_emb``, ``use_real=True``)::
+
+    rot[d] = -x[d + 1] (d even), x[d - 1] (d odd)            # interleaved pairs
+    rot[d] = -x[d + D/2] (d < D/2), x[d - D/2] (else)        # rotate-half
+    out    = (fp32(x) * cos + fp32(rot) * sin).to(x.dtype)   # each op rounded to fp32
+
+``rope_even_odd`` (Wan)::
+
+    out[2j]     = p(p(x[2j] * cos[j]) - p(x[2j+1] * sin[j]))     # p: round to promote(x, cos, sin)
+    out[2j + 1] = p(p(x[2j] * sin[j]) + p(x[2j+1] * cos[j]))     # then the copy rounds to x.dtype
+
+Negation multiplies by -1 (exact, and -0 for +0 as ``neg`` gives; ``0 - x`` would not).
+Outputs take the layout ``like(x)`` (:mod:`sgdiff.kernels.layout`).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sgdiff.kernels.layout import like_strides
+from sgdiff.kernels.triton.rows import launch_rows, row_offsets, shape4, strides4
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+@triton.jit
+def _rope_kernel(
+    x_ptr, cos_ptr, sin_ptr, out_ptr,
+    n_rows, n1, n2, D,
+    sx0, sx1, sx2, sx3,
+    sc0, sc1, sc2, sc3,
+    ss0, ss1, ss2, ss3,
+    so0, so1, so2, so3,
+    FORM: tl.constexpr,  # 0 interleaved, 1 rotate-half, 2 even/odd (Wan)
+    PRODUCT_DTYPE: tl.constexpr,  # even/odd only: promote(x, cos, sin)
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask = (rows < n_rows)[:, None] & (d < D)[None, :]
+    x_row = x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None]
+    if FORM == 0:
+        partner = d ^ 1
+        first = (d & 1) == 0
+    elif FORM == 1:
+        half = D // 2
+        first = d < half
+        partner = tl.where(first, d + half, d - half)
+    else:
+        partner = d ^ 1
+        first = (d & 1) == 0
+    x = tl.load(x_row + d[None, :] * sx3, mask=mask, other=0.0).to(tl.float32)
+    xp = tl.load(x_row + partner[None, :] * sx3, mask=mask, other=0.0).to(tl.float32)
+    if FORM == 2:
+        j = d // 2
+        cos = tl.load(cos_ptr + row_offsets(rows, n1, n2, sc0, sc1, sc2)[:, None] + j[None, :] * sc3,
+                      mask=mask, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + row_offsets(rows, n1, n2, ss0, ss1, ss2)[:, None] + j[None, :] * ss3,
+                      mask=mask, other=0.0).to(tl.float32)
+        x1 = tl.where(first[None, :], x, xp)
+        x2 = tl.where(first[None, :], xp, x)
+        # even: x1*cos - x2*sin; odd: x1*sin + x2*cos
+        a = (x1 * tl.where(first[None, :], cos, sin)).to(PRODUCT_DTYPE).to(tl.float32)
+        b = (x2 * tl.where(first[None, :], sin, cos)).to(PRODUCT_DTYPE).to(tl.float32)
+        out = tl.where(first[None, :], a - b, a + b).to(PRODUCT_DTYPE)
+    else:
+        cos = tl.load(cos_ptr + row_offsets(rows, n1, n2, sc0, sc1, sc2)[:, None] + d[None, :] * sc3,
+                      mask=mask, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + row_offsets(rows, n1, n2, ss0, ss1, ss2)[:, None] + d[None, :] * ss3,
+                      mask=mask, other=0.0).to(tl.float32)
+        rot = tl.where(first[None, :], xp * -1.0, xp)
+        out = x * cos + rot * sin
+    o_row = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None]
+    tl.store(o_row + d[None, :] * so3, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _tables_ok(x, cos, sin, table_shape) -> bool:
+    for t in (cos, sin):
+        if t.dtype not in _DTYPES or t.device != x.device or t.dim() > x.dim():
+            return False
+        try:
+            if tuple(torch.broadcast_shapes(t.shape, table_shape)) != tuple(table_shape):
+                return False
+        except RuntimeError:
+            return False
+    return True
+
+
+def _x_ok(x) -> bool:
+    return x.dtype in _DTYPES and 1 <= x.dim() <= 4 and x.numel() > 0 and x.shape[-1] % 2 == 0 \
+        and x.shape[-1] <= 1024
+
+
+def supported_layout(x, cos, sin, interleaved) -> bool:
+    """can_use without the device check (the interpreter runs the kernel on CPU tensors)."""
+    if not _x_ok(x) or not _tables_ok(x, cos, sin, x.shape):
+        return False
+    # eager computes x * cos in promote(fp32, cos) and rounds once to x.dtype
+    return torch.promote_types(torch.float32, torch.promote_types(cos.dtype, sin.dtype)) == torch.float32
+
+
+def can_use(x, cos, sin, interleaved) -> bool:
+    return x.is_cuda and supported_layout(x, cos, sin, interleaved)
+
+
+def supported_layout_even_odd(x, cos, sin) -> bool:
+    return _x_ok(x) and _tables_ok(x, cos, sin, (*x.shape[:-1], x.shape[-1] // 2))
+
+
+def can_use_even_odd(x, cos, sin) -> bool:
+    return x.is_cuda and supported_layout_even_odd(x, cos, sin)
+
+
+def _launch(x, cos, sin, table_shape, form, product_dtype):
+    shape = shape4(x.shape)
+    out = torch.empty_strided(x.shape, like_strides(x), dtype=x.dtype, device=x.device)
+    n_rows = shape[0] * shape[1] * shape[2]
+    grid, block_r, block_d = launch_rows(n_rows, shape[3])
+    _rope_kernel[grid](
+        x, cos, sin, out, n_rows, shape[1], shape[2], shape[3],
+        *strides4(x, x.shape), *strides4(cos, table_shape), *strides4(sin, table_shape),
+        *strides4(out, x.shape),
+        FORM=form, PRODUCT_DTYPE=_TL[product_dtype], BLOCK_R=block_r, BLOCK_D=block_d,
+        num_warps=4, enable_fp_fusion=False,
+    )
+    return out
+
+
+def rope(x, cos, sin, interleaved):
+    """Launch; the caller has checked :func:`can_use`."""
+    return _launch(x, cos, sin, x.shape, 0 if interleaved else 1, torch.float32)
+
+
+def rope_even_odd(x, cos, sin):
+    """Launch; the caller has checked :func:`can_use_even_odd`."""
+    product = torch.promote_types(x.dtype, torch.promote_types(cos.dtype, sin.dtype))
+    return _launch(x, cos, sin, (*x.shape[:-1], x.shape[-1] // 2), 2, product)
+
+
+rope.can_use = can_use
+rope_even_odd.can_use = can_use_even_odd

@@ -1,0 +1,88 @@
+"""Row addressing shared by the row-wise Triton kernels (RoPE, RMSNorm, modulation, gates).
+
+A kernel sees every operand as a 4-D tensor ``[n0, n1, n2, D]`` (leading dims padded with 1)
+read through its own strides, broadcast operands with stride 0, so views (transposes, chunks
+of a projection, ``[:, None]`` rows) need no copy. A program handles ``BLOCK_R`` rows of ``D``.
+"""
+from __future__ import annotations
+
+from typing import Sequence, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+LANES = 32  # a warp
+LANES_C = tl.constexpr(LANES)
+
+
+def shape4(shape: Sequence[int]) -> Tuple[int, int, int, int]:
+    return (1,) * (4 - len(shape)) + tuple(shape)
+
+
+def strides4(t: torch.Tensor, shape: Sequence[int]) -> Tuple[int, ...]:
+    """Strides of ``t`` broadcast to ``shape`` (any rank up to 4), padded to 4 dims."""
+    strides = t.expand(tuple(shape)).stride()
+    return (0,) * (4 - len(strides)) + tuple(strides)
+
+
+def launch_rows(n_rows: int, d: int, max_block: int = 4096, max_d: int = 1024):
+    """``(grid, BLOCK_R, BLOCK_D)`` for elementwise kernels: about ``max_block`` elements per
+    program, rows on grid axis 0 and column blocks on axis 1."""
+    block_d = min(triton.next_power_of_2(d), max_d)
+    block_r = max(1, min(triton.next_power_of_2(n_rows), max_block // block_d))
+    return (triton.cdiv(n_rows, block_r), triton.cdiv(d, block_d)), block_r, block_d
+
+
+@triton.jit
+def row_offsets(rows, n1, n2, s0, s1, s2):
+    """Element offsets of rows ``rows`` (row-major over ``[n0, n1, n2]``) of a 4-D operand."""
+    i2 = rows % n2
+    rest = rows // n2
+    return (rest // n1) * s0 + (rest % n1) * s1 + i2 * s2
+
+
+@triton.jit
+def bitrev_lanes():
+    """Lane ids in bit-reversed order: position ``p`` holds lane ``bitrev5(p)``.
+
+    A [R, 32] tile laid out this way folds like a warp's shuffle-down tree (offsets 16, 8, 4,
+    2, 1: lane ``l`` adds lane ``l + offset``) when :func:`halving_sum` adds its even and odd
+    positions, level after level.
+    """
+    p = tl.arange(0, LANES_C)
+    return ((p & 1) << 4) | ((p & 2) << 2) | (p & 4) | ((p & 8) >> 2) | ((p & 16) >> 4)
+
+
+@triton.jit
+def block128_threads():
+    """Thread ids of a 4-warp block (``t = lane + 32 * warp``) in the order that makes
+    :func:`halving_sum` fold like ATen's LayerNorm/RMSNorm block reduction: each warp's
+    shuffle-down tree, then warps ``(0 + 2) + (1 + 3)`` through shared memory."""
+    p = tl.arange(0, 128)
+    lane = ((p & 1) << 4) | ((p & 2) << 2) | (p & 4) | ((p & 8) >> 2) | ((p & 16) >> 4)
+    return lane | ((p & 32) << 1) | ((p & 64) >> 1)
+
+
+@triton.jit
+def halving_sum(v, LEVELS: tl.constexpr):
+    """Sum each row of a [R, 2**LEVELS] tile by adding its even and odd positions, LEVELS
+    times: an explicit tree, because ``tl.sum``'s order depends on the layout Triton picks."""
+    R: tl.constexpr = v.shape[0]
+    for level in tl.static_range(LEVELS):
+        a, b = tl.split(tl.reshape(v, (R, v.shape[1] // 2, 2)))
+        v = a + b
+    return tl.reshape(v, (R,))
+
+def innermost_last(out: torch.Tensor, *operands: torch.Tensor):
+    """For elementwise kernels: ``out`` and the operands (broadcast to ``out``'s shape) with
+    their dims permuted so that ``out``'s innermost dim comes last, at most 4 dims. Returns
+    ``(shape4, [strides4 of out, then of each operand])``; channels-last and transposed
+    outputs then run along rows like contiguous ones."""
+    order = sorted(range(out.dim()), key=lambda d: (-out.stride(d), d))
+    shape = [out.shape[d] for d in order]
+    strides = []
+    for t in (out, *operands):
+        full = t.expand(out.shape).stride()
+        strides.append((0,) * (4 - len(order)) + tuple(full[d] for d in order))
+    return shape4(shape), strides

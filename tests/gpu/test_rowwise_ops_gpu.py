@@ -1,0 +1,209 @@
+"""rope, rope_even_odd, rms_norm (diffusers form) and silu_mul on CUDA: each Triton kernel is
+bitwise equal to the eager chain as diffusers writes it, or is not used."""
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+from sgdiff.kernels import dispatch, registry
+from sgdiff.kernels.triton import rms_norm as trms, rope as trope, silu_mul as tsilu
+
+pytestmark = pytest.mark.gpu
+EXAMPLES = int(os.environ.get("SGDIFF_GPU_EXAMPLES", "40"))
+op = {name: registry.op_def(name).load() for name in ("rope", "rope_even_odd", "rms_norm", "silu_mul")}
+
+
+@pytest.fixture(autouse=True)
+def fresh_dispatch():
+    dispatch.reset()
+    yield
+    assert not dispatch.disabled(), dispatch.disabled()
+    dispatch.reset()
+
+
+def randn(*shape, dtype=torch.bfloat16, scale=1.0):
+    return (torch.randn(*shape, device="cuda") * scale).to(dtype)
+
+
+def wan_rope(x, freqs_cos, freqs_sin):
+    """diffusers WanAttnProcessor's apply_rotary_emb."""
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    cos, sin = freqs_cos[..., 0::2], freqs_sin[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
+    return out.type_as(x)
+
+
+# Flux.1-dev q/k (and its text stream), Qwen-Image-sized, CogVideoX-sized
+@pytest.mark.parametrize("shape", [(1, 4608, 24, 128), (1, 512, 24, 128), (2, 4096, 24, 128), (1, 17550, 48, 64)])
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_rope_real_shapes(shape, interleaved, dtype):
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    B, S, H, D = shape
+    x, cos, sin = randn(*shape, dtype=dtype), randn(S, D, dtype=torch.float32), randn(S, D, dtype=torch.float32)
+    want = apply_rotary_emb(x, (cos, sin), use_real_unbind_dim=-1 if interleaved else -2, sequence_dim=1)
+    args = (x, cos[None, :, None], sin[None, :, None], interleaved)
+    assert trope.can_use(*args)
+    assert torch.equal(trope.rope(*args), want)
+
+
+@pytest.mark.parametrize("shape", [(1, 32760, 12, 128), (1, 32760, 40, 128), (2, 1560, 12, 128)])
+@pytest.mark.parametrize("table_dtype", [torch.float32, torch.bfloat16])
+def test_rope_even_odd_real_shapes(shape, table_dtype):
+    B, S, H, D = shape
+    x = randn(*shape)
+    fcos, fsin = randn(1, S, 1, D, dtype=table_dtype), randn(1, S, 1, D, dtype=table_dtype)
+    want = wan_rope(x, fcos, fsin)
+    args = (x, fcos[..., 0::2], fsin[..., 1::2])
+    assert trope.can_use_even_odd(*args)
+    got = trope.rope_even_odd(*args)
+    assert torch.equal(got, want) and got.stride() == want.stride()
+
+
+# Flux/Qwen-Image q (head 128), SD3.5 q as [B, H, S, D] views (head 64), odd sizes with tails
+@pytest.mark.parametrize("shape,transposed", [((1, 4608, 24, 128), False), ((2, 4096, 38, 64), True),
+                                              ((1, 4096, 24, 128), True), ((3, 77, 5, 96), False),
+                                              ((2, 333, 3, 256), False), ((1, 1000, 1, 3072), False)])
+@pytest.mark.parametrize("weight", ["bf16", "fp32", None])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_rms_norm_diffusers_real_shapes(shape, transposed, weight, dtype):
+    from diffusers.models.normalization import RMSNorm
+
+    x = randn(*shape, dtype=dtype, scale=3.0)
+    if transposed:
+        x = x.transpose(1, 2)
+    D = shape[-1]
+    norm = RMSNorm(D, eps=1e-6, elementwise_affine=weight is not None).cuda()
+    if weight is not None:
+        with torch.no_grad():
+            norm.weight.copy_(torch.randn(D, device="cuda"))
+        norm.to(torch.bfloat16 if weight == "bf16" else torch.float32)
+    with torch.no_grad():
+        want = norm(x)
+    args = (x, None if weight is None else norm.weight.detach(), 1e-6, "diffusers")
+    assert trms.can_use(*args)
+    got = trms.rms_norm(*args)
+    assert got.dtype == want.dtype and got.stride() == want.stride()
+    assert torch.equal(got, want), int((got != want).sum())
+
+
+@pytest.mark.parametrize("shape,layout", [((2, 11200, 32, 32), "channels_last_chunk"),
+                                          ((1, 4608, 2 * 12288), "last_dim_chunk"),
+                                          ((2, 4096, 2 * 5120), "last_dim_chunk")])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_silu_mul_real_shapes(shape, layout, dtype):
+    t = randn(*shape, dtype=dtype, scale=4.0)
+    if layout == "channels_last_chunk":
+        t = t.to(memory_format=torch.channels_last)
+        hidden, gate = t.chunk(2, dim=1)
+        want = hidden * F.silu(gate)  # Sana GLUMBConv
+        args = (gate, hidden)
+    else:
+        a, b = t.chunk(2, dim=-1)
+        want = F.silu(a) * b
+        args = (a, b)
+    assert tsilu.can_use(*args)
+    got = tsilu.silu_mul(*args)
+    assert torch.equal(got, want) and got.stride() == want.stride()
+
+
+def test_silu_mul_extremes():
+    a = torch.tensor([0.0, -0.0, 1e-40, -1e-40, 88.0, -88.0, 100.0, -100.0, float("inf"), -float("inf"),
+                      float("nan"), 1e-30, -87.5, 87.5], device="cuda")
+    b = torch.ones_like(a)
+    for dtype in (torch.float32, torch.bfloat16):
+        got, want = tsilu.silu_mul(a.to(dtype), b.to(dtype)), F.silu(a.to(dtype)) * b.to(dtype)
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got.nan_to_num(), want.nan_to_num())
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(B=st.integers(1, 3), S=st.integers(1, 300), H=st.integers(1, 6), D=st.sampled_from([16, 32, 64, 80, 96, 128, 256]),
+       dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]),
+       layout=st.sampled_from(["contiguous", "heads_first", "qkv_chunk", "offset"]),
+       interleaved=st.booleans())
+def test_rope_any_layout(B, S, H, D, dtype, layout, interleaved):
+    if layout == "qkv_chunk":
+        x = randn(B, S, 3 * H * D, dtype=dtype).chunk(3, dim=-1)[1].unflatten(-1, (H, D))
+    elif layout == "offset":
+        x = randn(B * S * H * D + 1, dtype=dtype)[1:].view(B, S, H, D)
+    else:
+        x = randn(B, S, H, D, dtype=dtype)
+    cos, sin = randn(S, D, dtype=torch.float32), randn(S, D, dtype=torch.float32)
+    c, s = cos[None, :, None], sin[None, :, None]
+    if layout == "heads_first":
+        x, c, s = x.transpose(1, 2), cos[None, None], sin[None, None]
+    from sgdiff.kernels.rope import rope_reference
+
+    want = rope_reference(x, c, s, interleaved)
+    got = op["rope"](x, c, s, interleaved)
+    assert torch.equal(got, want) and got.stride() == want.stride()
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(rows=st.integers(1, 400), H=st.integers(1, 4), D=st.sampled_from([32, 48, 64, 96, 128, 160, 256, 1000, 3072]),
+       dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]),
+       weight=st.sampled_from([None, torch.bfloat16, torch.float32]),
+       layout=st.sampled_from(["contiguous", "transposed", "chunk", "offset"]),
+       eps=st.sampled_from([1e-6, 1e-5]))
+def test_rms_norm_any_layout(rows, H, D, dtype, weight, layout, eps):
+    from sgdiff.kernels.rms_norm import rms_norm_reference
+
+    if layout == "chunk":
+        x = randn(rows, 2 * H * D, dtype=dtype, scale=2.0).chunk(2, dim=-1)[1].unflatten(-1, (H, D))
+    elif layout == "offset":
+        x = randn(rows * H * D + 3, dtype=dtype)[3:].view(rows, H, D)
+    else:
+        x = randn(rows, H, D, dtype=dtype, scale=2.0)
+        if layout == "transposed":
+            x = x.transpose(0, 1)
+    w = None if weight is None else randn(D, dtype=weight)
+    want = rms_norm_reference(x, w, eps, "diffusers")
+    got = op["rms_norm"](x, w, eps, "diffusers")
+    assert got.dtype == want.dtype and got.stride() == want.stride()
+    assert torch.equal(got, want)
+
+
+# Wan 2.1 1.3B / 14B QK norm across heads (torch.nn.RMSNorm), per-head norms, fp32, eps=None
+@pytest.mark.parametrize("shape", [(1, 32760, 1536), (1, 32760, 5120), (2, 4096, 3072), (1, 4608, 24, 128),
+                                   (3, 77, 520), (2, 100, 16384)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("affine,eps", [(True, 1e-6), (False, None)])
+def test_rms_norm_fused_real_shapes(shape, dtype, affine, eps):
+    norm = torch.nn.RMSNorm(shape[-1], eps=eps, elementwise_affine=affine).to("cuda", dtype)
+    if affine:
+        with torch.no_grad():
+            norm.weight.copy_(torch.randn(shape[-1], device="cuda"))
+    x = randn(*shape, dtype=dtype, scale=2.0)
+    with torch.no_grad():
+        want = norm(x)
+    args = (x, norm.weight.detach() if affine else None, eps, "fused")
+    assert trms.can_use(*args)
+    got = trms.rms_norm(*args)
+    assert got.stride() == want.stride()
+    assert torch.equal(got, want), int((got != want).sum())
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(rows=st.integers(1, 300), D=st.sampled_from([64, 128, 130, 512, 1000, 1536, 2052, 5120]),
+       dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]), affine=st.booleans(),
+       layout=st.sampled_from(["contiguous", "chunk", "offset"]), eps=st.sampled_from([None, 1e-6, 1e-5]))
+def test_rms_norm_fused_any_layout(rows, D, dtype, affine, layout, eps):
+    from sgdiff.kernels.rms_norm import rms_norm_reference
+
+    if layout == "chunk":  # a strided view: eager copies it, aligned
+        x = randn(rows, 3 * D, dtype=dtype, scale=2.0).chunk(3, dim=-1)[1]
+    elif layout == "offset":  # misaligned storage: eager's Welford fallback, the chain here
+        x = randn(rows * D + 1, dtype=dtype)[1:].view(rows, D)
+    else:
+        x = randn(rows, D, dtype=dtype, scale=2.0)
+    w = randn(D, dtype=dtype) if affine else None
+    want = torch.nn.functional.rms_norm(x, (D,), w, eps)
+    assert torch.equal(want, rms_norm_reference(x, w, eps, "fused").contiguous())
+    got = op["rms_norm"](x, w, eps, "fused")
+    assert torch.equal(got, want)
