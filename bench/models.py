@@ -34,6 +34,8 @@ VARIANTS = {
     "sgdiff_extra_high": dict(backend="sgdiff", options={"quality": "extra-high"}),
 }
 LOSSLESS = ("eager", "aot_eager", "sgdiff_lossless", "sgdiff_cudagraph")
+SGDIFF_KERNELS = ("_layernorm_modulate", "_residual_gate", "_rope", "_rms_norm", "_silu_mul")
+PROFILED = ("eager", "inductor", "sgdiff_lossless")  # where the GPU time of a step goes
 
 
 def _sync(device):
@@ -92,7 +94,7 @@ def breakdown(fn: Callable, device: torch.device) -> Dict[str, float]:
             cats["gemm"] += ms
         elif any(k in name for k in ("flash", "fmha", "attention", "sdpa")):
             cats["attention"] += ms
-        elif name.startswith("_layernorm_modulate") or name.startswith("_residual_gate"):
+        elif name.startswith(SGDIFF_KERNELS):
             cats["sgdiff"] += ms
         else:
             cats["other"] += ms
@@ -100,7 +102,8 @@ def breakdown(fn: Callable, device: torch.device) -> Dict[str, float]:
     return cats
 
 
-def run_model(name: str, size: str, device: torch.device, dtype, variants, repeats: int, steps: int) -> dict:
+def run_model(name: str, size: str, device: torch.device, dtype, variants, repeats: int, steps: int,
+              on_update: Callable[[dict], None] = lambda row: None) -> dict:
     from sgdiff import zoo
 
     model, kwargs = zoo.build(name, size, dtype=dtype, device=device)
@@ -125,12 +128,14 @@ def run_model(name: str, size: str, device: torch.device, dtype, variants, repea
             row[f"{variant}_max_diff"] = max(float((o.float() - want.float()).abs().max()) for o in outs)
             if device.type == "cuda":
                 row[f"{variant}_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-            if variant == "sgdiff_lossless":
-                row["sgdiff_breakdown_ms"] = breakdown(lambda: fn(**kwargs), device)
+            if variant in PROFILED:
+                row[f"{variant}_breakdown_ms"] = breakdown(lambda: fn(**kwargs), device)
+            if variant == "sgdiff_lossless" and steps:
                 row["trajectory_steps"] = steps
                 row["trajectory_equal"] = all(
                     torch.equal(a, b) for a, b in zip(euler(fn, kwargs, steps), euler(model, kwargs, steps)))
             outs = None  # free before the next variant
+            on_update(row)
     torch._dynamo.reset()
     lossless = [v for v in ("sgdiff_lossless", "sgdiff_cudagraph") if f"{v}_ms" in row and row[f"{v}_equal"]]
     if lossless:
@@ -161,10 +166,14 @@ def write_report(result: dict, out: pathlib.Path) -> None:
             cells.append(f"{ms:.2f} ({tag}, first call {c[f'{v}_first_call_s']:.1f} s)")
         lines.append(f"| {c['model']} ({c['size']}, {c['dtype']}) | " + " | ".join(cells)
                      + f" | {c.get('trajectory_equal', '-')} ({c.get('trajectory_steps', '-')}) |")
+    lines += ["", "GPU time of one step by kernel category (ms; gaps_and_host = wall time not covered by kernels):",
+              "", "| model | variant | gemm | attention | sgdiff | other | gaps_and_host |", "|" + " --- |" * 7]
     for c in result["cases"]:
-        if c.get("sgdiff_breakdown_ms"):
-            parts = ", ".join(f"{k} {v:.2f}" for k, v in c["sgdiff_breakdown_ms"].items())
-            lines.append(f"\n{c['model']}: one sgdiff lossless step, GPU ms by category: {parts}")
+        for v in PROFILED:
+            b = c.get(f"{v}_breakdown_ms")
+            if b:
+                lines.append(f"| {c['model']} | {v} | " + " | ".join(f"{b.get(k, 0):.2f}" for k in
+                             ("gemm", "attention", "sgdiff", "other", "gaps_and_host")) + " |")
     (out / "models.md").write_text("\n".join(lines) + "\n")
 
 
@@ -186,15 +195,18 @@ def main(argv=None) -> int:
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; valid: {', '.join(VARIANTS)}")
-    rows = []
-    for name in tqdm(args.models.split(","), desc="models", file=sys.stdout):
-        rows.append(run_model(name, args.size, device, dtype, variants, args.repeats, args.steps))
-        tqdm.write(json.dumps({k: v for k, v in rows[-1].items() if not isinstance(v, dict)}))
     meta = _meta()
     if device.type != "cuda":
         meta["gpu"] = "cpu"
-    result = dict(meta, cases=rows)
-    write_report(result, pathlib.Path(args.out))
+    rows: list = []
+
+    def save(row: dict) -> None:  # after every variant: a run cut short keeps what it measured
+        write_report(dict(meta, cases=rows + [row]), pathlib.Path(args.out))
+
+    for name in tqdm(args.models.split(","), desc="models", file=sys.stdout):
+        rows.append(run_model(name, args.size, device, dtype, variants, args.repeats, args.steps, save))
+        tqdm.write(json.dumps({k: v for k, v in rows[-1].items() if not isinstance(v, dict)}))
+        write_report(dict(meta, cases=rows), pathlib.Path(args.out))
     return 0
 
 

@@ -37,8 +37,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.layout import like_strides
-from sgdiff.kernels.triton.rows import (LANES, LANES_C, bitrev_lanes, block128_threads, halving_sum, row_offsets,
-                                        shape4, strides4)
+from sgdiff.kernels.triton.rows import LANES, halving_sum, row_offsets, shape4, strides4
 from sgdiff.kernels.triton.cuda_math import INTERPRET, rsqrtf
 from sgdiff.kernels.triton.welford import unpack4
 
@@ -50,8 +49,10 @@ FLT_EPSILON = 2.0 ** -23  # eps=None in _fused_rms_norm
 
 
 @triton.jit
-def _squares(x_row, cols, N, sx3):
-    v = tl.load(x_row + cols * sx3, mask=cols < N, other=0.0).to(tl.float32)
+def _squares(x_row, cols, row_ok, N, sx3):
+    """fp32 squares of columns ``cols`` of a [R, N] tile (0 past the end)."""
+    v = tl.load(x_row + cols[None, :] * sx3, mask=row_ok[:, None] & (cols < N)[None, :], other=0.0)
+    v = v.to(tl.float32)
     return v * v
 
 
@@ -73,24 +74,16 @@ def _rms_norm_diffusers_kernel(
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < n_rows
     x_row = x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None]
-    n_lim = tl.where(row_ok, N, 0)[:, None]  # rows past the end read nothing
-    lane = bitrev_lanes()[None, :]
-    acc0 = tl.zeros((BLOCK_R, LANES_C), tl.float32)
-    acc1 = tl.zeros((BLOCK_R, LANES_C), tl.float32)
-    acc2 = tl.zeros((BLOCK_R, LANES_C), tl.float32)
-    acc3 = tl.zeros((BLOCK_R, LANES_C), tl.float32)
-    if VECTORIZED:
-        for k in tl.static_range(ITERS):
-            base = 4 * (lane + k * LANES_C)
-            acc0 = acc0 + _squares(x_row, base, n_lim, sx3)
-            acc1 = acc1 + _squares(x_row, base + 1, n_lim, sx3)
-            acc2 = acc2 + _squares(x_row, base + 2, n_lim, sx3)
-            acc3 = acc3 + _squares(x_row, base + 3, n_lim, sx3)
-    else:
-        acc0 = _squares(x_row, lane, n_lim, sx3)
-        acc1 = _squares(x_row, lane + LANES_C, n_lim, sx3)
-        acc2 = _squares(x_row, lane + 2 * LANES_C, n_lim, sx3)
-        acc3 = _squares(x_row, lane + 3 * LANES_C, n_lim, sx3)
+    chunk = tl.arange(0, 4 * 32)
+    if VECTORIZED:  # lane l, accumulator i: element 4 (l + 32 k) + i of the row
+        acc0, acc1, acc2, acc3 = unpack4(tl.reshape(_squares(x_row, chunk, row_ok, N, sx3), (BLOCK_R, 32, 4)))
+        for k in tl.static_range(1, ITERS):
+            sq = tl.reshape(_squares(x_row, chunk + k * 128, row_ok, N, sx3), (BLOCK_R, 32, 4))
+            s0, s1, s2, s3 = unpack4(sq)
+            acc0, acc1, acc2, acc3 = acc0 + s0, acc1 + s1, acc2 + s2, acc3 + s3
+    else:  # lane l, accumulator i: element l + 32 i
+        sq = tl.permute(tl.reshape(_squares(x_row, chunk, row_ok, N, sx3), (BLOCK_R, 4, 32)), (0, 2, 1))
+        acc0, acc1, acc2, acc3 = unpack4(sq)
     total = halving_sum(((acc0 + acc1) + acc2) + acc3, 5)
     r = rsqrtf(total * factor + eps, INTERPRET)
 
@@ -118,17 +111,17 @@ def _rms_norm_fused_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row_offsets(row, n1, n2, sx0, sx1, sx2)
-    t = block128_threads()
     lane = tl.arange(0, 4)
-    acc = tl.zeros((128,), tl.float32)
+    acc = tl.zeros((128,), tl.float32)  # thread t = lane + 32 * warp reads 4-vectors t, t + 128, ...
     for k in tl.static_range(ITERS):
-        col = (t + k * 128)[:, None] * 4 + lane[None, :]
+        col = (tl.arange(0, 128) + k * 128)[:, None] * 4 + lane[None, :]
         x0, x1, x2, x3 = unpack4(tl.load(x_row + col, mask=col < N, other=0.0).to(tl.float32))
         acc = tl.fma(x0, x0, acc)
         acc = tl.fma(x1, x1, acc)
         acc = tl.fma(x2, x2, acc)
         acc = tl.fma(x3, x3, acc)
-    total = halving_sum(tl.reshape(acc, (1, 128)), 7)
+    warps = halving_sum(tl.reshape(acc, (4, 32)), 5)  # each warp's shuffle-down tree
+    total = halving_sum(tl.reshape(warps, (1, 4)), 2)  # then (w0 + w2) + (w1 + w3)
     var = tl.math.div_rn(total, tl.full(total.shape, N, tl.float32))
     r = rsqrtf(var + eps, INTERPRET)
     o_row = out_ptr + row_offsets(row, n1, n2, so0, so1, so2)

@@ -48,39 +48,41 @@ def _rope_kernel(
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     mask = (rows < n_rows)[:, None] & (d < D)[None, :]
     x_row = x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None]
-    if FORM == 0:
-        partner = d ^ 1
-        first = (d & 1) == 0
-    elif FORM == 1:
+    c_row = cos_ptr + row_offsets(rows, n1, n2, sc0, sc1, sc2)[:, None]
+    s_row = sin_ptr + row_offsets(rows, n1, n2, ss0, ss1, ss2)[:, None]
+    x = tl.load(x_row + d[None, :] * sx3, mask=mask, other=0.0).to(tl.float32)
+    if FORM == 1:  # rotate-half: the partner is half a row away, read from cache
         half = D // 2
         first = d < half
         partner = tl.where(first, d + half, d - half)
-    else:
-        partner = d ^ 1
-        first = (d & 1) == 0
-    x = tl.load(x_row + d[None, :] * sx3, mask=mask, other=0.0).to(tl.float32)
-    xp = tl.load(x_row + partner[None, :] * sx3, mask=mask, other=0.0).to(tl.float32)
-    if FORM == 2:
-        j = d // 2
-        cos = tl.load(cos_ptr + row_offsets(rows, n1, n2, sc0, sc1, sc2)[:, None] + j[None, :] * sc3,
-                      mask=mask, other=0.0).to(tl.float32)
-        sin = tl.load(sin_ptr + row_offsets(rows, n1, n2, ss0, ss1, ss2)[:, None] + j[None, :] * ss3,
-                      mask=mask, other=0.0).to(tl.float32)
-        x1 = tl.where(first[None, :], x, xp)
-        x2 = tl.where(first[None, :], xp, x)
-        # even: x1*cos - x2*sin; odd: x1*sin + x2*cos
-        a = (x1 * tl.where(first[None, :], cos, sin)).to(PRODUCT_DTYPE).to(tl.float32)
-        b = (x2 * tl.where(first[None, :], sin, cos)).to(PRODUCT_DTYPE).to(tl.float32)
-        out = tl.where(first[None, :], a - b, a + b).to(PRODUCT_DTYPE)
-    else:
-        cos = tl.load(cos_ptr + row_offsets(rows, n1, n2, sc0, sc1, sc2)[:, None] + d[None, :] * sc3,
-                      mask=mask, other=0.0).to(tl.float32)
-        sin = tl.load(sin_ptr + row_offsets(rows, n1, n2, ss0, ss1, ss2)[:, None] + d[None, :] * ss3,
-                      mask=mask, other=0.0).to(tl.float32)
-        rot = tl.where(first[None, :], xp * -1.0, xp)
-        out = x * cos + rot * sin
+        xp = tl.load(x_row + partner[None, :] * sx3, mask=mask, other=0.0).to(tl.float32)
+        cos = tl.load(c_row + d[None, :] * sc3, mask=mask, other=0.0).to(tl.float32)
+        sin = tl.load(s_row + d[None, :] * ss3, mask=mask, other=0.0).to(tl.float32)
+        out = x * cos + tl.where(first[None, :], xp * -1.0, xp) * sin
+    else:  # pairs (2j, 2j + 1) sit side by side: split the tile into its even and odd columns
+        x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_R, BLOCK_D // 2, 2)))
+        if FORM == 0:
+            cos = tl.load(c_row + d[None, :] * sc3, mask=mask, other=0.0).to(tl.float32)
+            sin = tl.load(s_row + d[None, :] * ss3, mask=mask, other=0.0).to(tl.float32)
+            cos_even, cos_odd = tl.split(tl.reshape(cos, (BLOCK_R, BLOCK_D // 2, 2)))
+            sin_even, sin_odd = tl.split(tl.reshape(sin, (BLOCK_R, BLOCK_D // 2, 2)))
+            out_even = x_even * cos_even + (x_odd * -1.0) * sin_even
+            out_odd = x_odd * cos_odd + x_even * sin_odd
+        else:  # Wan: one table entry per pair, each op rounded to PRODUCT_DTYPE
+            j = tl.program_id(1) * (BLOCK_D // 2) + tl.arange(0, BLOCK_D // 2)
+            pair_mask = (rows < n_rows)[:, None] & (2 * j < D)[None, :]
+            cos = tl.load(c_row + j[None, :] * sc3, mask=pair_mask, other=0.0).to(tl.float32)
+            sin = tl.load(s_row + j[None, :] * ss3, mask=pair_mask, other=0.0).to(tl.float32)
+            out_even = (_round(x_even * cos, PRODUCT_DTYPE) - _round(x_odd * sin, PRODUCT_DTYPE)).to(PRODUCT_DTYPE)
+            out_odd = (_round(x_even * sin, PRODUCT_DTYPE) + _round(x_odd * cos, PRODUCT_DTYPE)).to(PRODUCT_DTYPE)
+        out = tl.reshape(tl.join(out_even, out_odd), (BLOCK_R, BLOCK_D))
     o_row = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None]
     tl.store(o_row + d[None, :] * so3, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _round(v, dtype: tl.constexpr):
+    return v.to(dtype).to(tl.float32)
 
 
 def _tables_ok(x, cos, sin, table_shape) -> bool:

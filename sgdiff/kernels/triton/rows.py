@@ -13,7 +13,6 @@ import triton
 import triton.language as tl
 
 LANES = 32  # a warp
-LANES_C = tl.constexpr(LANES)
 
 
 def shape4(shape: Sequence[int]) -> Tuple[int, int, int, int]:
@@ -43,34 +42,13 @@ def row_offsets(rows, n1, n2, s0, s1, s2):
 
 
 @triton.jit
-def bitrev_lanes():
-    """Lane ids in bit-reversed order: position ``p`` holds lane ``bitrev5(p)``.
-
-    A [R, 32] tile laid out this way folds like a warp's shuffle-down tree (offsets 16, 8, 4,
-    2, 1: lane ``l`` adds lane ``l + offset``) when :func:`halving_sum` adds its even and odd
-    positions, level after level.
-    """
-    p = tl.arange(0, LANES_C)
-    return ((p & 1) << 4) | ((p & 2) << 2) | (p & 4) | ((p & 8) >> 2) | ((p & 16) >> 4)
-
-
-@triton.jit
-def block128_threads():
-    """Thread ids of a 4-warp block (``t = lane + 32 * warp``) in the order that makes
-    :func:`halving_sum` fold like ATen's LayerNorm/RMSNorm block reduction: each warp's
-    shuffle-down tree, then warps ``(0 + 2) + (1 + 3)`` through shared memory."""
-    p = tl.arange(0, 128)
-    lane = ((p & 1) << 4) | ((p & 2) << 2) | (p & 4) | ((p & 8) >> 2) | ((p & 16) >> 4)
-    return lane | ((p & 32) << 1) | ((p & 64) >> 1)
-
-
-@triton.jit
 def halving_sum(v, LEVELS: tl.constexpr):
-    """Sum each row of a [R, 2**LEVELS] tile by adding its even and odd positions, LEVELS
-    times: an explicit tree, because ``tl.sum``'s order depends on the layout Triton picks."""
+    """Sum each row of a [R, 2**LEVELS] tile the way a CUDA shuffle-down (or shared-memory)
+    tree does: ``for offset in W/2, W/4, ..., 1: v[i] += v[i + offset]``, then ``v[0]``.
+    Written out because ``tl.sum``'s order depends on the layout Triton picks."""
     R: tl.constexpr = v.shape[0]
-    for level in tl.static_range(LEVELS):
-        a, b = tl.split(tl.reshape(v, (R, v.shape[1] // 2, 2)))
+    for level in tl.static_range(LEVELS):  # pairs (v[i], v[i + half]) side by side, then added
+        a, b = tl.split(tl.permute(tl.reshape(v, (R, 2, v.shape[1] // 2)), (0, 2, 1)))
         v = a + b
     return tl.reshape(v, (R,))
 

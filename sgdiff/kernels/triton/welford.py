@@ -81,8 +81,9 @@ def row_welford(row_ptr, n_vec, ITERS: tl.constexpr):
 
 @triton.jit
 def unpack4(vec):
-    """The four columns of a [R, 4] tile, in order."""
-    even, odd = tl.split(tl.reshape(vec, (vec.shape[0], 2, 2)))  # (0, 2) and (1, 3)
+    """The four entries of the last axis (size 4) of a tile, in order, as tiles without it."""
+    pairs = tl.reshape(vec, vec.shape[:-1] + [2, 2])
+    even, odd = tl.split(pairs)  # entries (0, 2) and (1, 3)
     x0, x2 = tl.split(even)
     x1, x3 = tl.split(odd)
     return x0, x1, x2, x3
