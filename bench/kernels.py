@@ -159,12 +159,12 @@ def rope_cases(quick: bool) -> List[Case]:
 
 
 def rms_norm_cases(quick: bool) -> List[Case]:
-    """QK norms: diffusers' RMSNorm per head (Flux, SD3) and torch's RMSNorm across heads (Wan)."""
+    """QK norms: diffusers' hand-written RMSNorm form, and F.rms_norm (fused) per head and across heads."""
     from diffusers.models.normalization import RMSNorm
 
     g = torch.Generator(device="cuda").manual_seed(3)
-    shapes = [((1, 4608, 24, 128), "Flux.1-dev q [B, S, H, D]", False),
-              ((2, 4096, 38, 64), "SD3.5-large image q, [B, H, S, D] view", True)]
+    shapes = [((1, 4608, 24, 128), "[B, S, H, D], diffusers form", False),
+              ((2, 4096, 38, 64), "[B, H, S, D] view (SD3.5-large), diffusers form", True)]
     cases = []
     for (B, S, H, D), note, transposed in shapes[:1] if quick else shapes:
         x = torch.randn(B, S, H, D, device="cuda", generator=g).to(torch.bfloat16)
@@ -176,13 +176,16 @@ def rms_norm_cases(quick: bool) -> List[Case]:
         args = (x, norm.weight.detach(), 1e-6, "diffusers")
         cases.append(_case("rms_norm", tuple(x.shape), x.dtype, note, lambda x=x, norm=norm: norm(x),
                            args, _bytes_like(x, x)))
-    # Wan's QK norm across heads: torch.nn.RMSNorm -> F.rms_norm -> aten._fused_rms_norm
-    for D, model in ((1536, "Wan 2.1 1.3B"), (5120, "Wan 2.1 14B"))[:1 if quick else 2]:
-        x = torch.randn(1, 32760, D, device="cuda", generator=g).to(torch.bfloat16)
+    # F.rms_norm -> aten._fused_rms_norm: Flux's QK norm per head (diffusers >= 0.35 calls
+    # F.rms_norm), Wan's across heads
+    for shape, model in (((1, 4608, 24, 128), "Flux.1-dev q per head"), ((1, 32760, 1536), "Wan 2.1 1.3B q across heads"),
+                         ((1, 32760, 5120), "Wan 2.1 14B q across heads"))[:1 if quick else 3]:
+        D = shape[-1]
+        x = torch.randn(*shape, device="cuda", generator=g).to(torch.bfloat16)
         norm = torch.nn.RMSNorm(D, eps=1e-6).to("cuda", torch.bfloat16)
         with torch.no_grad():
             norm.weight.copy_(torch.randn(D, generator=g, device="cuda"))
-        cases.append(_case("rms_norm", tuple(x.shape), x.dtype, f"{model} q across heads (F.rms_norm, fused)",
+        cases.append(_case("rms_norm", tuple(x.shape), x.dtype, f"{model} (F.rms_norm, fused)",
                            lambda x=x, norm=norm: norm(x), (x, norm.weight.detach(), 1e-6, "fused"),
                            _bytes_like(x, x)))
     return cases

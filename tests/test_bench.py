@@ -9,9 +9,9 @@ def test_model_benchmark_on_a_tiny_flux(tmp_path):
     from bench import models
 
     row = models.run_model("flux", "tiny", torch.device("cpu"), torch.float32,
-                           ["eager", "sgdiff_lossless"], repeats=1, steps=3)
+                           ["eager", "sgdiff"], repeats=1, steps=3)
     assert row["sgdiff_lossless_equal"] and row["trajectory_equal"] and row["trajectory_steps"] == 3
-    assert row["sgdiff_lossless_best"] == "sgdiff_lossless" and row["sgdiff_lossless_ms"] > 0
+    assert row["sgdiff_lossless_best"] == "sgdiff" and row["sgdiff_lossless_ms"] > 0
     models.write_report(dict(gpu="cpu", torch=torch.__version__, triton="-", commit="test", cases=[row]), tmp_path)
     assert "flux (tiny, float32)" in (tmp_path / "models.md").read_text()
 

@@ -101,37 +101,42 @@ def _rms_norm_diffusers_kernel(
 @triton.jit
 def _rms_norm_fused_kernel(
     x_ptr, w_ptr, out_ptr,
-    n1, n2, N,
+    n_rows, n1, n2, N,
     sx0, sx1, sx2,
     so0, so1, so2,
     eps,
-    ITERS: tl.constexpr,  # 4-vectors per thread: ceil(N / 512)
+    ITERS: tl.constexpr,  # 4-vectors per thread: ceil(N / (4 * THREADS))
+    THREADS: tl.constexpr,  # 128 as ATen; 32 when N <= 128 (warps 1-3 hold nothing, +0 adds nothing)
     HAS_WEIGHT: tl.constexpr,
+    BLOCK_R: tl.constexpr,  # rows per program (ATen: one per block; short rows share a program here)
     INTERPRET: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row_offsets(row, n1, n2, sx0, sx1, sx2)
-    lane = tl.arange(0, 4)
-    acc = tl.zeros((128,), tl.float32)  # thread t = lane + 32 * warp reads 4-vectors t, t + 128, ...
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < n_rows
+    x_row = x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None]
+    o_row = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None]
+    cols = tl.arange(0, 4 * THREADS)  # thread t = lane + 32 * warp reads 4-vectors t, t + THREADS, ...
+    acc = tl.zeros((BLOCK_R, THREADS), tl.float32)
     for k in tl.static_range(ITERS):
-        col = (tl.arange(0, 128) + k * 128)[:, None] * 4 + lane[None, :]
-        x0, x1, x2, x3 = unpack4(tl.load(x_row + col, mask=col < N, other=0.0).to(tl.float32))
+        col = cols + k * 4 * THREADS
+        v = tl.load(x_row + col[None, :], mask=row_ok[:, None] & (col < N)[None, :], other=0.0)
+        x0, x1, x2, x3 = unpack4(tl.reshape(v.to(tl.float32), (BLOCK_R, THREADS, 4)))
         acc = tl.fma(x0, x0, acc)
         acc = tl.fma(x1, x1, acc)
         acc = tl.fma(x2, x2, acc)
         acc = tl.fma(x3, x3, acc)
-    warps = halving_sum(tl.reshape(acc, (4, 32)), 5)  # each warp's shuffle-down tree
-    total = halving_sum(tl.reshape(warps, (1, 4)), 2)  # then (w0 + w2) + (w1 + w3)
+    total = halving_sum(tl.reshape(acc, (BLOCK_R * (THREADS // 32), 32)), 5)  # each warp's shuffle-down tree
+    if THREADS == 128:
+        total = halving_sum(tl.reshape(total, (BLOCK_R, 4)), 2)  # then warps (0 + 2) + (1 + 3)
     var = tl.math.div_rn(total, tl.full(total.shape, N, tl.float32))
-    r = rsqrtf(var + eps, INTERPRET)
-    o_row = out_ptr + row_offsets(row, n1, n2, so0, so1, so2)
+    r = rsqrtf(var + eps, INTERPRET)[:, None]
     for k in tl.static_range(ITERS):
-        col = (tl.arange(0, 128) + k * 128)[:, None] * 4 + lane[None, :]
-        mask = col < N
-        y = r * tl.load(x_row + col, mask=mask, other=0.0).to(tl.float32)
+        col = cols + k * 4 * THREADS
+        mask = row_ok[:, None] & (col < N)[None, :]
+        y = r * tl.load(x_row + col[None, :], mask=mask, other=0.0).to(tl.float32)
         if HAS_WEIGHT:
-            y = tl.load(w_ptr + col, mask=mask, other=0.0).to(tl.float32) * y
-        tl.store(o_row + col, y.to(out_ptr.dtype.element_ty), mask=mask)
+            y = tl.load(w_ptr + col, mask=col < N, other=0.0).to(tl.float32)[None, :] * y
+        tl.store(o_row + col[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _out_dtype(x, weight) -> torch.dtype:
@@ -206,11 +211,13 @@ def rms_norm(x, weight, eps, form):
     n_rows, n = shape[0] * shape[1] * shape[2], shape[3]
     if form == "fused":
         out = torch.empty_strided(x.shape, like_strides(x), dtype=x.dtype, device=x.device)
-        _rms_norm_fused_kernel[(n_rows,)](
-            x, weight if weight is not None else x, out, shape[1], shape[2], n,
+        threads = 32 if n <= 128 else 128
+        block_r = _last_pow2(max(1, 2048 // (4 * threads * triton.cdiv(n, 4 * threads))))
+        _rms_norm_fused_kernel[(triton.cdiv(n_rows, block_r),)](
+            x, weight if weight is not None else x, out, n_rows, shape[1], shape[2], n,
             *strides4(x, x.shape)[:3], *strides4(out, x.shape)[:3], FLT_EPSILON if eps is None else eps,
-            ITERS=triton.cdiv(n, 4 * 128), HAS_WEIGHT=weight is not None, INTERPRET=INTERPRET,
-            num_warps=4, enable_fp_fusion=False,
+            ITERS=triton.cdiv(n, 4 * threads), THREADS=threads, HAS_WEIGHT=weight is not None,
+            BLOCK_R=block_r, INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False,
         )
         return out
     out = torch.empty_strided(x.shape, like_strides(x), dtype=_out_dtype(x, weight), device=x.device)
