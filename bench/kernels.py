@@ -265,13 +265,13 @@ def write_report(result: dict, out: pathlib.Path) -> None:
              "sgdiff as a compiled graph calls it (launcher: verification lookup + Triton launch) and "
              "through the registered op (torch.ops.sgdiff, dispatcher included).", "",
              "| op | shape | dtype | case | bit-exact | sgdiff | eager | Inductor | copy | sgdiff/copy | "
-             "wall sgdiff | wall sgdiff op | wall eager |", "|" + " --- |" * 13]
+             "wall sgdiff | wall sgdiff op | wall eager | commit |", "|" + " --- |" * 14]
     for c in result["cases"]:
         lines.append(f"| {c['op']} | {'×'.join(map(str, c['shape']))} | {c['dtype']} | {c['note']} | "
                      f"{'yes' if c['bitexact'] else 'NO (%d)' % c['mismatches']} | {c['sgdiff_us']:.1f} | "
                      f"{c['eager_us']:.1f} | {c['inductor_us']:.1f} | {c['copy_us']:.1f} | "
                      f"{c['sgdiff_us'] / c['copy_us']:.2f} | {c['wall_sgdiff_launcher_us']:.1f} | "
-                     f"{c['wall_sgdiff_us']:.1f} | {c['wall_eager_us']:.1f} |")
+                     f"{c['wall_sgdiff_us']:.1f} | {c['wall_eager_us']:.1f} | {c.get('commit', result['commit'])} |")
     (out / "kernels.md").write_text("\n".join(lines) + "\n")
     try:
         import matplotlib

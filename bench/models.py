@@ -137,8 +137,12 @@ def run_model(name: str, size: str, device: torch.device, dtype, variants, repea
             outs = None  # free before the next variant
             on_update(row)
     torch._dynamo.reset()
-    # the summary the issue asks for: the best lossless sgdiff configuration
-    lossless = [v for v in ("sgdiff", "sgdiff_cudagraph") if f"{v}_ms" in row and row[f"{v}_equal"]]
+    return summarize(row)
+
+
+def summarize(row: dict) -> dict:
+    """Add the headline fields: the best lossless sgdiff configuration and its equality."""
+    lossless = [v for v in ("sgdiff", "sgdiff_cudagraph") if row.get(f"{v}_ms") is not None and row[f"{v}_equal"]]
     if lossless:
         best = min(lossless, key=lambda v: row[f"{v}_ms"])
         row["sgdiff_lossless_ms"], row["sgdiff_lossless_best"] = row[f"{best}_ms"], best
@@ -160,13 +164,23 @@ def write_report(result: dict, out: pathlib.Path) -> None:
         cells = []
         for v in cols:
             ms = c.get(f"{v}_ms")
-            if ms is None:
+            if f"{v}_equal" not in c:
                 cells.append("-")
                 continue
             tag = "=" if c[f"{v}_equal"] else f"±{c[f'{v}_max_diff']:.3g}"
-            cells.append(f"{ms:.2f} ({tag}, first call {c[f'{v}_first_call_s']:.1f} s)")
+            cells.append(f"{'-' if ms is None else f'{ms:.2f}'} ({tag}, first call {c[f'{v}_first_call_s']:.1f} s)")
         lines.append(f"| {c['model']} ({c['size']}, {c['dtype']}) | " + " | ".join(cells)
                      + f" | {c.get('trajectory_equal', '-')} ({c.get('trajectory_steps', '-')}) |")
+    lines += ["", "Best lossless sgdiff configuration against Inductor (the ratio is sgdiff time / Inductor time; "
+              "below 1 is faster):", "", "| model | eager | Inductor | sgdiff lossless | config | / Inductor | "
+              "equal | first call / aot_eager |", "|" + " --- |" * 8]
+    for c in result["cases"]:
+        best, ind, aot = c.get("sgdiff_lossless_ms"), c.get("inductor_ms"), c.get("aot_eager_first_call_s")
+        first = c.get(f"{c.get('sgdiff_lossless_best')}_first_call_s")
+        lines.append(f"| {c['model']} | {c.get('eager_ms', 0):.2f} | {'-' if ind is None else f'{ind:.2f}'} | "
+                     f"{'-' if best is None else f'{best:.2f}'} | {c.get('sgdiff_lossless_best', '-')} | "
+                     f"{'-' if None in (best, ind) else f'{best / ind:.3f}'} | {c.get('sgdiff_lossless_equal')} | "
+                     f"{'-' if None in (first, aot) else f'{first / aot:.2f}'} |")
     lines += ["", "GPU time of one step by kernel category (ms; gaps_and_host = wall time not covered by kernels):",
               "", "| model | variant | gemm | attention | sgdiff | other | gaps_and_host |", "|" + " --- |" * 7]
     for c in result["cases"]:
@@ -202,7 +216,7 @@ def main(argv=None) -> int:
     rows: list = []
 
     def save(row: dict) -> None:  # after every variant: a run cut short keeps what it measured
-        write_report(dict(meta, cases=rows + [row]), pathlib.Path(args.out))
+        write_report(dict(meta, cases=rows + [summarize(dict(row))]), pathlib.Path(args.out))
 
     for name in tqdm(args.models.split(","), desc="models", file=sys.stdout):
         rows.append(run_model(name, args.size, device, dtype, variants, args.repeats, args.steps, save))

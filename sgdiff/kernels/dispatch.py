@@ -38,6 +38,7 @@ def disable(op: str, backend: str, reason: str) -> None:
     if (op, backend) not in _disabled:
         _disabled[(op, backend)] = reason
         _plans.clear()
+        _chosen.clear()
         log.warning("sgdiff: %s implementation of %s disabled, falling back: %s", backend, op, reason)
 
 
@@ -50,6 +51,7 @@ def reset() -> None:
     _disabled.clear()
     _verified.clear()
     _plans.clear()
+    _chosen.clear()
 
 
 @contextlib.contextmanager
@@ -80,16 +82,10 @@ def _reference(op: str) -> Callable:
 
 
 def signature(args: Tuple[Any, ...]) -> tuple:
-    """What decides a kernel's exact bits: layout, dtype, device, alignment, scalars."""
-    sig = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            dev = a.device
-            cap = _capability(dev.index or 0) if dev.type == "cuda" else None
-            sig.append((tuple(a.shape), a.stride(), a.dtype, dev.type, dev.index, cap, a.data_ptr() % 16))
-        else:
-            sig.append(a)
-    return tuple(sig)
+    """What decides a kernel's exact bits: layout, dtype, device, alignment, scalars. (A device
+    stands for its capability: these keys never leave the process.)"""
+    return tuple((a.shape, a.stride(), a.dtype, a.device, a.data_ptr() & 15) if isinstance(a, torch.Tensor) else a
+                 for a in args)
 
 
 def _first_difference(got: torch.Tensor, want: torch.Tensor) -> Optional[str]:
@@ -162,27 +158,60 @@ def _plan(op: str, device: torch.device, dtype: torch.dtype) -> list:
 _plans: Dict[tuple, list] = {}
 
 
+_chosen: Dict[tuple, tuple] = {}  # (op, signature, generation) -> (spec, impl), settled choices
+
+
 def run(op: str, *args):
-    """Run ``op`` on ``args`` with the best implementation that accepts them."""
+    """Run ``op`` on ``args`` with the best implementation that accepts them.
+
+    Everything that decides the choice (``can_use``, verification) is a function of the
+    input's signature, so a settled choice is cached per signature: a call then costs one
+    signature and one lookup on top of the kernel launch.
+    """
+    x = args[0]
+    plan = _plan(op, x.device, x.dtype)
+    if len(plan) == 1:  # nothing but the reference for this device and dtype
+        return plan[0][1](*args)
+    sig = signature(args)
+    key = (op, sig, registry.generation())
+    chosen = _chosen.get(key)
+    if chosen is not None:
+        spec, impl = chosen
+        if spec.backend == "reference":
+            return impl(*args)
+        try:
+            return impl(*args)
+        except Exception as exc:  # a kernel must never break the model: fall back
+            disable(op, spec.backend, f"raised {type(exc).__name__}: {exc}")
+    return _choose_and_run(op, sig, key, args)
+
+
+def _choose_and_run(op: str, sig: tuple, key: tuple, args: tuple):
     x = args[0]
     for spec, impl, can_use in _plan(op, x.device, x.dtype):
         if spec.backend == "reference":
+            _chosen[key] = (spec, impl)
             return impl(*args)
         try:
             if can_use is not None and not can_use(*args):
                 continue
             if spec.contract is Contract.BITEXACT and _verify.get():
-                key = (op, spec.backend, signature(args))
-                if key not in _verified:
+                vkey = (op, spec.backend, sig)
+                if vkey not in _verified:
                     if x.is_cuda and torch.cuda.is_current_stream_capturing():
-                        continue  # no verification inside a capture: the reference runs
+                        # no verification inside a capture: the reference runs, nothing is settled
+                        return _reference(op)(*args)
                     out = impl(*args)
                     diff = _first_difference(out, _reference(op)(*args))
                     if diff is not None:
-                        disable(op, spec.backend, f"not bit-exact on signature {key[2]}: {diff}")
+                        disable(op, spec.backend, f"not bit-exact on signature {sig}: {diff}")
                         continue
-                    _verified.add(key)
+                    _verified.add(vkey)
+                    _chosen[key] = (spec, impl)
                     return out
+                _chosen[key] = (spec, impl)
+            # with verification off, an unverified kernel runs but is not settled: turning
+            # verification back on verifies it
             return impl(*args)
         except Exception as exc:  # a kernel must never break the model: fall back
             disable(op, spec.backend, f"raised {type(exc).__name__}: {exc}")
