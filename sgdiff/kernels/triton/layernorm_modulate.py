@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.triton.cuda_math import INTERPRET, rsqrtf
+from sgdiff.kernels.triton.rows import cached_plan
 from sgdiff.kernels.triton.welford import THREADS, THREADS_C, VEC, VEC_C, row_welford
 
 
@@ -127,25 +128,24 @@ def supported_layout(x, weight, bias, eps, scale, shift, scale_plus_one=True) ->
     return scale is not None
 
 
-def _bsn_strides(p: torch.Tensor, shape) -> tuple:
-    """Strides of ``p`` broadcast to ``shape`` = [B, S, N] (0 along broadcast dims)."""
-    return p.expand(shape).stride()
+@cached_plan
+def _plan(x, scale, shift):
+    shape = (1, *x.shape) if x.dim() == 2 else tuple(x.shape)
+    B, S, N = shape
+    x3 = x.view(shape)
+    sh_strides = shift.expand(shape).stride() if shift is not None else (0, 0, 0)
+    return shape, (B * S,), (S, N, x3.stride(0), x3.stride(1), *scale.expand(shape).stride(), *sh_strides), \
+        triton.cdiv(N // VEC, THREADS)
 
 
 def layernorm_modulate(x, weight, bias, eps, scale, shift, scale_plus_one=True):
     """Launch; the caller has checked :func:`can_use`."""
-    shape = (1, *x.shape) if x.dim() == 2 else tuple(x.shape)
-    x3 = x.view(shape) if x.dim() == 2 else x
-    B, S, N = shape
+    shape, grid, ints, iters = _plan(x, scale, shift)
     out = torch.empty(shape, dtype=x.dtype, device=x.device)
-    sc_strides = _bsn_strides(scale, shape)
-    sh_strides = _bsn_strides(shift, shape) if shift is not None else (0, 0, 0)
-    _layernorm_modulate_kernel[(B * S,)](
-        x3, weight if weight is not None else x3, bias if bias is not None else x3,
-        scale, shift if shift is not None else scale, out,
-        S, N, x3.stride(0), x3.stride(1), *sc_strides, *sh_strides, eps,
-        ITERS=triton.cdiv(N // VEC, THREADS),
-        HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+    _layernorm_modulate_kernel[grid](
+        x, weight if weight is not None else x, bias if bias is not None else x,
+        scale, shift if shift is not None else scale, out, *ints, eps,
+        ITERS=iters, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
         HAS_SHIFT=shift is not None, PLUS_ONE=scale_plus_one, INTERPRET=INTERPRET,
         num_warps=4, enable_fp_fusion=False,
     )

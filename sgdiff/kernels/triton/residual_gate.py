@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.triton.cuda_math import INTERPRET, libdevice_options, tanhf
+from sgdiff.kernels.triton.rows import cached_plan
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
@@ -78,17 +79,23 @@ def supported_layout(residual, gate, update, tanh_gate, residual_layout=True) ->
     return tuple(out_shape) == tuple(residual.shape) and out_dtype in _DTYPES
 
 
-def residual_gate(residual, gate, update, tanh_gate, residual_layout=True):
-    """Launch; the caller has checked :func:`can_use`."""
+@cached_plan
+def _plan(residual, gate, update):
     shape = (1, *residual.shape) if residual.dim() == 2 else tuple(residual.shape)
     B, S, D = shape
     product = torch.promote_types(gate.dtype, update.dtype)
-    out = torch.empty(shape, dtype=torch.promote_types(residual.dtype, product), device=residual.device)
-    _residual_gate_kernel[(B * S,)](
-        residual, gate, update, out, S, D,
-        *gate.expand(shape).stride(), *update.expand(shape).stride(),
-        PRODUCT_DTYPE=_TL[product], TANH=bool(tanh_gate), BLOCK=triton.next_power_of_2(D), INTERPRET=INTERPRET,
-        num_warps=4 if D <= 4096 else 8, enable_fp_fusion=False, **libdevice_options(),
+    return shape, (B * S,), (S, D, *gate.expand(shape).stride(), *update.expand(shape).stride()), \
+        product, torch.promote_types(residual.dtype, product), triton.next_power_of_2(D)
+
+
+def residual_gate(residual, gate, update, tanh_gate, residual_layout=True):
+    """Launch; the caller has checked :func:`can_use`."""
+    shape, grid, ints, product, out_dtype, block = _plan(residual, gate, update)
+    out = torch.empty(shape, dtype=out_dtype, device=residual.device)
+    _residual_gate_kernel[grid](
+        residual, gate, update, out, *ints,
+        PRODUCT_DTYPE=_TL[product], TANH=bool(tanh_gate), BLOCK=block, INTERPRET=INTERPRET,
+        num_warps=4 if block <= 4096 else 8, enable_fp_fusion=False, **libdevice_options(),
     )
     return out.view(residual.shape)
 

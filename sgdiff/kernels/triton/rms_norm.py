@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.layout import like_strides
-from sgdiff.kernels.triton.rows import LANES, halving_sum, row_offsets, shape4, strides4
+from sgdiff.kernels.triton.rows import LANES, cached_plan, halving_sum, row_offsets, shape4, strides4
 from sgdiff.kernels.triton.cuda_math import INTERPRET, rsqrtf
 from sgdiff.kernels.triton.welford import unpack4
 
@@ -205,31 +205,41 @@ def mean_factor(n_rows: int, n: int) -> float:
     return float(np.float32(n_rows) / np.float32(n_rows * n))
 
 
-def rms_norm(x, weight, eps, form):
-    """Launch; the caller has checked :func:`can_use`."""
+@cached_plan
+def _plan(x, form):
     shape = shape4(x.shape)
     n_rows, n = shape[0] * shape[1] * shape[2], shape[3]
+    out = torch.empty_strided(x.shape, like_strides(x), device="meta")
     if form == "fused":
-        out = torch.empty_strided(x.shape, like_strides(x), dtype=x.dtype, device=x.device)
         threads = 32 if n <= 128 else 128
         block_r = _last_pow2(max(1, 2048 // (4 * threads * triton.cdiv(n, 4 * threads))))
-        _rms_norm_fused_kernel[(triton.cdiv(n_rows, block_r),)](
-            x, weight if weight is not None else x, out, n_rows, shape[1], shape[2], n,
-            *strides4(x, x.shape)[:3], *strides4(out, x.shape)[:3], FLT_EPSILON if eps is None else eps,
-            ITERS=triton.cdiv(n, 4 * threads), THREADS=threads, HAS_WEIGHT=weight is not None,
-            BLOCK_R=block_r, INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False,
+        ints = (n_rows, shape[1], shape[2], n, *strides4(x, x.shape)[:3], *strides4(out, x.shape)[:3])
+        consts = dict(ITERS=triton.cdiv(n, 4 * threads), THREADS=threads, BLOCK_R=block_r)
+    else:
+        block_n = triton.next_power_of_2(n)
+        block_r = max(1, min(16, 2048 // block_n))
+        ints = (n_rows, shape[1], shape[2], n, *strides4(x, x.shape), *strides4(out, x.shape))
+        consts = dict(VECTORIZED=n >= VECTORIZE_MIN, ITERS=triton.cdiv(n, 4 * LANES), BLOCK_R=block_r,
+                      BLOCK_N=block_n)
+    return out.stride(), (triton.cdiv(n_rows, block_r),), ints, consts, mean_factor(n_rows, n)
+
+
+def rms_norm(x, weight, eps, form):
+    """Launch; the caller has checked :func:`can_use`."""
+    out_strides, grid, ints, consts, factor = _plan(x, form)
+    w = weight if weight is not None else x
+    if form == "fused":
+        out = torch.empty_strided(x.shape, out_strides, dtype=x.dtype, device=x.device)
+        _rms_norm_fused_kernel[grid](
+            x, w, out, *ints, FLT_EPSILON if eps is None else eps, **consts, HAS_WEIGHT=weight is not None,
+            INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False,
         )
         return out
-    out = torch.empty_strided(x.shape, like_strides(x), dtype=_out_dtype(x, weight), device=x.device)
-    block_n = triton.next_power_of_2(n)
-    block_r = max(1, min(16, 2048 // block_n))
+    out = torch.empty_strided(x.shape, out_strides, dtype=_out_dtype(x, weight), device=x.device)
     round_dtype = weight.dtype if weight is not None and weight.dtype in _HALF else torch.float32
-    _rms_norm_diffusers_kernel[(triton.cdiv(n_rows, block_r),)](
-        x, weight if weight is not None else x, out, n_rows, shape[1], shape[2], n,
-        *strides4(x, x.shape), *strides4(out, x.shape), eps, mean_factor(n_rows, n),
-        VECTORIZED=n >= VECTORIZE_MIN, ITERS=triton.cdiv(n, 4 * LANES), HAS_WEIGHT=weight is not None,
-        ROUND_DTYPE=_TL[round_dtype], BLOCK_R=block_r, BLOCK_N=block_n, INTERPRET=INTERPRET,
-        num_warps=4, enable_fp_fusion=False,
+    _rms_norm_diffusers_kernel[grid](
+        x, w, out, *ints, eps, factor, **consts, HAS_WEIGHT=weight is not None,
+        ROUND_DTYPE=_TL[round_dtype], INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False,
     )
     return out
 

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.layout import like_strides
-from sgdiff.kernels.triton.rows import launch_rows, row_offsets, shape4, strides4
+from sgdiff.kernels.triton.rows import cached_plan, launch_rows, row_offsets, shape4, strides4
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
@@ -122,18 +122,22 @@ def can_use_even_odd(x, cos, sin) -> bool:
     return x.is_cuda and supported_layout_even_odd(x, cos, sin)
 
 
-def _launch(x, cos, sin, table_shape, form, product_dtype):
+@cached_plan
+def _plan(x, cos, sin, table_shape, form):
     shape = shape4(x.shape)
-    out = torch.empty_strided(x.shape, like_strides(x), dtype=x.dtype, device=x.device)
+    out = torch.empty_strided(x.shape, like_strides(x), device="meta")
     n_rows = shape[0] * shape[1] * shape[2]
     grid, block_r, block_d = launch_rows(n_rows, shape[3])
-    _rope_kernel[grid](
-        x, cos, sin, out, n_rows, shape[1], shape[2], shape[3],
-        *strides4(x, x.shape), *strides4(cos, table_shape), *strides4(sin, table_shape),
-        *strides4(out, x.shape),
-        FORM=form, PRODUCT_DTYPE=_TL[product_dtype], BLOCK_R=block_r, BLOCK_D=block_d,
-        num_warps=4, enable_fp_fusion=False,
-    )
+    ints = (n_rows, shape[1], shape[2], shape[3], *strides4(x, x.shape), *strides4(cos, table_shape),
+            *strides4(sin, table_shape), *strides4(out, x.shape))
+    return out.stride(), grid, ints, dict(BLOCK_R=block_r, BLOCK_D=block_d)
+
+
+def _launch(x, cos, sin, table_shape, form, product_dtype):
+    out_strides, grid, ints, blocks = _plan(x, cos, sin, table_shape, form)
+    out = torch.empty_strided(x.shape, out_strides, dtype=x.dtype, device=x.device)
+    _rope_kernel[grid](x, cos, sin, out, *ints, FORM=form, PRODUCT_DTYPE=_TL[product_dtype], **blocks,
+                       num_warps=4, enable_fp_fusion=False)
     return out
 
 

@@ -6,13 +6,41 @@ of a projection, ``[:, None]`` rows) need no copy. A program handles ``BLOCK_R``
 """
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+import functools
+from typing import Callable, NamedTuple, Sequence, Tuple
 
 import torch
 import triton
 import triton.language as tl
 
 LANES = 32  # a warp
+
+
+class Geometry(NamedTuple):
+    """What a launch plan may depend on of a tensor: shape, strides, dtype (never data)."""
+    shape: tuple
+    stride: tuple
+    dtype: torch.dtype
+
+
+def cached_plan(plan: Callable) -> Callable:
+    """Memoize a launcher's host-side arithmetic (grid, strides, block sizes) per input geometry.
+
+    ``plan`` is called with meta tensors standing for the tensor arguments (and the other
+    arguments as they are) once per geometry; later calls with tensors of that geometry cost a
+    lookup, which keeps a launch's host time near Triton's own.
+    """
+    @functools.lru_cache(maxsize=4096)
+    def from_geometry(*key):
+        return plan(*(torch.empty_strided(k.shape, k.stride, dtype=k.dtype, device="meta")
+                      if isinstance(k, Geometry) else k for k in key))
+
+    @functools.wraps(plan)
+    def lookup(*args):
+        return from_geometry(*(Geometry(a.shape, a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a
+                               for a in args))
+
+    return lookup
 
 
 def shape4(shape: Sequence[int]) -> Tuple[int, int, int, int]:

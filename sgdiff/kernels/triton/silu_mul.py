@@ -17,7 +17,7 @@ import triton.language as tl
 
 from sgdiff.kernels.layout import like_strides
 from sgdiff.kernels.triton.cuda_math import INTERPRET, expf, libdevice_options
-from sgdiff.kernels.triton.rows import innermost_last, launch_rows, row_offsets
+from sgdiff.kernels.triton.rows import cached_plan, innermost_last, launch_rows, row_offsets
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
@@ -63,16 +63,22 @@ def can_use(a, b) -> bool:
     return a.is_cuda and supported_layout(a, b)
 
 
-def silu_mul(a, b):
-    """Launch; the caller has checked :func:`can_use`."""
-    out = torch.empty_strided(a.shape, like_strides(a), dtype=torch.promote_types(a.dtype, b.dtype),
-                              device=a.device)
+@cached_plan
+def _plan(a, b):
+    out = torch.empty_strided(a.shape, like_strides(a), device="meta")
     shape, (so, sa, sb) = innermost_last(out, a, b)
     n_rows = shape[0] * shape[1] * shape[2]
     grid, block_r, block_d = launch_rows(n_rows, shape[3])
+    return out.stride(), grid, (n_rows, shape[1], shape[2], shape[3], *so, *sa, *sb), dict(BLOCK_R=block_r,
+                                                                                         BLOCK_D=block_d)
+
+
+def silu_mul(a, b):
+    """Launch; the caller has checked :func:`can_use`."""
+    out_strides, grid, ints, blocks = _plan(a, b)
+    out = torch.empty_strided(a.shape, out_strides, dtype=torch.promote_types(a.dtype, b.dtype), device=a.device)
     _silu_mul_kernel[grid](
-        a, b, out, n_rows, shape[1], shape[2], shape[3], *so, *sa, *sb,
-        SILU_DTYPE=_TL[a.dtype], BLOCK_R=block_r, BLOCK_D=block_d,
+        a, b, out, *ints, SILU_DTYPE=_TL[a.dtype], **blocks,
         INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False, **libdevice_options(),
     )
     return out
