@@ -183,12 +183,13 @@ def run(op: str, *args):
             return impl(*args)
         except Exception as exc:  # a kernel must never break the model: fall back
             disable(op, spec.backend, f"raised {type(exc).__name__}: {exc}")
-    return _choose_and_run(op, sig, key, args)
+        plan = _plan(op, x.device, x.dtype)  # without the disabled one
+    return _choose_and_run(op, plan, sig, key, args)
 
 
-def _choose_and_run(op: str, sig: tuple, key: tuple, args: tuple):
+def _choose_and_run(op: str, plan: list, sig: tuple, key: tuple, args: tuple):
     x = args[0]
-    for spec, impl, can_use in _plan(op, x.device, x.dtype):
+    for spec, impl, can_use in plan:
         if spec.backend == "reference":
             _chosen[key] = (spec, impl)
             return impl(*args)

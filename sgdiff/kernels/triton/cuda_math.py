@@ -18,6 +18,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+FLT_MIN = tl.constexpr(1.1754943508222875e-38)  # the smallest normal fp32
 
 
 @triton.jit
@@ -56,6 +57,7 @@ def tanhf(x, INTERPRET: tl.constexpr):
     """CUDA's ``tanhf``. libdevice's flushes denormal inputs to 0 in Triton's build; CUDA's
     returns them unchanged (tanh(x) == x there), so they pass through."""
     if INTERPRET:
-        return tl.where(tl.abs(x) < 1.1754943508222875e-38, x, 2.0 * tl.sigmoid(2.0 * x) - 1.0)
+        t = 2.0 * tl.sigmoid(2.0 * x) - 1.0
     else:
-        return tl.where(tl.abs(x) < 1.1754943508222875e-38, x, libdevice.tanh(x))
+        t = libdevice.tanh(x)
+    return tl.where(tl.abs(x) < FLT_MIN, x, t)

@@ -20,9 +20,15 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.triton.cuda_math import INTERPRET, rsqrtf
-from sgdiff.kernels.triton.rows import cached_plan
-from sgdiff.kernels.triton.welford import THREADS, THREADS_C, VEC, VEC_C, row_welford
-
+from sgdiff.kernels.triton.rows import DTYPES, cached_plan
+from sgdiff.kernels.triton.welford import (
+    THREADS,
+    THREADS_C,
+    VEC,
+    VEC_C,
+    aligned_vec4,
+    row_welford,
+)
 
 
 @triton.jit
@@ -95,12 +101,6 @@ def _modulate_tile(k, x_row, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr, row, b
     tl.store(out_ptr + row * N + col, y, mask=mask)
 
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def _aligned(t: torch.Tensor) -> bool:
-    # ATen vectorizes only when the pointer holds a whole aligned_vector<T, 4>
-    return t.data_ptr() % (VEC * t.element_size()) == 0
 
 
 def can_use(x, weight, bias, eps, scale, shift, scale_plus_one=True) -> bool:
@@ -110,17 +110,17 @@ def can_use(x, weight, bias, eps, scale, shift, scale_plus_one=True) -> bool:
 
 def supported_layout(x, weight, bias, eps, scale, shift, scale_plus_one=True) -> bool:
     """can_use without the device check (the interpreter runs the kernel on CPU tensors)."""
-    if not (x.dtype in _DTYPES and 2 <= x.dim() <= 3 and x.numel() > 0):
+    if not (x.dtype in DTYPES and 2 <= x.dim() <= 3 and x.numel() > 0):
         return False
     n = x.shape[-1]
     if n % VEC or n > 2**24 or x.stride(-1) != 1:
         return False
     # eager normalizes x.contiguous(): a copy (aligned) when x is strided, else x itself
-    if x.is_contiguous() and not _aligned(x):
+    if x.is_contiguous() and not aligned_vec4(x):
         return False
     for p in (weight, bias):
         if p is not None and (p.dtype != x.dtype or p.dim() != 1 or p.stride(0) != 1
-                              or not _aligned(p) or p.device != x.device):
+                              or not aligned_vec4(p) or p.device != x.device):
             return False
     for p in (scale, shift):
         if p is not None and (p.dtype != x.dtype or p.device != x.device or p.dim() > x.dim()):

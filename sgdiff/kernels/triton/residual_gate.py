@@ -18,10 +18,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.triton.cuda_math import INTERPRET, libdevice_options, tanhf
-from sgdiff.kernels.triton.rows import cached_plan
-
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+from sgdiff.kernels.triton.rows import DTYPES, TL_DTYPE, cached_plan
 
 
 @triton.jit
@@ -69,14 +66,14 @@ def supported_layout(residual, gate, update, tanh_gate, residual_layout=True) ->
     if residual.shape[-1] > 16384:
         return False
     for t in (residual, gate, update):
-        if t.dtype not in _DTYPES or t.device != residual.device or t.dim() > residual.dim():
+        if t.dtype not in DTYPES or t.device != residual.device or t.dim() > residual.dim():
             return False
     try:
         out_shape = torch.broadcast_shapes(residual.shape, gate.shape, update.shape)
     except RuntimeError:
         return False
     out_dtype = torch.promote_types(residual.dtype, torch.promote_types(gate.dtype, update.dtype))
-    return tuple(out_shape) == tuple(residual.shape) and out_dtype in _DTYPES
+    return tuple(out_shape) == tuple(residual.shape) and out_dtype in DTYPES
 
 
 @cached_plan
@@ -94,7 +91,7 @@ def residual_gate(residual, gate, update, tanh_gate, residual_layout=True):
     out = torch.empty(shape, dtype=out_dtype, device=residual.device)
     _residual_gate_kernel[grid](
         residual, gate, update, out, *ints,
-        PRODUCT_DTYPE=_TL[product], TANH=bool(tanh_gate), BLOCK=block, INTERPRET=INTERPRET,
+        PRODUCT_DTYPE=TL_DTYPE[product], TANH=bool(tanh_gate), BLOCK=block, INTERPRET=INTERPRET,
         num_warps=4 if block <= 4096 else 8, enable_fp_fusion=False, **libdevice_options(),
     )
     return out.view(residual.shape)

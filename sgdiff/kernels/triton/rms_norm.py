@@ -37,15 +37,24 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.layout import like_strides
-from sgdiff.kernels.triton.rows import LANES, cached_plan, halving_sum, row_offsets, shape4, strides4
 from sgdiff.kernels.triton.cuda_math import INTERPRET, rsqrtf
-from sgdiff.kernels.triton.welford import unpack4
+from sgdiff.kernels.triton.rows import (
+    DTYPES,
+    LANES,
+    TL_DTYPE,
+    cached_plan,
+    halving_sum,
+    row_offsets,
+    shape4,
+    strides4,
+)
+from sgdiff.kernels.triton.welford import aligned_vec4, unpack4
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _HALF = (torch.float16, torch.bfloat16)
-_TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 MAX_N = 16384
 FLT_EPSILON = 2.0 ** -23  # eps=None in _fused_rms_norm
+VECTORIZE_MIN = 128  # Reduce.cuh: "dim0 >= 128" vectorizes the input
+MAX_THREADS = 512  # Reduce.cuh: max_reduce_threads for fp32
 
 
 @triton.jit
@@ -145,10 +154,6 @@ def _out_dtype(x, weight) -> torch.dtype:
     return weight.dtype if weight.dtype in _HALF else torch.promote_types(torch.float32, weight.dtype)
 
 
-VECTORIZE_MIN = 128  # Reduce.cuh: "dim0 >= 128" vectorizes the input
-MAX_THREADS = 512  # Reduce.cuh: max_reduce_threads for fp32
-
-
 def _last_pow2(n: int) -> int:
     return 1 << (n.bit_length() - 1)
 
@@ -168,23 +173,19 @@ def aten_reduce_is_one_warp(n_rows: int, n: int) -> bool:
     return width == LANES and values_per_thread < min(height * 16, 256)
 
 
-def _aligned(t: torch.Tensor) -> bool:
-    return t.data_ptr() % (4 * t.element_size()) == 0
-
-
 def _fused_supported(x, weight) -> bool:
     n = x.shape[-1]
     if n % 4 or n > MAX_N or x.stride(-1) != 1:
         return False
-    if x.is_contiguous() and not _aligned(x):  # a strided x is copied (aligned) by eager
+    if x.is_contiguous() and not aligned_vec4(x):  # a strided x is copied (aligned) by eager
         return False
     return weight is None or (weight.dtype == x.dtype and weight.shape == (n,) and weight.stride(0) == 1
-                              and _aligned(weight) and weight.device == x.device)
+                              and aligned_vec4(weight) and weight.device == x.device)
 
 
 def supported_layout(x, weight, eps, form) -> bool:
     """can_use without the device check (the interpreter runs the kernel on CPU tensors)."""
-    if not (x.dtype in _DTYPES and 1 <= x.dim() <= 4 and x.numel() > 0):
+    if not (x.dtype in DTYPES and 1 <= x.dim() <= 4 and x.numel() > 0):
         return False
     if form == "fused":
         return _fused_supported(x, weight)
@@ -193,7 +194,7 @@ def supported_layout(x, weight, eps, form) -> bool:
     n = x.shape[-1]
     if (n >= VECTORIZE_MIN and n % 4) or not aten_reduce_is_one_warp(x.numel() // n, n):
         return False
-    return weight is None or (weight.dtype in _DTYPES and weight.shape == (n,) and weight.device == x.device)
+    return weight is None or (weight.dtype in DTYPES and weight.shape == (n,) and weight.device == x.device)
 
 
 def can_use(x, weight, eps, form) -> bool:
@@ -239,7 +240,7 @@ def rms_norm(x, weight, eps, form):
     round_dtype = weight.dtype if weight is not None and weight.dtype in _HALF else torch.float32
     _rms_norm_diffusers_kernel[grid](
         x, w, out, *ints, eps, factor, **consts, HAS_WEIGHT=weight is not None,
-        ROUND_DTYPE=_TL[round_dtype], INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False,
+        ROUND_DTYPE=TL_DTYPE[round_dtype], INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False,
     )
     return out
 

@@ -25,10 +25,15 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.layout import like_strides
-from sgdiff.kernels.triton.rows import cached_plan, launch_rows, row_offsets, shape4, strides4
-
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+from sgdiff.kernels.triton.rows import (
+    DTYPES,
+    TL_DTYPE,
+    cached_plan,
+    launch_rows,
+    row_offsets,
+    shape4,
+    strides4,
+)
 
 
 @triton.jit
@@ -87,7 +92,7 @@ def _round(v, dtype: tl.constexpr):
 
 def _tables_ok(x, cos, sin, table_shape) -> bool:
     for t in (cos, sin):
-        if t.dtype not in _DTYPES or t.device != x.device or t.dim() > x.dim():
+        if t.dtype not in DTYPES or t.device != x.device or t.dim() > x.dim():
             return False
         try:
             if tuple(torch.broadcast_shapes(t.shape, table_shape)) != tuple(table_shape):
@@ -98,7 +103,7 @@ def _tables_ok(x, cos, sin, table_shape) -> bool:
 
 
 def _x_ok(x) -> bool:
-    return x.dtype in _DTYPES and 1 <= x.dim() <= 4 and x.numel() > 0 and x.shape[-1] % 2 == 0 \
+    return x.dtype in DTYPES and 1 <= x.dim() <= 4 and x.numel() > 0 and x.shape[-1] % 2 == 0 \
         and x.shape[-1] <= 1024
 
 
@@ -136,7 +141,7 @@ def _plan(x, cos, sin, table_shape, form):
 def _launch(x, cos, sin, table_shape, form, product_dtype):
     out_strides, grid, ints, blocks = _plan(x, cos, sin, table_shape, form)
     out = torch.empty_strided(x.shape, out_strides, dtype=x.dtype, device=x.device)
-    _rope_kernel[grid](x, cos, sin, out, *ints, FORM=form, PRODUCT_DTYPE=_TL[product_dtype], **blocks,
+    _rope_kernel[grid](x, cos, sin, out, *ints, FORM=form, PRODUCT_DTYPE=TL_DTYPE[product_dtype], **blocks,
                        num_warps=4, enable_fp_fusion=False)
     return out
 

@@ -14,6 +14,8 @@ import triton
 import triton.language as tl
 
 LANES = 32  # a warp
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what the kernels read and write
+TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
 class Geometry(NamedTuple):

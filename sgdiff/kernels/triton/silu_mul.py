@@ -17,10 +17,14 @@ import triton.language as tl
 
 from sgdiff.kernels.layout import like_strides
 from sgdiff.kernels.triton.cuda_math import INTERPRET, expf, libdevice_options
-from sgdiff.kernels.triton.rows import cached_plan, innermost_last, launch_rows, row_offsets
-
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+from sgdiff.kernels.triton.rows import (
+    DTYPES,
+    TL_DTYPE,
+    cached_plan,
+    innermost_last,
+    launch_rows,
+    row_offsets,
+)
 
 
 @triton.jit
@@ -49,7 +53,7 @@ def _silu_mul_kernel(
 
 def supported_layout(a, b) -> bool:
     """can_use without the device check (the interpreter runs the kernel on CPU tensors)."""
-    if not (a.dtype in _DTYPES and b.dtype in _DTYPES and 1 <= a.dim() <= 4 and a.numel() > 0):
+    if not (a.dtype in DTYPES and b.dtype in DTYPES and 1 <= a.dim() <= 4 and a.numel() > 0):
         return False
     if b.device != a.device or b.dim() > a.dim():
         return False
@@ -78,7 +82,7 @@ def silu_mul(a, b):
     out_strides, grid, ints, blocks = _plan(a, b)
     out = torch.empty_strided(a.shape, out_strides, dtype=torch.promote_types(a.dtype, b.dtype), device=a.device)
     _silu_mul_kernel[grid](
-        a, b, out, *ints, SILU_DTYPE=_TL[a.dtype], **blocks,
+        a, b, out, *ints, SILU_DTYPE=TL_DTYPE[a.dtype], **blocks,
         INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False, **libdevice_options(),
     )
     return out

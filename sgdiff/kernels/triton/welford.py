@@ -27,6 +27,7 @@ combine with swapped operands is not exact, so the order is what it looks like).
 contracts ``a * b + c`` into FMAs; these kernels are compiled with ``enable_fp_fusion=False``
 and write each FMA explicitly.
 """
+import torch
 import triton
 import triton.language as tl
 
@@ -34,6 +35,11 @@ THREADS = 128  # ATen: 32 x 4 threads per row
 VEC = 4  # ATen's vec_size for every dtype
 THREADS_C = tl.constexpr(THREADS)  # the same, for use inside @triton.jit code
 VEC_C = tl.constexpr(VEC)
+
+
+def aligned_vec4(t: torch.Tensor) -> bool:
+    """ATen's vectorized LayerNorm/RMSNorm path needs each pointer to hold an aligned_vector<T, 4>."""
+    return t.data_ptr() % (VEC * t.element_size()) == 0
 
 
 @triton.jit
