@@ -208,12 +208,24 @@ def silu_mul_cases(quick: bool) -> List[Case]:
     return cases
 
 
+def gelu_tanh_cat_cases(quick: bool) -> List[Case]:
+    """Flux single blocks: cat([attention output, gelu_tanh(proj_mlp(x))], dim=2) before proj_out."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    attn = torch.randn(1, 24, 4608, 128, device="cuda", generator=g).to(torch.bfloat16)
+    head = attn.transpose(1, 2).flatten(2, 3)  # SDPA's output laid out [B, S, H, D]: a view
+    x = (torch.randn(1, 4608, 12288, device="cuda", generator=g) * 3).to(torch.bfloat16)
+    eager = lambda: torch.cat([head, F.gelu(x, approximate="tanh")], dim=2)  # noqa: E731
+    return [_case("gelu_tanh_cat", (1, 4608, 3072 + 12288), x.dtype, "Flux.1-dev single block, attention + MLP",
+                  eager, (head, x), _bytes_like(head, x, head, x))]
+
+
 CASES: Dict[str, Callable[[bool], List[Case]]] = {
     "layernorm_modulate": layernorm_modulate_cases,
     "residual_gate": residual_gate_cases,
     "rope": rope_cases,
     "rms_norm": rms_norm_cases,
     "silu_mul": silu_mul_cases,
+    "gelu_tanh_cat": gelu_tanh_cat_cases,
 }
 
 

@@ -34,7 +34,7 @@ VARIANTS = {
     "sgdiff_extra_high": dict(backend="sgdiff", options={"quality": "extra-high"}),
 }
 LOSSLESS = ("eager", "aot_eager", "sgdiff", "sgdiff_cudagraph")
-SGDIFF_KERNELS = ("_layernorm_modulate", "_residual_gate", "_rope", "_rms_norm", "_silu_mul")
+SGDIFF_KERNELS = ("_layernorm_modulate", "_residual_gate", "_rope", "_rms_norm", "_silu_mul", "_gelu_tanh_cat")
 PROFILED = ("eager", "inductor", "sgdiff")  # where the GPU time of a step goes
 
 
@@ -73,8 +73,9 @@ def euler(fn: Callable, kwargs: dict, steps: int):
     return out
 
 
-def breakdown(fn: Callable, device: torch.device) -> Dict[str, float]:
-    """GPU time of one call by kernel category, in ms, and the gaps between kernels."""
+def breakdown(fn: Callable, device: torch.device, top: int = 15) -> Dict[str, object]:
+    """GPU time of one call by kernel category, in ms, the gaps between kernels, and the
+    ``top`` kernels by total time (``[name, ms, calls]``), which say where a gap comes from."""
     from torch.profiler import ProfilerActivity, profile
 
     if device.type != "cuda":
@@ -86,10 +87,14 @@ def breakdown(fn: Callable, device: torch.device) -> Dict[str, float]:
         _sync(device)
     wall = (time.perf_counter() - t0) * 1e3
     cats = {"gemm": 0.0, "attention": 0.0, "sgdiff": 0.0, "other": 0.0}
+    per_kernel: Dict[str, list] = {}
     for e in prof.events():
         if e.device_type != torch.autograd.DeviceType.CUDA:
             continue
         name, ms = e.name.lower(), e.device_time / 1e3
+        entry = per_kernel.setdefault(e.name[:120], [0.0, 0])
+        entry[0] += ms
+        entry[1] += 1
         if any(k in name for k in ("gemm", "cutlass", "xmma", "nvjet", "matmul", "cublas")):
             cats["gemm"] += ms
         elif any(k in name for k in ("flash", "fmha", "attention", "sdpa")):
@@ -99,7 +104,8 @@ def breakdown(fn: Callable, device: torch.device) -> Dict[str, float]:
         else:
             cats["other"] += ms
     cats["gaps_and_host"] = max(0.0, wall - sum(cats.values()))
-    return cats
+    ranked = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:top]
+    return dict(cats, top_kernels=[[name, round(ms, 4), calls] for name, (ms, calls) in ranked])
 
 
 def run_model(name: str, size: str, device: torch.device, dtype, variants, repeats: int, steps: int,
@@ -189,6 +195,12 @@ def write_report(result: dict, out: pathlib.Path) -> None:
             if b:
                 lines.append(f"| {c['model']} | {v} | " + " | ".join(f"{b.get(k, 0):.2f}" for k in
                              ("gemm", "attention", "sgdiff", "other", "gaps_and_host")) + " |")
+    for c in result["cases"]:
+        for v in PROFILED:
+            top = (c.get(f"{v}_breakdown_ms") or {}).get("top_kernels")
+            if top:
+                lines += ["", f"Top kernels of one {c['model']} step, {v} (ms, calls):", ""]
+                lines += [f"- {ms:.3f} ms, {calls}x `{name}`" for name, ms, calls in top]
     (out / "models.md").write_text("\n".join(lines) + "\n")
 
 

@@ -1,4 +1,5 @@
-"""Family `activation`: silu(a) * b (bit-exact) and bias + GELU-tanh after a linear (close)."""
+"""Family `activation`: silu(a) * b and cat([head, gelu_tanh(x)]) (bit-exact), and bias +
+GELU-tanh after a linear (close)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,6 +12,7 @@ from tests.helpers import bits_equal, count_op, targets
 aten = torch.ops.aten
 SILU_MUL = registry.op_def("silu_mul").load()
 LINEAR_GELU = registry.op_def("linear_gelu_tanh").load()
+GELU_CAT = registry.op_def("gelu_tanh_cat").load()
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 SPLITS = ["slices", "chunk", "split", "gate_second", "two_projections", "conv_chunk"]
 
@@ -82,6 +84,67 @@ def test_silu_with_another_user_is_skipped():
     assert result.counts["activation"] == 0 and any("another user" in s.reason for s in result.skipped)
 
 
+def single_block(attn_layout="heads_last"):
+    """Flux single block: the attention output and the GELU-tanh MLP, side by side."""
+
+    def fn(q, x, w, b):
+        B, H, S, D = q.shape
+        if attn_layout == "heads_last":  # SDPA output [B, H, S, D] -> [B, S, H * D]
+            attn = q.transpose(1, 2).flatten(2, 3)
+        else:
+            attn = q.permute(0, 2, 1, 3).reshape(B, S, H * D) * 2
+        mlp = F.gelu(F.linear(x, w, b), approximate="tanh")
+        return torch.cat([attn, mlp], dim=2)
+
+    return fn
+
+
+def single_block_args(B, H, S, D, K, N, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, H, S, D, generator=g).to(dtype), (torch.randn(B, S, K, generator=g) * 3).to(dtype),
+            (torch.randn(N, K, generator=g) / K ** 0.5).to(dtype), torch.randn(N, generator=g).to(dtype))
+
+
+@given(
+    layout=st.sampled_from(["heads_last", "copied"]), dtype=st.sampled_from(DTYPES), B=st.integers(1, 2),
+    H=st.integers(1, 3), S=st.integers(1, 9), D=st.sampled_from([2, 8, 16]), N=st.sampled_from([4, 24, 40]),
+    quality=st.sampled_from(["lossless", "extra-high"]),
+)
+def test_gelu_into_cat_is_one_bitexact_site(layout, dtype, B, H, S, D, N, quality):
+    fn, args = single_block(layout), single_block_args(B, H, S, D, 8, N, dtype)
+    run, gm, result = rewrite(fn, args, quality=quality, families=["activation"])
+    # at extra-high too: the cat takes its GELU before the (close) linear + GELU could
+    assert result.counts["activation"] == 1 and count_op(gm, GELU_CAT) == 1 and count_op(gm, LINEAR_GELU) == 0
+    assert aten.gelu.default not in targets(gm) and aten.cat.default not in targets(gm)
+    got, want = run(*args), fn(*args)
+    assert bits_equal(got, want) and got.is_contiguous()
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("GELU first", lambda h, x: torch.cat([F.gelu(x, approximate="tanh"), h], dim=-1)),
+    ("erf GELU", lambda h, x: torch.cat([h, F.gelu(x)], dim=-1)),
+    ("cat along tokens", lambda h, x: torch.cat([h, F.gelu(x, approximate="tanh")], dim=1)),
+    ("three inputs", lambda h, x: torch.cat([h, F.gelu(x, approximate="tanh"), h], dim=-1)),
+    ("dtypes promoted", lambda h, x: torch.cat([h.float(), F.gelu(x, approximate="tanh")], dim=-1)),
+])
+def test_near_misses_are_not_gelu_tanh_cat(name, fn):
+    args = (torch.randn(2, 6, 8, dtype=torch.bfloat16), torch.randn(2, 6, 8, dtype=torch.bfloat16))
+    run, gm, result = rewrite(fn, args, families=["activation"])
+    assert count_op(gm, GELU_CAT) == 0, name
+    assert bits_equal(run(*args), fn(*args))
+
+
+def test_gelu_with_another_user_stays_out_of_the_cat():
+    def fn(h, x):
+        g = F.gelu(x, approximate="tanh")
+        return torch.cat([h, g], dim=-1), g
+
+    args = (torch.randn(2, 6, 8), torch.randn(2, 6, 8))
+    run, gm, result = rewrite(fn, args, families=["activation"])
+    assert result.counts["activation"] == 0 and any("another user" in s.reason for s in result.skipped)
+    assert all(bits_equal(a, b) for a, b in zip(run(*args), fn(*args)))
+
+
 def ff_gelu(bias=True):
     def fn(x, w, b):  # diffusers GELU(approximate="tanh"): proj, then gelu
         return F.gelu(F.linear(x, w, b if bias else None), approximate="tanh")
@@ -135,6 +198,7 @@ def test_gelu_without_tanh_is_not_matched():
 
 
 def test_opcheck():
+    from sgdiff.kernels.gelu_tanh_cat import gelu_tanh_cat
     from sgdiff.kernels.linear_gelu_tanh import linear_gelu_tanh
     from sgdiff.kernels.silu_mul import silu_mul
 
@@ -145,3 +209,4 @@ def test_opcheck():
         x, w, b = gelu_args(dtype, S=5, K=8, N=12)
         torch.library.opcheck(linear_gelu_tanh, (x, w, b))
         torch.library.opcheck(linear_gelu_tanh, (x[0], w, None))
+        torch.library.opcheck(gelu_tanh_cat, (torch.randn(2, 5, 3, dtype=dtype), torch.randn(2, 5, 7, dtype=dtype)))

@@ -16,15 +16,16 @@ import sgdiff
 from sgdiff import zoo
 from tests.helpers import bits_equal
 
-FAMILIES = ("modulate", "residual_gate", "rope", "qk_norm")
+FAMILIES = ("modulate", "residual_gate", "rope", "qk_norm", "activation")
 EXPECTED = {
-    "flux": (6, 5, 4, 6),  # 1 double + 1 single block: 4L+S+1, 4L+S, 2L+2S, 4L+2S
-    "flux2": (6, 5, 4, 6),
-    "sana": (3, 2, 0, 0),
-    "sd35": (9, 7, 0, 10),  # 2 layers, layer 0 dual attention: 4L+X, 4L-2+X, -, 4L+2X
-    "pixart": (3, 2, 0, 0),
-    "wan": (3, 2, 2, 4),
-    "qwenimage": (4, 2, 4, 4),  # see the module docstring
+    # 1 double + 1 single block: 4L+S+1, 4L+S, 2L+2S, 4L+2S, S (GELU into the single block's cat)
+    "flux": (6, 5, 4, 6, 1),
+    "flux2": (6, 5, 4, 6, 3),  # SwiGLU: 2 double-block FFs + the single block's
+    "sana": (3, 2, 0, 0, 1),  # GLUMBConv
+    "sd35": (9, 7, 0, 10, 0),  # 2 layers, layer 0 dual attention: 4L+X, 4L-2+X, -, 4L+2X
+    "pixart": (3, 2, 0, 0, 0),
+    "wan": (3, 2, 2, 4, 0),
+    "qwenimage": (4, 2, 4, 4, 0),  # see the module docstring
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -44,8 +45,10 @@ def test_every_chain_is_found_and_rewritten(case):
     name, model, kwargs, _ = case
     report = sgdiff.explain(model, **kwargs)
     assert tuple(report.counts[f] for f in FAMILIES) == EXPECTED[name], str(report)
-    # nothing of these families was found and left eager
-    assert all(report.found[f] == report.counts[f] for f in FAMILIES), report.skipped
+    # nothing of these families was found and left eager, but for close chains (linear + GELU)
+    assert all(reason == "contract close is not admitted at lossless" for _, _, reason in report.skipped), \
+        report.skipped
+    assert all(report.found[f] == report.counts[f] for f in FAMILIES if f != "activation"), report.skipped
 
 
 def test_compiled_model_is_bitwise_equal_to_eager(case):

@@ -80,7 +80,8 @@ RESIDUAL_GATE = textwrap.dedent(r"""
 ROWWISE = textwrap.dedent(r"""
     import torch
     import torch.nn.functional as F
-    from sgdiff.kernels.triton import rms_norm as trms, rope as trope, silu_mul as tsilu
+    from sgdiff.kernels.triton import gelu_tanh_cat as tgelu, rms_norm as trms, rope as trope, silu_mul as tsilu
+    from sgdiff.kernels.gelu_tanh_cat import gelu_tanh_cat_reference
     from sgdiff.kernels.rope import rope_reference
     from sgdiff.kernels.rope_even_odd import rope_even_odd_reference
     from sgdiff.kernels.rms_norm import rms_norm_reference
@@ -183,6 +184,15 @@ ROWWISE = textwrap.dedent(r"""
         c = torch.randn(2, 8, 5, 6, dtype=dt).to(memory_format=torch.channels_last)
         hidden, gate = c.chunk(2, 1)
         check(tsilu.silu_mul(gate, hidden), silu_mul_reference(gate, hidden), False)
+        # gelu_tanh_cat: Flux's attention output (a transposed view) beside the MLP half; a
+        # width that is not a block multiple; one row (numpy's tanh is not CUDA's: a tolerance)
+        attn = torch.randn(2, 3, 9, 16, dtype=dt).transpose(1, 2).flatten(2, 3)
+        for head, x in [(attn, torch.randn(2, 9, 200, dtype=dt) * 3), (torch.randn(5, 7, dtype=dt), torch.randn(5, 1100, dtype=dt)),
+                        (torch.randn(3, dtype=dt), torch.randn(6, dtype=dt))]:
+            assert tgelu.supported_layout(head, x)
+            got = tgelu.gelu_tanh_cat(head, x)
+            check(got, gelu_tanh_cat_reference(head, x), False)
+            assert torch.equal(got[..., :head.shape[-1]], head)   # the copied part is exact
     # refused: eager takes another ATen path or the tables are not fp32 math
     assert not trms.supported_layout(torch.randn(4, 130), None, 1e-6, "diffusers")       # N % 4 at N >= 128
     assert not trms.supported_layout(torch.randn(1, 64), None, 1e-6, "diffusers")        # block.x widens
@@ -190,6 +200,8 @@ ROWWISE = textwrap.dedent(r"""
     assert not trms.supported_layout(torch.randn(4, 130), None, 1e-6, "fused")            # Welford fallback
     assert not trms.supported_layout(torch.randn(4 * 128 + 1)[1:].view(4, 128), None, 1e-6, "fused")  # misaligned
     assert not trms.supported_layout(torch.randn(4, 128), torch.randn(128, dtype=torch.bfloat16), 1e-6, "fused")
+    assert not tgelu.supported_layout(torch.randn(2, 3, 4), torch.randn(2, 4, 4))               # other rows
+    assert not tgelu.supported_layout(torch.randn(2, 3, 4), torch.randn(2, 3, 4, dtype=torch.bfloat16))
     x = torch.randn(1, 4, 2, 16)
     assert not trope.supported_layout(x, torch.randn(4, 16, dtype=torch.float64)[None, :, None], x, True)
     assert not trope.supported_layout(x, torch.randn(5, 16)[None, :, None], x, True)      # wrong broadcast
@@ -197,7 +209,7 @@ ROWWISE = textwrap.dedent(r"""
 """)
 
 
-@pytest.mark.parametrize("script,cases", [(SCRIPT, 40), (RESIDUAL_GATE, 8), (ROWWISE, 104)],
+@pytest.mark.parametrize("script,cases", [(SCRIPT, 40), (RESIDUAL_GATE, 8), (ROWWISE, 110)],
                          ids=["layernorm_modulate", "residual_gate", "rowwise"])
 def test_kernels_under_interpreter(script, cases):
     env = dict(os.environ, TRITON_INTERPRET="1")

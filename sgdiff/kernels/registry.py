@@ -151,6 +151,8 @@ for _name, _contract, _doc in (
      "native_layer_norm over the last dim"),
     ("silu_mul", Contract.BITEXACT,
      "silu(a) * b"),
+    ("gelu_tanh_cat", Contract.BITEXACT,
+     "cat([head, gelu(x, approximate='tanh')], dim=-1)"),
     ("linear_gelu_tanh", Contract.CLOSE,
      "gelu_tanh(x @ weight.T + bias) in one fp32 pass, one rounding to x.dtype. fp32: bitwise "
      "equal to eager. fp16/bf16 (measured, tests/test_activation.py): a third of the elements "
@@ -162,7 +164,7 @@ for _name, _contract, _doc in (
 del _name, _contract, _doc
 
 for _name, _module in (("residual_gate", "residual_gate"), ("rope", "rope"), ("rope_even_odd", "rope"),
-                      ("rms_norm", "rms_norm"), ("silu_mul", "silu_mul")):
+                      ("rms_norm", "rms_norm"), ("silu_mul", "silu_mul"), ("gelu_tanh_cat", "gelu_tanh_cat")):
     register_kernel(KernelSpec(
         _name, "triton", Contract.BITEXACT, f"sgdiff.kernels.triton.{_module}:{_name}",
         devices=frozenset({"cuda"}), min_capability=(8, 0), priority=10,

@@ -5,6 +5,8 @@ The eager chains::
     silu(a) * b                        gated (SwiGLU/GLU): Flux2 ``Flux2SwiGLU`` (two slices of one
                                        projection), Sana ``GLUMBConv`` (``x * silu(gate)`` of a
                                        chunk), LLaMA-style ``silu(w1(x)) * w3(x)``   -> silu_mul
+    cat([head, gelu(x, "tanh")], -1)   Flux single blocks: attention output and MLP side by
+                                       side before ``proj_out``      -> gelu_tanh_cat
     gelu(F.linear(x, w, b), "tanh")    diffusers ``GELU(approximate="tanh")`` after its
                                        projection (Flux, SD3, PixArt, Wan, QwenImage)
                                        -> linear_gelu_tanh, a ``close`` op (one fp32 pass)
@@ -19,7 +21,7 @@ from typing import List, Optional
 
 import torch
 
-from sgdiff.fxpasses.matcher import AnyOf, Arg, Lit, Match, Op, Views
+from sgdiff.fxpasses.matcher import AnyOf, Arg, Items, Lit, Match, Op, Views
 from sgdiff.patterns import parts
 from sgdiff.patterns.base import ChainPattern, like_layout_reason, same_shape, same_size, tensor_meta
 
@@ -28,12 +30,19 @@ aten = torch.ops.aten
 
 @dataclasses.dataclass(frozen=True)
 class ActivationKey:
-    kind: str  # "silu_mul" | "linear_gelu_tanh"
+    kind: str  # "silu_mul" | "gelu_tanh_cat" | "linear_gelu_tanh"
+
+    @property
+    def priority(self) -> int:  # the cat takes its GELU before linear_gelu_tanh (close) can
+        return 1 if self.kind == "gelu_tanh_cat" else 0
 
 
 def chain(key: ActivationKey):
     if key.kind == "silu_mul":
         return Op(aten.mul.Tensor, Op(aten.silu.default, Arg("a")), Arg("b"), commutative=True)
+    if key.kind == "gelu_tanh_cat":
+        gelu = Op(aten.gelu.default, Arg("x"), approximate=Lit("tanh"))
+        return Op(aten.cat.default, Items(Arg("head"), gelu), Arg("dim"))
     x = Views(Arg("x"), "x_views")
     weight_t = Op(aten.t.default, Arg("weight"), shared=True)
     linear = AnyOf(Op(aten.addmm.default, Arg("bias"), x, weight_t, beta=Lit(1), alpha=Lit(1)),
@@ -44,11 +53,13 @@ def chain(key: ActivationKey):
 def replacement(key: ActivationKey):
     if key.kind == "silu_mul":
         return lambda m: (m["a"], m["b"])
+    if key.kind == "gelu_tanh_cat":
+        return lambda m: (m["head"], m["x"])
     return lambda m: (m["x"], m["weight"], m.get("bias"))
 
 
 def check(key: ActivationKey):
-    operands_reason = _silu_mul_reason if key.kind == "silu_mul" else _linear_reason
+    operands_reason = {"silu_mul": _silu_mul_reason, "gelu_tanh_cat": _cat_reason}.get(key.kind, _linear_reason)
 
     def activation_check(m: Match) -> Optional[str]:
         out = tensor_meta(m.root)
@@ -69,6 +80,17 @@ def _silu_mul_reason(m: Match, out: torch.Tensor) -> Optional[str]:
         t = tensor_meta(m[name])
         if t is None or not same_shape(t.shape, out.shape):
             return f"{name} is broadcast: not a gated activation of two equal halves"
+    return None
+
+
+def _cat_reason(m: Match, out: torch.Tensor) -> Optional[str]:
+    head, x = tensor_meta(m["head"]), tensor_meta(m["x"])
+    if head is None or x is None or head.dim() != x.dim() or not same_shape(head.shape[:-1], x.shape[:-1]):
+        return "the cat's inputs do not share their leading dims"
+    if not isinstance(m["dim"], int) or m["dim"] not in (-1, x.dim() - 1):
+        return "the cat is not along the last dim"
+    if not head.dtype == x.dtype == out.dtype:
+        return "the cat mixes dtypes (it would promote)"
     return None
 
 
@@ -95,6 +117,7 @@ def patterns() -> List[ChainPattern]:
             op=kind,
             replacement=replacement(ActivationKey(kind)),
             check=check(ActivationKey(kind)),
+            priority=ActivationKey(kind).priority,
         )
-        for kind in ("silu_mul", "linear_gelu_tanh")
+        for kind in ("silu_mul", "gelu_tanh_cat", "linear_gelu_tanh")
     ]

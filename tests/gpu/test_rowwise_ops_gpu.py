@@ -1,4 +1,4 @@
-"""rope, rope_even_odd, rms_norm (diffusers form) and silu_mul on CUDA: each Triton kernel is
+"""rope, rope_even_odd, rms_norm (both forms), silu_mul and gelu_tanh_cat on CUDA: each Triton kernel is
 bitwise equal to the eager chain as diffusers writes it, or is not used."""
 import os
 
@@ -8,11 +8,12 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from sgdiff.kernels import dispatch, registry
-from sgdiff.kernels.triton import rms_norm as trms, rope as trope, silu_mul as tsilu
+from sgdiff.kernels.triton import gelu_tanh_cat as tgelu, rms_norm as trms, rope as trope, silu_mul as tsilu
 
 pytestmark = pytest.mark.gpu
 EXAMPLES = int(os.environ.get("SGDIFF_GPU_EXAMPLES", "40"))
-op = {name: registry.op_def(name).load() for name in ("rope", "rope_even_odd", "rms_norm", "silu_mul")}
+op = {name: registry.op_def(name).load() for name in ("rope", "rope_even_odd", "rms_norm", "silu_mul",
+                                                                "gelu_tanh_cat")}
 
 
 @pytest.fixture(autouse=True)
@@ -207,3 +208,45 @@ def test_rms_norm_fused_any_layout(rows, D, dtype, affine, layout, eps):
     assert torch.equal(want, rms_norm_reference(x, w, eps, "fused").contiguous())
     got = op["rms_norm"](x, w, eps, "fused")
     assert torch.equal(got, want)
+
+
+def _bits_equal(got, want):
+    same = got.view(torch.int16 if got.element_size() == 2 else torch.int32) == \
+        want.view(torch.int16 if want.element_size() == 2 else torch.int32)
+    return bool((same | (got.isnan() & want.isnan())).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gelu_tanh_cat_every_half_value(dtype):
+    x = torch.arange(-32768, 32768, dtype=torch.int32, device="cuda").to(torch.int16).view(dtype).view(256, 256)
+    head = randn(256, 40, dtype=dtype)
+    want = torch.cat([head, F.gelu(x, approximate="tanh")], dim=-1)
+    assert tgelu.can_use(head, x)
+    got = tgelu.gelu_tanh_cat(head, x)
+    assert got.shape == want.shape and _bits_equal(got, want)
+    assert torch.equal(op["gelu_tanh_cat"](head, x).view(torch.int16), want.view(torch.int16))  # through dispatch
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gelu_tanh_cat_flux_single_block(dtype):
+    attn = randn(1, 24, 4608, 128, dtype=dtype).transpose(1, 2).flatten(2, 3)  # SDPA output, heads last
+    x = randn(1, 4608, 12288, dtype=dtype, scale=3.0)
+    want = torch.cat([attn, F.gelu(x, approximate="tanh")], dim=2)
+    assert tgelu.can_use(attn, x)
+    assert torch.equal(tgelu.gelu_tanh_cat(attn, x), want)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(rows=st.integers(1, 300), dh=st.integers(1, 1100), dx=st.integers(1, 2100),
+       dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]),
+       layout=st.sampled_from(["contiguous", "head_transposed", "x_chunk", "offset"]))
+def test_gelu_tanh_cat_any_layout(rows, dh, dx, dtype, layout):
+    head, x = randn(rows, dh, dtype=dtype), randn(rows, dx, dtype=dtype, scale=4.0)
+    if layout == "head_transposed":
+        head = randn(dh, rows, dtype=dtype).t()
+    elif layout == "x_chunk":
+        x = randn(rows, 2 * dx, dtype=dtype, scale=4.0)[:, dx:]
+    elif layout == "offset":
+        x = randn(rows * dx + 1, dtype=dtype, scale=4.0)[1:].view(rows, dx)
+    want = torch.cat([head, F.gelu(x, approximate="tanh")], dim=-1)
+    assert torch.equal(op["gelu_tanh_cat"](head, x), want)

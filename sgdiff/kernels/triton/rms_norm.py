@@ -11,7 +11,8 @@ reproduce is the mean, ATen's generic reduction (aten/src/ATen/native/cuda/Reduc
 
 The sum: a warp (32 lanes) per row. For N >= 128 ATen loads 4-vectors: lane ``l`` keeps four
 accumulators, ``acc[i] += sq[4 (l + 32 k) + i]`` for k = 0, 1, ...; for 32 <= N < 128 it
-loads single elements, ``acc[i] = sq[l + 32 i]``. Each lane then folds
+loads single elements, ``acc[i] = sq[l + 32 i]``, which the kernel reads as one [R, 32] slice
+per accumulator. Each lane then folds
 ``((acc0 + acc1) + acc2) + acc3`` and the warp folds lanes by shuffle-down with offsets 16, 8,
 4, 2, 1 (:func:`sgdiff.kernels.triton.rows.halving_sum`). Few rows make ATen widen the block;
 those inputs are left to the chain.
@@ -73,7 +74,7 @@ def _rms_norm_diffusers_kernel(
     so0, so1, so2, so3,
     eps, factor,
     VECTORIZED: tl.constexpr,  # N >= 128: ATen's 4-vector loads
-    ITERS: tl.constexpr,  # vectors per lane: ceil(N / 128)
+    ITERS: tl.constexpr,  # vectors per lane, ceil(N / 128); elements per lane, ceil(N / 32), if not VECTORIZED
     HAS_WEIGHT: tl.constexpr,
     ROUND_DTYPE: tl.constexpr,  # y is rounded to this before the weight (w.dtype if half)
     BLOCK_R: tl.constexpr,
@@ -83,22 +84,29 @@ def _rms_norm_diffusers_kernel(
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < n_rows
     x_row = x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None]
-    chunk = tl.arange(0, 4 * 32)
+    d = tl.arange(0, BLOCK_N)
+    mask = row_ok[:, None] & (d < N)[None, :]
+    x = tl.load(x_row + d[None, :] * sx3, mask=mask, other=0.0).to(tl.float32)
     if VECTORIZED:  # lane l, accumulator i: element 4 (l + 32 k) + i of the row
-        acc0, acc1, acc2, acc3 = unpack4(tl.reshape(_squares(x_row, chunk, row_ok, N, sx3), (BLOCK_R, 32, 4)))
+        chunk = tl.arange(0, 4 * 32)
+        if ITERS == 1:  # N == 128: the row tile is the chunk
+            first = x * x
+        else:
+            first = _squares(x_row, chunk, row_ok, N, sx3)
+        acc0, acc1, acc2, acc3 = unpack4(tl.reshape(first, (BLOCK_R, 32, 4)))
         for k in tl.static_range(1, ITERS):
             sq = tl.reshape(_squares(x_row, chunk + k * 128, row_ok, N, sx3), (BLOCK_R, 32, 4))
             s0, s1, s2, s3 = unpack4(sq)
             acc0, acc1, acc2, acc3 = acc0 + s0, acc1 + s1, acc2 + s2, acc3 + s3
-    else:  # lane l, accumulator i: element l + 32 i
-        sq = tl.permute(tl.reshape(_squares(x_row, chunk, row_ok, N, sx3), (BLOCK_R, 4, 32)), (0, 2, 1))
-        acc0, acc1, acc2, acc3 = unpack4(sq)
-    total = halving_sum(((acc0 + acc1) + acc2) + acc3, 5)
+        lanes = ((acc0 + acc1) + acc2) + acc3
+    else:  # lane l, accumulator i: element l + 32 i, one [R, 32] slice per accumulator
+        lane = tl.arange(0, 32)
+        lanes = _squares(x_row, lane, row_ok, N, sx3)
+        for i in tl.static_range(1, ITERS):
+            lanes = lanes + _squares(x_row, lane + 32 * i, row_ok, N, sx3)
+    total = halving_sum(lanes, 5)
     r = rsqrtf(total * factor + eps, INTERPRET)
 
-    d = tl.arange(0, BLOCK_N)
-    mask = row_ok[:, None] & (d < N)[None, :]
-    x = tl.load(x_row + d[None, :] * sx3, mask=mask, other=0.0).to(tl.float32)
     y = x * r[:, None]
     if HAS_WEIGHT:
         w = tl.load(w_ptr + d, mask=d < N, other=0.0).to(tl.float32)
@@ -142,7 +150,9 @@ def _rms_norm_fused_kernel(
     for k in tl.static_range(ITERS):
         col = cols + k * 4 * THREADS
         mask = row_ok[:, None] & (col < N)[None, :]
-        y = r * tl.load(x_row + col[None, :], mask=mask, other=0.0).to(tl.float32)
+        if ITERS > 1:  # a single tile is still in registers
+            v = tl.load(x_row + col[None, :], mask=mask, other=0.0)
+        y = r * v.to(tl.float32)
         if HAS_WEIGHT:
             y = tl.load(w_ptr + col, mask=col < N, other=0.0).to(tl.float32)[None, :] * y
         tl.store(o_row + col[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
@@ -215,13 +225,15 @@ def _plan(x, form):
         threads = 32 if n <= 128 else 128
         block_r = _last_pow2(max(1, 2048 // (4 * threads * triton.cdiv(n, 4 * threads))))
         ints = (n_rows, shape[1], shape[2], n, *strides4(x, x.shape)[:3], *strides4(out, x.shape)[:3])
-        consts = dict(ITERS=triton.cdiv(n, 4 * threads), THREADS=threads, BLOCK_R=block_r)
+        consts = dict(ITERS=triton.cdiv(n, 4 * threads), THREADS=threads, BLOCK_R=block_r,
+                      num_warps=2 if threads == 32 else 4)  # measured: 2 warps best for short rows
     else:
         block_n = triton.next_power_of_2(n)
         block_r = max(1, min(16, 2048 // block_n))
         ints = (n_rows, shape[1], shape[2], n, *strides4(x, x.shape), *strides4(out, x.shape))
-        consts = dict(VECTORIZED=n >= VECTORIZE_MIN, ITERS=triton.cdiv(n, 4 * LANES), BLOCK_R=block_r,
-                      BLOCK_N=block_n)
+        vectorized = n >= VECTORIZE_MIN
+        consts = dict(VECTORIZED=vectorized, ITERS=triton.cdiv(n, 4 * LANES if vectorized else LANES),
+                      BLOCK_R=block_r, BLOCK_N=block_n, num_warps=4)
     return out.stride(), (triton.cdiv(n_rows, block_r),), ints, consts, mean_factor(n_rows, n)
 
 
@@ -233,14 +245,14 @@ def rms_norm(x, weight, eps, form):
         out = torch.empty_strided(x.shape, out_strides, dtype=x.dtype, device=x.device)
         _rms_norm_fused_kernel[grid](
             x, w, out, *ints, FLT_EPSILON if eps is None else eps, **consts, HAS_WEIGHT=weight is not None,
-            INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False,
+            INTERPRET=INTERPRET, enable_fp_fusion=False,
         )
         return out
     out = torch.empty_strided(x.shape, out_strides, dtype=_out_dtype(x, weight), device=x.device)
     round_dtype = weight.dtype if weight is not None and weight.dtype in _HALF else torch.float32
     _rms_norm_diffusers_kernel[grid](
         x, w, out, *ints, eps, factor, **consts, HAS_WEIGHT=weight is not None,
-        ROUND_DTYPE=TL_DTYPE[round_dtype], INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False,
+        ROUND_DTYPE=TL_DTYPE[round_dtype], INTERPRET=INTERPRET, enable_fp_fusion=False,
     )
     return out
 
