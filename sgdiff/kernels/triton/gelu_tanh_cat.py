@@ -54,10 +54,10 @@ def _gelu_tanh_cat_kernel(
     x_row = x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None]
     if first + BLOCK_D <= DH:  # a block of head columns only: a copy
         tl.store(o, tl.load(h_row + cols[None, :] * sh3, mask=row_ok), mask=row_ok)
-    elif first >= DH:  # GELU columns only
-        in_x = row_ok & (cols < DH + DX)[None, :]
-        x = tl.load(x_row + (cols - DH)[None, :] * sx3, mask=in_x, other=0.0).to(tl.float32)
-        tl.store(o, gelu_tanh(x, INTERPRET).to(out_ptr.dtype.element_ty), mask=in_x)
+    elif first >= DH:  # GELU columns only (names apart from the next branch's: Triton types them per scope)
+        x_ok = row_ok & (cols < DH + DX)[None, :]
+        xs = tl.load(x_row + (cols - DH)[None, :] * sx3, mask=x_ok, other=0.0).to(tl.float32)
+        tl.store(o, gelu_tanh(xs, INTERPRET).to(out_ptr.dtype.element_ty), mask=x_ok)
     else:  # the block where head ends
         in_head = (cols < DH)[None, :]
         in_x = ((cols >= DH) & (cols < DH + DX))[None, :]
