@@ -51,15 +51,20 @@ def _rope_kernel(
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask = (rows < n_rows)[:, None] & (d < D)[None, :]
     x_row = x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None]
     c_row = cos_ptr + row_offsets(rows, n1, n2, sc0, sc1, sc2)[:, None]
     s_row = sin_ptr + row_offsets(rows, n1, n2, ss0, ss1, ss2)[:, None]
-    o_row = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None]
-    if FORM == 1:  # rotate-half: a program owns columns d of the first half and d + D/2 of the second
-        _rotate_half(x_row, c_row, s_row, o_row, rows < n_rows, d, D // 2, sx3, sc3, ss3, so3)
+    x = tl.load(x_row + d[None, :] * sx3, mask=mask, other=0.0).to(tl.float32)
+    if FORM == 1:  # rotate-half: the partner is half a row away, read from cache
+        half = D // 2
+        first = d < half
+        partner = tl.where(first, d + half, d - half)
+        xp = tl.load(x_row + partner[None, :] * sx3, mask=mask, other=0.0).to(tl.float32)
+        cos = tl.load(c_row + d[None, :] * sc3, mask=mask, other=0.0).to(tl.float32)
+        sin = tl.load(s_row + d[None, :] * ss3, mask=mask, other=0.0).to(tl.float32)
+        out = x * cos + tl.where(first[None, :], xp * -1.0, xp) * sin
     else:  # pairs (2j, 2j + 1) sit side by side: split the tile into its even and odd columns
-        mask = (rows < n_rows)[:, None] & (d < D)[None, :]
-        x = tl.load(x_row + d[None, :] * sx3, mask=mask, other=0.0).to(tl.float32)
         x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_R, BLOCK_D // 2, 2)))
         if FORM == 0:
             cos = tl.load(c_row + d[None, :] * sc3, mask=mask, other=0.0).to(tl.float32)
@@ -76,23 +81,8 @@ def _rope_kernel(
             out_even = (_round(x_even * cos, PRODUCT_DTYPE) - _round(x_odd * sin, PRODUCT_DTYPE)).to(PRODUCT_DTYPE)
             out_odd = (_round(x_even * sin, PRODUCT_DTYPE) + _round(x_odd * cos, PRODUCT_DTYPE)).to(PRODUCT_DTYPE)
         out = tl.reshape(tl.join(out_even, out_odd), (BLOCK_R, BLOCK_D))
-        tl.store(o_row + d[None, :] * so3, out.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _rotate_half(x_row, c_row, s_row, o_row, row_ok, d, half, sx3, sc3, ss3, so3):
-    """Columns ``d`` and ``d + half`` of each row: every operand is read once."""
-    mask = row_ok[:, None] & (d < half)[None, :]
-    d2 = d + half
-    x1 = tl.load(x_row + d[None, :] * sx3, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_row + d2[None, :] * sx3, mask=mask, other=0.0).to(tl.float32)
-    cos1 = tl.load(c_row + d[None, :] * sc3, mask=mask, other=0.0).to(tl.float32)
-    cos2 = tl.load(c_row + d2[None, :] * sc3, mask=mask, other=0.0).to(tl.float32)
-    sin1 = tl.load(s_row + d[None, :] * ss3, mask=mask, other=0.0).to(tl.float32)
-    sin2 = tl.load(s_row + d2[None, :] * ss3, mask=mask, other=0.0).to(tl.float32)
-    out_ty = o_row.dtype.element_ty
-    tl.store(o_row + d[None, :] * so3, (x1 * cos1 + (x2 * -1.0) * sin1).to(out_ty), mask=mask)
-    tl.store(o_row + d2[None, :] * so3, (x2 * cos2 + x1 * sin2).to(out_ty), mask=mask)
+    o_row = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None]
+    tl.store(o_row + d[None, :] * so3, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -142,7 +132,7 @@ def _plan(x, cos, sin, table_shape, form):
     shape = shape4(x.shape)
     out = torch.empty_strided(x.shape, like_strides(x), device="meta")
     n_rows = shape[0] * shape[1] * shape[2]
-    grid, block_r, block_d = launch_rows(n_rows, shape[3] // 2 if form == 1 else shape[3])  # rotate-half: by halves
+    grid, block_r, block_d = launch_rows(n_rows, shape[3])
     ints = (n_rows, shape[1], shape[2], shape[3], *strides4(x, x.shape), *strides4(cos, table_shape),
             *strides4(sin, table_shape), *strides4(out, x.shape))
     return out.stride(), grid, ints, dict(BLOCK_R=block_r, BLOCK_D=block_d)
