@@ -99,6 +99,11 @@ ROWWISE = textwrap.dedent(r"""
             assert err <= 2 ** -6 * max(1.0, want.float().abs().max().item()), err
         cases += 1
 
+    def sqrt32(v):
+        # correctly rounded fp32 sqrt, as the interpreter's (torch's CPU sqrt can be an ulp off);
+        # through fp64, whose double rounding is exact for sqrt
+        return torch.sqrt(v.double()).float()
+
     def cuda_order_rms(x, w, eps):
         # ATen's CUDA reduction order for mean(-1) of the squares, written with elementwise
         # fp32 adds only (see sgdiff/kernels/triton/rms_norm.py), then diffusers' RMSNorm
@@ -117,7 +122,7 @@ ROWWISE = textwrap.dedent(r"""
         for off in (16, 8, 4, 2, 1):
             lanes = torch.cat([lanes[:, :off] + lanes[:, off:2 * off], lanes[:, 2 * off:]], 1)
         mean = lanes[:, 0] * trms.mean_factor(M, N)
-        r = 1.0 / torch.sqrt(mean + torch.tensor(eps, dtype=torch.float32))
+        r = 1.0 / sqrt32(mean + torch.tensor(eps, dtype=torch.float32))
         y = (xf.reshape(M, N) * r[:, None]).view(x.shape)
         if w is None:
             return y.to(x.dtype)
@@ -139,7 +144,7 @@ ROWWISE = textwrap.dedent(r"""
             warps = torch.cat([warps[..., :off] + warps[..., off:2 * off], warps[..., 2 * off:]], -1)
         s = warps[..., 0]
         total = (s[:, 0] + s[:, 2]) + (s[:, 1] + s[:, 3])
-        r = 1.0 / torch.sqrt(total / N + torch.tensor(eps, dtype=torch.float32))
+        r = 1.0 / sqrt32(total / N + torch.tensor(eps, dtype=torch.float32))
         y = r[:, None] * xf
         if w is not None:
             y = w.float() * y
