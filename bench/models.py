@@ -43,14 +43,22 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def step_ms(fn: Callable, device: torch.device, repeats: int) -> float:
-    """Median time of one call in ms (CUDA events on GPU, wall clock on CPU)."""
-    times = []
+def step_times(fn: Callable, device: torch.device, repeats: int) -> Dict[str, float]:
+    """One call's time in ms, three ways (medians over ``repeats``):
+
+    ``ms``, from an idle GPU to the call's last kernel (CUDA events around the call; wall
+    clock on CPU); ``host_ms``, until the call returns to Python (the host's share); and
+    ``pipelined_ms``, the mean of ``repeats`` calls issued back to back, as a denoising loop
+    issues them (host and GPU overlap)."""
+    times, host = [], []
     for _ in range(repeats):
+        _sync(device)
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
+            t0 = time.perf_counter()
             fn()
+            host.append((time.perf_counter() - t0) * 1e3)
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
@@ -58,7 +66,14 @@ def step_ms(fn: Callable, device: torch.device, repeats: int) -> float:
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+            host.append(times[-1])
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    _sync(device)
+    pipelined = (time.perf_counter() - t0) * 1e3 / repeats
+    return dict(ms=statistics.median(times), host_ms=statistics.median(host), pipelined_ms=pipelined)
 
 
 def euler(fn: Callable, kwargs: dict, steps: int):
@@ -129,7 +144,8 @@ def run_model(name: str, size: str, device: torch.device, dtype, variants, repea
             _sync(device)
             row[f"{variant}_first_call_s"] = time.perf_counter() - t0
             outs = [out] + [fn(**kwargs)[0] for _ in range(3)]  # past warm-up and capture
-            row[f"{variant}_ms"] = step_ms(lambda: fn(**kwargs), device, repeats)
+            for key, value in step_times(lambda: fn(**kwargs), device, repeats).items():
+                row[f"{variant}_{key}"] = value
             row[f"{variant}_equal"] = all(torch.equal(o, want) for o in outs)
             row[f"{variant}_max_diff"] = max(float((o.float() - want.float()).abs().max()) for o in outs)
             if device.type == "cuda":
@@ -187,6 +203,14 @@ def write_report(result: dict, out: pathlib.Path) -> None:
                      f"{'-' if best is None else f'{best:.2f}'} | {c.get('sgdiff_lossless_best', '-')} | "
                      f"{'-' if None in (best, ind) else f'{best / ind:.3f}'} | {c.get('sgdiff_lossless_equal')} | "
                      f"{'-' if None in (first, aot) else f'{first / aot:.2f}'} |")
+    if any(f"{v}_host_ms" in c for c in result["cases"] for v in cols):
+        lines += ["", "Host time of one step: the call's return to Python / a step's share of calls issued back to "
+                  "back (ms; a step slower than both is host-bound):", "", "| model | " + " | ".join(cols) + " |",
+                  "|" + " --- |" * (len(cols) + 1)]
+        for c in result["cases"]:
+            cells = [f"{c[f'{v}_host_ms']:.2f} / {c[f'{v}_pipelined_ms']:.2f}" if f"{v}_host_ms" in c else "-"
+                     for v in cols]
+            lines.append(f"| {c['model']} | " + " | ".join(cells) + " |")
     lines += ["", "GPU time of one step by kernel category (ms; gaps_and_host = wall time not covered by kernels):",
               "", "| model | variant | gemm | attention | sgdiff | other | gaps_and_host |", "|" + " --- |" * 7]
     for c in result["cases"]:
