@@ -18,3 +18,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords or "/gpu/" in str(item.fspath):
             item.add_marker(skip)
+
+
+@pytest.fixture
+def fresh_dispatch():
+    """Kernel choices, verifications and disabled kernels forgotten before and after a test."""
+    from sgdiff.kernels import dispatch
+
+    dispatch.reset()
+    yield
+    dispatch.reset()

@@ -19,8 +19,7 @@ import torch
 
 from sgdiff.kernels import dispatch
 from sgdiff.kernels.layer_norm import layer_norm_reference
-
-aten = torch.ops.aten
+from sgdiff.kernels.modulate import modulation
 
 
 def layernorm_modulate_reference(
@@ -32,12 +31,7 @@ def layernorm_modulate_reference(
     shift: Optional[torch.Tensor],
     scale_plus_one: bool = True,
 ) -> torch.Tensor:
-    y = layer_norm_reference(x, weight, bias, eps)
-    factor = aten.add.Tensor(scale, 1) if scale_plus_one else scale
-    y = aten.mul.Tensor(y, factor)
-    if shift is not None:
-        y = aten.add.Tensor(y, shift)
-    return y.contiguous()
+    return modulation(layer_norm_reference(x, weight, bias, eps), scale, shift, scale_plus_one)
 
 
 layernorm_modulate = dispatch.define_op("layernorm_modulate", layernorm_modulate_reference)

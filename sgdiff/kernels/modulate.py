@@ -19,15 +19,26 @@ from sgdiff.kernels import dispatch
 aten = torch.ops.aten
 
 
+def modulation(
+    y: torch.Tensor,
+    scale: torch.Tensor,
+    shift: Optional[torch.Tensor],
+    scale_plus_one: bool = True,
+) -> torch.Tensor:
+    """``y * (1 + scale) [+ shift]`` (``y * scale`` without ``scale_plus_one``) as eager runs it,
+    contiguous: the tail every modulate op's reference shares."""
+    y = aten.mul.Tensor(y, aten.add.Tensor(scale, 1) if scale_plus_one else scale)
+    if shift is not None:
+        y = aten.add.Tensor(y, shift)
+    return y.contiguous()
+
+
 def modulate_reference(
     x: torch.Tensor,
     scale: torch.Tensor,
     shift: Optional[torch.Tensor],
 ) -> torch.Tensor:
-    y = aten.mul.Tensor(x, aten.add.Tensor(scale, 1))
-    if shift is not None:
-        y = aten.add.Tensor(y, shift)
-    return y.contiguous()
+    return modulation(x, scale, shift)
 
 
 modulate = dispatch.define_op("modulate", modulate_reference)

@@ -16,9 +16,8 @@ from typing import Optional
 import torch
 
 from sgdiff.kernels import dispatch
+from sgdiff.kernels.modulate import modulation
 from sgdiff.kernels.rms_norm import rms_norm_chain
-
-aten = torch.ops.aten
 
 
 def rmsnorm_modulate_reference(
@@ -29,11 +28,7 @@ def rmsnorm_modulate_reference(
     scale: torch.Tensor,
     shift: Optional[torch.Tensor],
 ) -> torch.Tensor:
-    y = rms_norm_chain(x, weight, eps, form)
-    y = aten.mul.Tensor(y, aten.add.Tensor(scale, 1))
-    if shift is not None:
-        y = aten.add.Tensor(y, shift)
-    return y.contiguous()
+    return modulation(rms_norm_chain(x, weight, eps, form), scale, shift)
 
 
 rmsnorm_modulate = dispatch.define_op("rmsnorm_modulate", rmsnorm_modulate_reference)

@@ -10,20 +10,13 @@ from hypothesis import given, settings, strategies as st
 from sgdiff.kernels import dispatch, registry
 from sgdiff.kernels.triton import layernorm_modulate as tk
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_dispatch")]
 OP = registry.op_def("layernorm_modulate").load()
 
 
 def eager(x, w, b, eps, scale, shift):
     y = F.layer_norm(x, x.shape[-1:], w, b, eps) * (1 + scale)
     return y + shift if shift is not None else y
-
-
-@pytest.fixture(autouse=True)
-def fresh_dispatch():
-    dispatch.reset()
-    yield
-    dispatch.reset()
 
 
 def bits(t):

@@ -8,15 +8,8 @@ from hypothesis import given, settings, strategies as st
 from sgdiff.kernels import dispatch, registry
 from sgdiff.kernels.triton import residual_gate as tk
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_dispatch")]
 OP = registry.op_def("residual_gate").load()
-
-
-@pytest.fixture(autouse=True)
-def fresh_dispatch():
-    dispatch.reset()
-    yield
-    dispatch.reset()
 
 
 # Flux.1-dev, Sana 1.6B, PixArt-Sigma, Wan 2.1 1.3B / 14B (fp32 stream), SD3.5-large

@@ -17,11 +17,9 @@ op = {name: registry.op_def(name).load() for name in ("rope", "rope_even_odd", "
 
 
 @pytest.fixture(autouse=True)
-def fresh_dispatch():
-    dispatch.reset()
+def no_kernel_disabled(fresh_dispatch):
     yield
     assert not dispatch.disabled(), dispatch.disabled()
-    dispatch.reset()
 
 
 def randn(*shape, dtype=torch.bfloat16, scale=1.0):
