@@ -208,6 +208,24 @@ def silu_mul_cases(quick: bool) -> List[Case]:
     return cases
 
 
+def rms_norm_rope_cases(quick: bool) -> List[Case]:
+    """Flux single blocks: F.rms_norm over head_dim (fused on CUDA), then apply_rotary_emb."""
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    g = torch.Generator(device="cuda").manual_seed(6)
+    B, S, H, D = 1, 4608, 24, 128
+    x = torch.randn(B, S, H * D, device="cuda", generator=g).to(torch.bfloat16).unflatten(-1, (H, D))
+    norm = torch.nn.RMSNorm(D, eps=1e-6).to("cuda", torch.bfloat16)
+    cos, sin = (torch.randn(S, D, device="cuda", generator=g) for _ in range(2))
+
+    def eager():
+        return apply_rotary_emb(norm(x), (cos, sin), sequence_dim=1)
+
+    args = (x, norm.weight.detach(), 1e-6, "fused", cos[None, :, None], sin[None, :, None], True)
+    return [_case("rms_norm_rope", (B, S, H, D), x.dtype, "Flux.1-dev q, single block (QK norm + RoPE)",
+                  eager, args, _bytes_like(x, x))]
+
+
 def gelu_tanh_cat_cases(quick: bool) -> List[Case]:
     """Flux single blocks: cat([attention output, gelu_tanh(proj_mlp(x))], dim=2) before proj_out."""
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -226,6 +244,7 @@ CASES: Dict[str, Callable[[bool], List[Case]]] = {
     "rms_norm": rms_norm_cases,
     "silu_mul": silu_mul_cases,
     "gelu_tanh_cat": gelu_tanh_cat_cases,
+    "rms_norm_rope": rms_norm_rope_cases,
 }
 
 

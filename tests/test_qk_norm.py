@@ -222,3 +222,87 @@ def test_opcheck(dtype):
     for args in [(x, w, b, 1e-6), (x.transpose(1, 2), None, None, 1e-5)]:
         torch.library.opcheck(layer_norm, args)
         assert layer_norm(*args).is_contiguous()
+
+
+RMS_ROPE = registry.op_def("rms_norm_rope").load()
+
+
+def cuda_form_single_block(D, interleaved, weighted=True, extra_user=False, dtype=torch.bfloat16, S=5, H=2):
+    """Flux single block as a CUDA capture gives it, in ATen calls: F.rms_norm is
+    aten._fused_rms_norm over head_dim; then diffusers' apply_rotary_emb (use_real) on q and k."""
+    half = dtype != torch.float32
+
+    def rope(n, cos, sin):
+        if interleaved:
+            u = aten.unbind.int(aten.view.default(n, [2, S, H, D // 2, 2]), -1)
+            rot = aten.view.default(aten.stack.default([aten.neg.default(u[1]), u[0]], -1), [2, S, H, D])
+        else:
+            u = aten.unbind.int(aten.view.default(n, [2, S, H, 2, D // 2]), -2)
+            rot = aten.cat.default([aten.neg.default(u[1]), u[0]], -1)
+        up = (lambda t: aten._to_copy.default(t, dtype=torch.float32)) if half else (lambda t: t)
+        out = aten.add.Tensor(aten.mul.Tensor(up(n), cos), aten.mul.Tensor(up(rot), sin))
+        return aten._to_copy.default(out, dtype=dtype) if half else out
+
+    def fn(q, k, w, cos, sin):
+        cos = aten.unsqueeze.default(aten.unsqueeze.default(cos, 0), 2)  # cos[None, :, None]
+        sin = aten.unsqueeze.default(aten.unsqueeze.default(sin, 0), 2)
+        outs = []
+        for t in (q, k):
+            n = aten._fused_rms_norm.default(aten.view.default(t, [2, S, H, D]), [D], w if weighted else None,
+                                             1e-6)[0]
+            outs.append(rope(n, cos, sin))
+            if extra_user:
+                outs.append(n)
+        return tuple(outs)
+
+    return fn
+
+
+def single_block_args(D, dtype, S=5, H=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(2, S, H * D, generator=g).to(dtype), torch.randn(2, S, H * D, generator=g).to(dtype),
+            torch.randn(D, generator=g).to(dtype), torch.randn(S, D, generator=g), torch.randn(S, D, generator=g))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_fused_rms_norm_then_rope_is_one_op(dtype, interleaved, weighted):
+    fn, args = cuda_form_single_block(128, interleaved, weighted, dtype=dtype), single_block_args(128, dtype)
+    gm = fx_graph(fn, *args)
+    result = PassManager(families=["rope", "qk_norm"]).apply(gm)
+    assert result.counts == {"rope": 2, "qk_norm": 2} and result.passes["qk_norm"].ops == {"rms_norm_rope": 2}
+    assert count_op(gm, RMS_ROPE) == 2 and count_op(gm, RMS) == 0
+    assert aten._fused_rms_norm.default not in targets(gm)
+    node = next(n for n in gm.graph.nodes if n.target == RMS_ROPE)
+    assert node.args[3] == "fused" and node.args[6] is interleaved and (node.args[1] is not None) == weighted
+    for got, want in zip(gm(*args), fn(*args)):
+        assert bits_equal(got, want) and got.stride() == want.stride()
+
+
+@pytest.mark.parametrize("name,fn,D", [
+    ("head_dim 64", cuda_form_single_block(64, True), 64),
+    ("the norm output read again", cuda_form_single_block(128, True, extra_user=True), 128),
+])
+def test_rms_norm_and_rope_stay_apart(name, fn, D):
+    args = single_block_args(D, torch.bfloat16)
+    gm = fx_graph(fn, *args)
+    result = PassManager(families=["rope", "qk_norm"]).apply(gm)
+    assert count_op(gm, RMS_ROPE) == 0, name
+    assert result.counts == {"rope": 2, "qk_norm": 2} and not result.skipped  # not sites: no skip reported
+    for got, want in zip(gm(*args), fn(*args)):
+        assert bits_equal(got, want)
+
+
+def test_composite_rms_norm_stays_apart():
+    # on CPU F.rms_norm is a composite: the rms_norm op and the rope op, each bit-exact
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    def fn(q, cos, sin):
+        n = F.rms_norm(q.unflatten(-1, (2, 128)), (128,), None, 1e-6)
+        return apply_rotary_emb(n, (cos, sin), use_real_unbind_dim=-1, sequence_dim=1)
+
+    args = (torch.randn(2, 5, 256, dtype=torch.bfloat16), torch.randn(5, 128), torch.randn(5, 128))
+    run, gm, result = rewrite(fn, args, families=["rope", "qk_norm"])
+    assert count_op(gm, RMS_ROPE) == 0 and count_op(gm, RMS) == 1
+    assert bits_equal(run(*args), fn(*args))

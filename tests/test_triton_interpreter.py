@@ -81,6 +81,7 @@ ROWWISE = textwrap.dedent(r"""
     import torch
     import torch.nn.functional as F
     from sgdiff.kernels.triton import gelu_tanh_cat as tgelu, rms_norm as trms, rope as trope, silu_mul as tsilu
+    from sgdiff.kernels.triton import rms_norm_rope as trr
     from sgdiff.kernels.gelu_tanh_cat import gelu_tanh_cat_reference
     from sgdiff.kernels.rope import rope_reference
     from sgdiff.kernels.rope_even_odd import rope_even_odd_reference
@@ -189,6 +190,17 @@ ROWWISE = textwrap.dedent(r"""
         c = torch.randn(2, 8, 5, 6, dtype=dt).to(memory_format=torch.channels_last)
         hidden, gate = c.chunk(2, 1)
         check(tsilu.silu_mul(gate, hidden), silu_mul_reference(gate, hidden), False)
+        # rms_norm_rope: the fused norm then the rotation on one tile, equal to the two kernels
+        # one after the other (the interpreter rounds alike in both), per-head and heads-first
+        x = (torch.randn(2, 37, 3, 128) * 2).to(dt)
+        cos, sin = torch.randn(37, 128), torch.randn(37, 128)
+        for xx, c, s in ((x, cos[None, :, None], sin[None, :, None]), (x.transpose(1, 2), cos[None, None], sin[None, None])):
+            for w, eps, inter in ((torch.randn(128).to(dt), 1e-6, True), (None, None, False)):
+                args = (xx, w, eps, "fused", c, s, inter)
+                assert trr.supported_layout(*args)
+                check(trr.rms_norm_rope(*args), trope.rope(trms.rms_norm(xx, w, eps, "fused"), c, s, inter), True)
+        assert not trr.supported_layout(torch.randn(2, 3, 64), None, None, "fused", cos[:3, :64], sin[:3, :64], True)
+        assert not trr.supported_layout(x, None, 1e-6, "diffusers", cos[None, :, None], sin[None, :, None], True)
         # gelu_tanh_cat: Flux's attention output (a transposed view) beside the MLP half; a
         # width that is not a block multiple; one row; blocks of head columns only (numpy's tanh is not CUDA's: a tolerance)
         attn = torch.randn(2, 3, 9, 16, dtype=dt).transpose(1, 2).flatten(2, 3)
@@ -215,7 +227,7 @@ ROWWISE = textwrap.dedent(r"""
 """)
 
 
-@pytest.mark.parametrize("script,cases", [(SCRIPT, 40), (RESIDUAL_GATE, 8), (ROWWISE, 112)],
+@pytest.mark.parametrize("script,cases", [(SCRIPT, 40), (RESIDUAL_GATE, 8), (ROWWISE, 120)],
                          ids=["layernorm_modulate", "residual_gate", "rowwise"])
 def test_kernels_under_interpreter(script, cases):
     env = dict(os.environ, TRITON_INTERPRET="1")

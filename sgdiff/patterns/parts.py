@@ -170,7 +170,7 @@ def is_last_dim(dim: Any, ndim: int) -> bool:
 # --- structural predicates (for Arg checks and matcher.When) --------------------------------
 
 def is_product(v: Any) -> bool:
-    return _is_call(v, (aten.mul.Tensor,))
+    return is_call(v, (aten.mul.Tensor,))
 
 
 def is_token_stream(v: Any) -> bool:
@@ -184,10 +184,10 @@ def splits_heads(v: Any) -> bool:
     (``unflatten``, ``view``), maybe transposed after that with ``head_dim`` kept last (SD3's
     ``view(B, -1, H, D).transpose(1, 2)``) or cast (AuraFlow's fp32 LayerNorm)."""
     node = v
-    while (_is_call(node, (aten.transpose.int, aten.permute.default)) and _keeps_last_dim(node)
-           or _is_call(node, (aten._to_copy.default,))):
+    while (is_call(node, (aten.transpose.int, aten.permute.default)) and _keeps_last_dim(node)
+           or is_call(node, (aten._to_copy.default,))):
         node = node.args[0]
-    if not _is_call(node, RESHAPES) or not isinstance(node.args[0], fx.Node):
+    if not is_call(node, RESHAPES) or not isinstance(node.args[0], fx.Node):
         return False
     out, whole = tensor_meta(node), tensor_meta(node.args[0])
     return (out is not None and whole is not None and out.dim() == whole.dim() + 1
@@ -195,7 +195,7 @@ def splits_heads(v: Any) -> bool:
             and same_size(out.shape[-2] * out.shape[-1], whole.shape[-1]))
 
 
-def _is_call(node: Any, targets) -> bool:
+def is_call(node: Any, targets) -> bool:
     return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
 
 
@@ -213,7 +213,7 @@ def feeds_head_split(node: Any) -> bool:
     if out is None or not isinstance(node, fx.Node) or not node.users:
         return False
     for user in node.users:
-        view = tensor_meta(user) if _is_call(user, RESHAPES) else None
+        view = tensor_meta(user) if is_call(user, RESHAPES) else None
         if view is None or view.dim() != out.dim() + 1 or same_size(view.shape[-2], 1):
             return False
         if not (all(same_size(a, b) for a, b in zip(view.shape[:-2], out.shape[:-1]))

@@ -7,15 +7,26 @@ into heads (Flux, Flux2, SD3.5, QwenImage, CogVideoX), or over all heads before 
 it sits, not by how it is written: its input is a projection split into heads, or every user
 splits its output into heads. Other norms (QwenImage's ``txt_norm``) are not sites. Variants come from
 :class:`QkNormKey`.
+
+Where ``F.rms_norm``'s fused form over ``head_dim`` = 128 feeds nothing but the RoPE that the
+``rope`` family (applied before this one) turned into ``sgdiff::rope`` (Flux single blocks), the
+two become one ``sgdiff::rms_norm_rope``.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import List, Optional
 
-from sgdiff.fxpasses.matcher import Match, When
+import operator
+
+import torch
+
+from sgdiff.fxpasses.matcher import Arg, Match, Op, When
+from sgdiff.kernels import registry
 from sgdiff.patterns import parts
 from sgdiff.patterns.base import ChainPattern, like_layout_reason, tensor_meta
+
+ROPE_HEAD_DIM = 128  # what sgdiff::rms_norm_rope's kernel takes
 
 NORMS = ("rms_norm", "layer_norm")
 HEADS = ("per_head", "across_heads")
@@ -57,8 +68,34 @@ def check(key: QkNormKey):
     return qk_norm_check
 
 
+def _fused_rms_norm_only_into(rope) -> bool:
+    """``rope`` (an sgdiff::rope node) rotates the fused F.rms_norm of a 128-wide head, whose
+    weight (if any) has the input's dtype, and nothing else reads the norm."""
+    norm = rope.args[0] if rope.args else None
+    if not (parts.is_call(norm, (operator.getitem,)) and len(norm.users) == 1
+            and parts.is_call(norm.args[0], (torch.ops.aten._fused_rms_norm.default,))):
+        return False
+    x, weight = tensor_meta(norm.args[0].args[0]), tensor_meta(norm.args[0].args[2])
+    return (x is not None and x.dim() >= 1 and x.shape[-1] == ROPE_HEAD_DIM
+            and (weight is None or weight.dtype == x.dtype))
+
+
+def rms_norm_rope_pattern() -> ChainPattern:
+    rope = registry.op_def("rope").load()
+    chain = Op(rope, parts.rms_norm(parts.splits_heads), Arg("cos"), Arg("sin"), Arg("interleaved"))
+    return ChainPattern(
+        family="qk_norm",
+        name="qk_rms_norm_rope",
+        chain=When(chain, _fused_rms_norm_only_into),
+        op="rms_norm_rope",
+        replacement=lambda m: (m["x"], m.get("weight"), m["eps"], "fused", m["cos"], m["sin"], m["interleaved"]),
+        check=check(QkNormKey("rms_norm", "per_head")),  # the root's layout: the RoPE's output
+        priority=1,  # before the norm alone takes the site
+    )
+
+
 def patterns() -> List[ChainPattern]:
-    out = []
+    out = [rms_norm_rope_pattern()]
     for norm in NORMS:
         for heads in HEADS:
             key = QkNormKey(norm, heads)

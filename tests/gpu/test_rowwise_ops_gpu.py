@@ -1,4 +1,4 @@
-"""rope, rope_even_odd, rms_norm (both forms), silu_mul and gelu_tanh_cat on CUDA: each Triton kernel is
+"""rope, rope_even_odd, rms_norm (both forms), rms_norm_rope, silu_mul and gelu_tanh_cat on CUDA: each Triton kernel is
 bitwise equal to the eager chain as diffusers writes it, or is not used."""
 import os
 
@@ -8,12 +8,13 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from sgdiff.kernels import dispatch, registry
-from sgdiff.kernels.triton import gelu_tanh_cat as tgelu, rms_norm as trms, rope as trope, silu_mul as tsilu
+from sgdiff.kernels.triton import gelu_tanh_cat as tgelu, rms_norm as trms, rms_norm_rope as trr, rope as trope
+from sgdiff.kernels.triton import silu_mul as tsilu
 
 pytestmark = pytest.mark.gpu
 EXAMPLES = int(os.environ.get("SGDIFF_GPU_EXAMPLES", "40"))
 op = {name: registry.op_def(name).load() for name in ("rope", "rope_even_odd", "rms_norm", "silu_mul",
-                                                                "gelu_tanh_cat")}
+                                                                "gelu_tanh_cat", "rms_norm_rope")}
 
 
 @pytest.fixture(autouse=True)
@@ -248,3 +249,46 @@ def test_gelu_tanh_cat_any_layout(rows, dh, dx, dtype, layout):
         x = randn(rows * dx + 1, dtype=dtype, scale=4.0)[1:].view(rows, dx)
     want = torch.cat([head, F.gelu(x, approximate="tanh")], dim=-1)
     assert torch.equal(op["gelu_tanh_cat"](head, x), want)
+
+
+# Flux.1-dev single blocks (image + text tokens), Qwen-Image-sized
+@pytest.mark.parametrize("shape", [(1, 4608, 24, 128), (2, 4096, 24, 128), (1, 333, 3, 128)])
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("affine,eps", [(True, 1e-6), (False, None)])
+def test_rms_norm_rope_real_shapes(shape, interleaved, dtype, affine, eps):
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    B, S, H, D = shape
+    x = randn(B, S, H * D, dtype=dtype, scale=2.0).unflatten(-1, (H, D))
+    w = randn(D, dtype=dtype) if affine else None
+    cos, sin = randn(S, D, dtype=torch.float32), randn(S, D, dtype=torch.float32)
+    want = apply_rotary_emb(F.rms_norm(x, (D,), w, eps), (cos, sin), use_real_unbind_dim=-1 if interleaved else -2,
+                            sequence_dim=1)
+    args = (x, w, eps, "fused", cos[None, :, None], sin[None, :, None], interleaved)
+    assert trr.can_use(*args)
+    got = trr.rms_norm_rope(*args)
+    assert torch.equal(got, want) and got.stride() == want.stride()
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(B=st.integers(1, 2), S=st.integers(1, 300), H=st.integers(1, 5), dtype=st.sampled_from([torch.bfloat16, torch.float16]),
+       layout=st.sampled_from(["contiguous", "heads_first", "qkv_chunk", "offset"]), interleaved=st.booleans(),
+       affine=st.booleans())
+def test_rms_norm_rope_any_layout(B, S, H, dtype, layout, interleaved, affine):
+    D = 128
+    if layout == "qkv_chunk":
+        x = randn(B, S, 3 * H * D, dtype=dtype)[..., H * D:2 * H * D].unflatten(-1, (H, D))
+    elif layout == "offset":
+        x = randn(B * S * H * D + 4, dtype=dtype)[4:].view(B, S, H, D)
+    else:
+        x = randn(B, S, H, D, dtype=dtype)
+    cos, sin = randn(S, D, dtype=torch.float32)[None, :, None], randn(S, D, dtype=torch.float32)[None, :, None]
+    if layout == "heads_first":
+        x, cos, sin = x.transpose(1, 2), cos.transpose(1, 2), sin.transpose(1, 2)
+    w = randn(D, dtype=dtype) if affine else None
+    from sgdiff.kernels.rms_norm_rope import rms_norm_rope_reference  # the eager chain
+
+    want = rms_norm_rope_reference(x, w, 1e-6, "fused", cos, sin, interleaved)
+    got = op["rms_norm_rope"](x, w, 1e-6, "fused", cos, sin, interleaved)
+    assert torch.equal(got, want) and got.stride() == want.stride()

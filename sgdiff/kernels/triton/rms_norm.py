@@ -116,6 +116,30 @@ def _rms_norm_diffusers_kernel(
 
 
 @triton.jit
+def fused_sum_squares(acc, v):
+    """Fold a [R, 4 * T] tile into the [R, T] per-thread accumulators of ATen's fused RMSNorm:
+    thread t takes its 4-vector (columns 4t .. 4t + 3) with ``acc = fma(x, x, acc)`` in order."""
+    x0, x1, x2, x3 = unpack4(tl.reshape(v.to(tl.float32), (acc.shape[0], acc.shape[1], 4)))
+    acc = tl.fma(x0, x0, acc)
+    acc = tl.fma(x1, x1, acc)
+    acc = tl.fma(x2, x2, acc)
+    return tl.fma(x3, x3, acc)
+
+
+@triton.jit
+def fused_inv_rms(acc, N, eps, INTERPRET: tl.constexpr):
+    """``rsqrtf(sum / N + eps)`` per row from [R, T] thread accumulators (T = 32 or 128):
+    each warp's shuffle-down tree, then warps (0 + 2) + (1 + 3), then an IEEE division."""
+    R: tl.constexpr = acc.shape[0]
+    T: tl.constexpr = acc.shape[1]
+    total = halving_sum(tl.reshape(acc, (R * (T // 32), 32)), 5)
+    if T == 128:
+        total = halving_sum(tl.reshape(total, (R, 4)), 2)
+    var = tl.math.div_rn(total, tl.full(total.shape, N, tl.float32))
+    return rsqrtf(var + eps, INTERPRET)
+
+
+@triton.jit
 def _rms_norm_fused_kernel(
     x_ptr, w_ptr, out_ptr,
     n_rows, n1, n2, N,
@@ -137,16 +161,8 @@ def _rms_norm_fused_kernel(
     for k in tl.static_range(ITERS):
         col = cols + k * 4 * THREADS
         v = tl.load(x_row + col[None, :], mask=row_ok[:, None] & (col < N)[None, :], other=0.0)
-        x0, x1, x2, x3 = unpack4(tl.reshape(v.to(tl.float32), (BLOCK_R, THREADS, 4)))
-        acc = tl.fma(x0, x0, acc)
-        acc = tl.fma(x1, x1, acc)
-        acc = tl.fma(x2, x2, acc)
-        acc = tl.fma(x3, x3, acc)
-    total = halving_sum(tl.reshape(acc, (BLOCK_R * (THREADS // 32), 32)), 5)  # each warp's shuffle-down tree
-    if THREADS == 128:
-        total = halving_sum(tl.reshape(total, (BLOCK_R, 4)), 2)  # then warps (0 + 2) + (1 + 3)
-    var = tl.math.div_rn(total, tl.full(total.shape, N, tl.float32))
-    r = rsqrtf(var + eps, INTERPRET)[:, None]
+        acc = fused_sum_squares(acc, v)
+    r = fused_inv_rms(acc, N, eps, INTERPRET)[:, None]
     for k in tl.static_range(ITERS):
         col = cols + k * 4 * THREADS
         mask = row_ok[:, None] & (col < N)[None, :]

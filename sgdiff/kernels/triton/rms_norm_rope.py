@@ -1,0 +1,109 @@
+"""Triton sgdiff::rms_norm_rope, bitwise equal to eager on CUDA: ATen's fused RMSNorm
+(``F.rms_norm``) over ``head_dim`` = 128, then the rotary embedding, on one register tile.
+
+The norm is :func:`sgdiff.kernels.triton.rms_norm.fused_sum_squares` and
+:func:`~sgdiff.kernels.triton.rms_norm.fused_inv_rms` with 32 threads per row (ATen's
+warps 1-3 hold nothing at 128 columns); its output is rounded to ``x.dtype`` as eager stores
+it, then rotated as :mod:`sgdiff.kernels.triton.rope` does (fp32 products and sum, ``-x`` as
+``x * -1``, one rounding). Inputs the fused RMSNorm kernel or the RoPE kernel would refuse are
+refused here too, and other head sizes are left to the two ops.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sgdiff.kernels.layout import like_strides
+from sgdiff.kernels.triton import rms_norm as trms
+from sgdiff.kernels.triton import rope as trope
+from sgdiff.kernels.triton.cuda_math import INTERPRET
+from sgdiff.kernels.triton.rms_norm import FLT_EPSILON, fused_inv_rms, fused_sum_squares
+from sgdiff.kernels.triton.rows import cached_plan, row_offsets, shape4, strides4
+
+HEAD_DIM = 128  # one 4-vector per thread of a warp
+
+
+@triton.jit
+def _rms_norm_rope_kernel(
+    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr,
+    n_rows, n1, n2,
+    sx0, sx1, sx2,
+    sc0, sc1, sc2, sc3,
+    ss0, ss1, ss2, ss3,
+    so0, so1, so2,
+    eps,
+    HAS_WEIGHT: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    D: tl.constexpr = 128
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = (rows < n_rows)[:, None]
+    d = tl.arange(0, D)
+    v = tl.load(x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None] + d[None, :], mask=row_ok, other=0.0)
+    r = fused_inv_rms(fused_sum_squares(tl.zeros((BLOCK_R, 32), tl.float32), v), D, eps, INTERPRET)
+    y = r[:, None] * v.to(tl.float32)
+    if HAS_WEIGHT:
+        y = tl.load(w_ptr + d).to(tl.float32)[None, :] * y
+    y = y.to(out_ptr.dtype.element_ty).to(tl.float32)  # the norm's output, as eager stores it
+    cos = tl.load(cos_ptr + row_offsets(rows, n1, n2, sc0, sc1, sc2)[:, None] + d[None, :] * sc3, mask=row_ok,
+                  other=0.0).to(tl.float32)
+    sin = tl.load(sin_ptr + row_offsets(rows, n1, n2, ss0, ss1, ss2)[:, None] + d[None, :] * ss3, mask=row_ok,
+                  other=0.0).to(tl.float32)
+    if INTERLEAVED:  # pairs (2j, 2j + 1) side by side
+        y0, y1 = tl.split(tl.reshape(y, (BLOCK_R, D // 2, 2)))
+        c0, c1 = tl.split(tl.reshape(cos, (BLOCK_R, D // 2, 2)))
+        s0, s1 = tl.split(tl.reshape(sin, (BLOCK_R, D // 2, 2)))
+        out = tl.reshape(tl.join(y0 * c0 + (y1 * -1.0) * s0, y1 * c1 + y0 * s1), (BLOCK_R, D))
+    else:  # rotate-half: columns j and j + D/2
+        y0, y1 = _halves(y)
+        c0, c1 = _halves(cos)
+        s0, s1 = _halves(sin)
+        out = tl.reshape(tl.permute(tl.join(y0 * c0 + (y1 * -1.0) * s0, y1 * c1 + y0 * s1), (0, 2, 1)),
+                         (BLOCK_R, D))
+    o = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None] + d[None, :]
+    tl.store(o, out.to(out_ptr.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
+def _halves(t):
+    """The first and second half of each row of a [R, D] tile."""
+    return tl.split(tl.permute(tl.reshape(t, (t.shape[0], 2, t.shape[1] // 2)), (0, 2, 1)))
+
+
+def supported_layout(x, weight, eps, form, cos, sin, interleaved) -> bool:
+    """can_use without the device check (the interpreter runs the kernel on CPU tensors)."""
+    return (form == "fused" and x.dim() >= 1 and x.shape[-1] == HEAD_DIM
+            and trms.supported_layout(x, weight, eps, form) and trope.supported_layout(x, cos, sin, interleaved))
+
+
+def can_use(x, weight, eps, form, cos, sin, interleaved) -> bool:
+    return x.is_cuda and supported_layout(x, weight, eps, form, cos, sin, interleaved)
+
+
+@cached_plan
+def _plan(x, cos, sin):
+    shape = shape4(x.shape)
+    n_rows = shape[0] * shape[1] * shape[2]
+    out = torch.empty_strided(x.shape, like_strides(x), device="meta")
+    block_r = 16  # as the fused RMSNorm kernel for 128 columns
+    ints = (n_rows, shape[1], shape[2], *strides4(x, x.shape)[:3], *strides4(cos, x.shape),
+            *strides4(sin, x.shape), *strides4(out, x.shape)[:3])
+    return out.stride(), (triton.cdiv(n_rows, block_r),), ints, block_r
+
+
+def rms_norm_rope(x, weight, eps, form, cos, sin, interleaved):
+    """Launch; the caller has checked :func:`can_use`."""
+    out_strides, grid, ints, block_r = _plan(x, cos, sin)
+    out = torch.empty_strided(x.shape, out_strides, dtype=x.dtype, device=x.device)
+    _rms_norm_rope_kernel[grid](
+        x, weight if weight is not None else x, cos, sin, out, *ints, FLT_EPSILON if eps is None else eps,
+        HAS_WEIGHT=weight is not None, INTERLEAVED=bool(interleaved), BLOCK_R=block_r, INTERPRET=INTERPRET,
+        num_warps=2, enable_fp_fusion=False,
+    )
+    return out
+
+
+rms_norm_rope.can_use = can_use
