@@ -222,8 +222,19 @@ def rms_norm_rope_cases(quick: bool) -> List[Case]:
         return apply_rotary_emb(norm(x), (cos, sin), sequence_dim=1)
 
     args = (x, norm.weight.detach(), 1e-6, "fused", cos[None, :, None], sin[None, :, None], True)
-    return [_case("rms_norm_rope", (B, S, H, D), x.dtype, "Flux.1-dev q, single block (QK norm + RoPE)",
-                  eager, args, _bytes_like(x, x))]
+    cases = [_case("rms_norm_rope", (B, S, H, D), x.dtype, "Flux.1-dev q, single block (QK norm + RoPE)",
+                   eager, args, _bytes_like(x, x))]
+    txt, img = x[:, :512], x[:, 512:]  # double blocks: text and image queries normalized apart, then joined
+    norm_added = torch.nn.RMSNorm(D, eps=1e-6).to("cuda", torch.bfloat16)
+
+    def joined():
+        return apply_rotary_emb(torch.cat([norm_added(txt), norm(img)], dim=1), (cos, sin), sequence_dim=1)
+
+    args = (txt, norm_added.weight.detach(), img, norm.weight.detach(), 1e-6, "fused", cos[None, :, None],
+            sin[None, :, None], True)
+    cases.append(_case("rms_norm_cat_rope", (B, S, H, D), x.dtype, "Flux.1-dev q, double block (2 QK norms, cat, RoPE)",
+                       joined, args, _bytes_like(x, x)))
+    return cases
 
 
 def gelu_tanh_cat_cases(quick: bool) -> List[Case]:

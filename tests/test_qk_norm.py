@@ -227,35 +227,70 @@ def test_opcheck(dtype):
 RMS_ROPE = registry.op_def("rms_norm_rope").load()
 
 
-def cuda_form_single_block(D, interleaved, weighted=True, extra_user=False, dtype=torch.bfloat16, S=5, H=2):
-    """Flux single block as a CUDA capture gives it, in ATen calls: F.rms_norm is
-    aten._fused_rms_norm over head_dim; then diffusers' apply_rotary_emb (use_real) on q and k."""
+def aten_rope(n, shape, cos, sin, interleaved, dtype):
+    """diffusers' apply_rotary_emb (use_real, sequence_dim=1) on ``n`` of ``shape``, in the ATen
+    calls a capture gives."""
+    B, S, H, D = shape
+    if interleaved:
+        u = aten.unbind.int(aten.view.default(n, [B, S, H, D // 2, 2]), -1)
+        rot = aten.view.default(aten.stack.default([aten.neg.default(u[1]), u[0]], -1), [B, S, H, D])
+    else:
+        u = aten.unbind.int(aten.view.default(n, [B, S, H, 2, D // 2]), -2)
+        rot = aten.cat.default([aten.neg.default(u[1]), u[0]], -1)
     half = dtype != torch.float32
+    up = (lambda t: aten._to_copy.default(t, dtype=torch.float32)) if half else (lambda t: t)
+    out = aten.add.Tensor(aten.mul.Tensor(up(n), cos), aten.mul.Tensor(up(rot), sin))
+    return aten._to_copy.default(out, dtype=dtype) if half else out
 
-    def rope(n, cos, sin):
-        if interleaved:
-            u = aten.unbind.int(aten.view.default(n, [2, S, H, D // 2, 2]), -1)
-            rot = aten.view.default(aten.stack.default([aten.neg.default(u[1]), u[0]], -1), [2, S, H, D])
-        else:
-            u = aten.unbind.int(aten.view.default(n, [2, S, H, 2, D // 2]), -2)
-            rot = aten.cat.default([aten.neg.default(u[1]), u[0]], -1)
-        up = (lambda t: aten._to_copy.default(t, dtype=torch.float32)) if half else (lambda t: t)
-        out = aten.add.Tensor(aten.mul.Tensor(up(n), cos), aten.mul.Tensor(up(rot), sin))
-        return aten._to_copy.default(out, dtype=dtype) if half else out
+
+def fused_norm(t, shape, w):
+    return aten._fused_rms_norm.default(aten.view.default(t, shape), [shape[-1]], w, 1e-6)[0]
+
+
+def tables(cos, sin):  # cos[None, :, None], as apply_rotary_emb indexes them
+    return tuple(aten.unsqueeze.default(aten.unsqueeze.default(t, 0), 2) for t in (cos, sin))
+
+
+def cuda_form_single_block(D, interleaved, weighted=True, extra_user=False, dtype=torch.bfloat16, S=5, H=2):
+    """Flux single block as a CUDA capture gives it: F.rms_norm is aten._fused_rms_norm over
+    head_dim; then the RoPE, on q and k."""
 
     def fn(q, k, w, cos, sin):
-        cos = aten.unsqueeze.default(aten.unsqueeze.default(cos, 0), 2)  # cos[None, :, None]
-        sin = aten.unsqueeze.default(aten.unsqueeze.default(sin, 0), 2)
+        cos, sin = tables(cos, sin)
         outs = []
         for t in (q, k):
-            n = aten._fused_rms_norm.default(aten.view.default(t, [2, S, H, D]), [D], w if weighted else None,
-                                             1e-6)[0]
-            outs.append(rope(n, cos, sin))
+            n = fused_norm(t, [2, S, H, D], w if weighted else None)
+            outs.append(aten_rope(n, (2, S, H, D), cos, sin, interleaved, dtype))
             if extra_user:
                 outs.append(n)
         return tuple(outs)
 
     return fn
+
+
+def cuda_form_double_block(interleaved, weighted=True, dtype=torch.bfloat16, St=3, Si=5, H=2, D=128, eps1=1e-6):
+    """Flux double block as a CUDA capture gives it: text and image q (and k) normalized apart,
+    joined along the sequence (text first), then rotated."""
+
+    def fn(qt, qi, kt, ki, wt, wi, cos, sin):
+        cos, sin = tables(cos, sin)
+        outs = []
+        for t, i in ((qt, qi), (kt, ki)):
+            nt = fused_norm(t, [2, St, H, D], wt if weighted else None)
+            ni = aten._fused_rms_norm.default(aten.view.default(i, [2, Si, H, D]), [D], wi if weighted else None,
+                                              eps1)[0]
+            y = aten.cat.default([nt, ni], 1)
+            outs.append(aten_rope(y, (2, St + Si, H, D), cos, sin, interleaved, dtype))
+        return tuple(outs)
+
+    return fn
+
+
+def double_block_args(dtype, St=3, Si=5, H=2, D=128, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    t = [torch.randn(2, S, H * D, generator=g).to(dtype) for S in (St, Si, St, Si)]
+    return (*t, torch.randn(D, generator=g).to(dtype), torch.randn(D, generator=g).to(dtype),
+            torch.randn(St + Si, D, generator=g), torch.randn(St + Si, D, generator=g))
 
 
 def single_block_args(D, dtype, S=5, H=2, seed=0):
@@ -306,3 +341,31 @@ def test_composite_rms_norm_stays_apart():
     run, gm, result = rewrite(fn, args, families=["rope", "qk_norm"])
     assert count_op(gm, RMS_ROPE) == 0 and count_op(gm, RMS) == 1
     assert bits_equal(run(*args), fn(*args))
+
+
+RMS_CAT_ROPE = registry.op_def("rms_norm_cat_rope").load()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_two_fused_rms_norms_joined_then_rope_is_one_op(dtype, interleaved, weighted):
+    fn, args = cuda_form_double_block(interleaved, weighted, dtype), double_block_args(dtype)
+    gm = fx_graph(fn, *args)
+    result = PassManager(families=["rope", "qk_norm"]).apply(gm)
+    assert result.counts == {"rope": 2, "qk_norm": 2} and result.passes["qk_norm"].ops == {"rms_norm_cat_rope": 2}
+    assert count_op(gm, RMS_CAT_ROPE) == 2 and count_op(gm, RMS) == 0 and aten.cat.default not in targets(gm)
+    node = next(n for n in gm.graph.nodes if n.target == RMS_CAT_ROPE)
+    assert node.args[0].args[1] == [2, 3, 2, 128] and node.args[2].args[1] == [2, 5, 2, 128]  # text first
+    for got, want in zip(gm(*args), fn(*args)):
+        assert bits_equal(got, want) and got.stride() == want.stride()
+
+
+def test_two_norms_with_different_eps_stay_apart():
+    fn, args = cuda_form_double_block(True, eps1=1e-5), double_block_args(torch.bfloat16)
+    gm = fx_graph(fn, *args)
+    result = PassManager(families=["rope", "qk_norm"]).apply(gm)
+    assert count_op(gm, RMS_CAT_ROPE) == 0 and count_op(gm, RMS) == 4
+    assert {s.reason for s in result.skipped} == {"the two norms have different eps"}
+    for got, want in zip(gm(*args), fn(*args)):
+        assert bits_equal(got, want)

@@ -199,6 +199,15 @@ ROWWISE = textwrap.dedent(r"""
                 args = (xx, w, eps, "fused", c, s, inter)
                 assert trr.supported_layout(*args)
                 check(trr.rms_norm_rope(*args), trope.rope(trms.rms_norm(xx, w, eps, "fused"), c, s, inter), True)
+        # rms_norm_cat_rope: text and image rows, each normalized with its own weight, then joined
+        xt, xi = (torch.randn(2, 7, 3, 128) * 2).to(dt), (torch.randn(2, 30, 384) * 2).to(dt).unflatten(-1, (3, 128))
+        for w0, w1, eps, inter in ((torch.randn(128).to(dt), torch.randn(128).to(dt), 1e-6, True), (None, None, None, False)):
+            args = (xt, w0, xi, w1, eps, "fused", cos[None, :, None], sin[None, :, None], inter)
+            assert trr.supported_layout_cat(*args)
+            joined = torch.cat([trms.rms_norm(xt, w0, eps, "fused"), trms.rms_norm(xi, w1, eps, "fused")], 1)
+            check(trr.rms_norm_cat_rope(*args), trope.rope(joined, cos[None, :, None], sin[None, :, None], inter), True)
+        assert not trr.supported_layout_cat(xt, None, xi[:, :, :2], None, None, "fused", cos[None, :, None],
+                                            sin[None, :, None], True)                                  # other heads
         assert not trr.supported_layout(torch.randn(2, 3, 64), None, None, "fused", cos[:3, :64], sin[:3, :64], True)
         assert not trr.supported_layout(x, None, 1e-6, "diffusers", cos[None, :, None], sin[None, :, None], True)
         # gelu_tanh_cat: Flux's attention output (a transposed view) beside the MLP half; a
@@ -227,7 +236,7 @@ ROWWISE = textwrap.dedent(r"""
 """)
 
 
-@pytest.mark.parametrize("script,cases", [(SCRIPT, 40), (RESIDUAL_GATE, 8), (ROWWISE, 120)],
+@pytest.mark.parametrize("script,cases", [(SCRIPT, 40), (RESIDUAL_GATE, 8), (ROWWISE, 124)],
                          ids=["layernorm_modulate", "residual_gate", "rowwise"])
 def test_kernels_under_interpreter(script, cases):
     env = dict(os.environ, TRITON_INTERPRET="1")

@@ -153,6 +153,8 @@ for _name, _contract, _doc in (
      "silu(a) * b"),
     ("rms_norm_rope", Contract.BITEXACT,
      "rope(rms_norm(x, weight, eps, form), cos, sin, interleaved): a QK norm and its RoPE"),
+    ("rms_norm_cat_rope", Contract.BITEXACT,
+     "rope(cat([rms_norm(x0, w0, eps, form), rms_norm(x1, w1, eps, form)], 1), cos, sin, interleaved)"),
     ("gelu_tanh_cat", Contract.BITEXACT,
      "cat([head, gelu(x, approximate='tanh')], dim=-1)"),
     ("linear_gelu_tanh", Contract.CLOSE,
@@ -167,7 +169,7 @@ del _name, _contract, _doc
 
 for _name, _module in (("residual_gate", "residual_gate"), ("rope", "rope"), ("rope_even_odd", "rope"),
                       ("rms_norm", "rms_norm"), ("silu_mul", "silu_mul"), ("gelu_tanh_cat", "gelu_tanh_cat"),
-                      ("rms_norm_rope", "rms_norm_rope")):
+                      ("rms_norm_rope", "rms_norm_rope"), ("rms_norm_cat_rope", "rms_norm_rope")):
     register_kernel(KernelSpec(
         _name, "triton", Contract.BITEXACT, f"sgdiff.kernels.triton.{_module}:{_name}",
         devices=frozenset({"cuda"}), min_capability=(8, 0), priority=10,

@@ -10,7 +10,8 @@ splits its output into heads. Other norms (QwenImage's ``txt_norm``) are not sit
 
 Where ``F.rms_norm``'s fused form over ``head_dim`` = 128 feeds nothing but the RoPE that the
 ``rope`` family (applied before this one) turned into ``sgdiff::rope`` (Flux single blocks), the
-two become one ``sgdiff::rms_norm_rope``.
+two become one ``sgdiff::rms_norm_rope``; where two such norms are joined along the sequence
+first (Flux double blocks: text, then image), ``sgdiff::rms_norm_cat_rope``.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import operator
 
 import torch
 
-from sgdiff.fxpasses.matcher import Arg, Match, Op, When
+from sgdiff.fxpasses.matcher import Arg, Items, Lit, Match, Op, When, getitem
 from sgdiff.kernels import registry
 from sgdiff.patterns import parts
 from sgdiff.patterns.base import ChainPattern, like_layout_reason, tensor_meta
@@ -69,15 +70,61 @@ def check(key: QkNormKey):
 
 
 def _fused_rms_norm_only_into(rope) -> bool:
-    """``rope`` (an sgdiff::rope node) rotates the fused F.rms_norm of a 128-wide head, whose
-    weight (if any) has the input's dtype, and nothing else reads the norm."""
-    norm = rope.args[0] if rope.args else None
-    if not (parts.is_call(norm, (operator.getitem,)) and len(norm.users) == 1
-            and parts.is_call(norm.args[0], (torch.ops.aten._fused_rms_norm.default,))):
+    """``rope`` (an sgdiff::rope node) rotates one :func:`_fused_rms_128` norm."""
+    return bool(rope.args) and _fused_rms_128(rope.args[0])
+
+
+def _fused_rms_128(node) -> bool:
+    """``node`` is ``aten._fused_rms_norm(x, ...)[0]`` over a 128-wide head, read once, whose
+    weight (if any) has the input's dtype."""
+    if not (parts.is_call(node, (operator.getitem,)) and len(node.users) == 1
+            and parts.is_call(node.args[0], (torch.ops.aten._fused_rms_norm.default,))):
         return False
-    x, weight = tensor_meta(norm.args[0].args[0]), tensor_meta(norm.args[0].args[2])
+    x, weight = tensor_meta(node.args[0].args[0]), tensor_meta(node.args[0].args[2])
     return (x is not None and x.dim() >= 1 and x.shape[-1] == ROPE_HEAD_DIM
             and (weight is None or weight.dtype == x.dtype))
+
+
+def _two_fused_rms_norms_only_into(rope) -> bool:
+    """``rope`` rotates ``cat([norm0, norm1], 1)`` of two :func:`_fused_rms_128` norms, read once."""
+    cat = rope.args[0] if rope.args else None
+    return (parts.is_call(cat, (torch.ops.aten.cat.default,)) and len(cat.users) == 1
+            and isinstance(cat.args[0], (list, tuple)) and len(cat.args[0]) == 2
+            and all(_fused_rms_128(n) for n in cat.args[0]))
+
+
+def _fused_rms_norm(i: int):
+    return getitem(Op(torch.ops.aten._fused_rms_norm.default, Arg(f"x{i}", check=parts.splits_heads),
+                      Arg(f"shape{i}"), Arg(f"weight{i}"), Arg(f"eps{i}")), 0)
+
+
+def _cat_reason(m: Match) -> Optional[str]:
+    x0, x1, out = tensor_meta(m["x0"]), tensor_meta(m["x1"]), tensor_meta(m.root)
+    if x0 is None or x1 is None or out is None or x0.dim() != 4 or x1.dim() != 4 or x0.dtype != x1.dtype:
+        return "the two norms are not over [B, S, H, D] tensors of one dtype"
+    if any(list(m[f"shape{i}"]) != [ROPE_HEAD_DIM] for i in (0, 1)):
+        return "a norm is not over head_dim alone"
+    eps0, eps1 = m["eps0"], m["eps1"]
+    if not (eps0 is None and eps1 is None or parts.is_number(eps0) and parts.is_number(eps1) and eps0 == eps1):
+        return "the two norms have different eps"
+    if (m["weight0"] is None) != (m["weight1"] is None):
+        return "one norm has a weight, the other not"
+    return None if out.is_contiguous() else "the chain's output is not contiguous"
+
+
+def rms_norm_cat_rope_pattern() -> ChainPattern:
+    rope = registry.op_def("rope").load()
+    joined = Op(torch.ops.aten.cat.default, Items(_fused_rms_norm(0), _fused_rms_norm(1)), Lit(1))
+    return ChainPattern(
+        family="qk_norm",
+        name="qk_rms_norm_cat_rope",
+        chain=When(Op(rope, joined, Arg("cos"), Arg("sin"), Arg("interleaved")), _two_fused_rms_norms_only_into),
+        op="rms_norm_cat_rope",
+        replacement=lambda m: (m["x0"], m["weight0"], m["x1"], m["weight1"], m["eps0"], "fused", m["cos"], m["sin"],
+                               m["interleaved"]),
+        check=_cat_reason,
+        priority=1,
+    )
 
 
 def rms_norm_rope_pattern() -> ChainPattern:
@@ -95,7 +142,7 @@ def rms_norm_rope_pattern() -> ChainPattern:
 
 
 def patterns() -> List[ChainPattern]:
-    out = [rms_norm_rope_pattern()]
+    out = [rms_norm_rope_pattern(), rms_norm_cat_rope_pattern()]
     for norm in NORMS:
         for heads in HEADS:
             key = QkNormKey(norm, heads)

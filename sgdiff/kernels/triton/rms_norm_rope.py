@@ -7,6 +7,10 @@ warps 1-3 hold nothing at 128 columns); its output is rounded to ``x.dtype`` as 
 it, then rotated as :mod:`sgdiff.kernels.triton.rope` does (fp32 products and sum, ``-x`` as
 ``x * -1``, one rounding). Inputs the fused RMSNorm kernel or the RoPE kernel would refuse are
 refused here too, and other head sizes are left to the two ops.
+
+``rms_norm_cat_rope`` is the same for Flux's double blocks, whose text and image queries are
+normalized apart and joined along the sequence before the rotation: each output row is read
+from the input (and normalized with the weight) it comes from.
 """
 from __future__ import annotations
 
@@ -26,15 +30,17 @@ HEAD_DIM = 128  # one 4-vector per thread of a warp
 
 @triton.jit
 def _rms_norm_rope_kernel(
-    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr,
-    n_rows, n1, n2,
+    x_ptr, w_ptr, x1_ptr, w1_ptr, cos_ptr, sin_ptr, out_ptr,
+    n_rows, n1, n2, split,
     sx0, sx1, sx2,
+    sy0, sy1, sy2,
     sc0, sc1, sc2, sc3,
     ss0, ss1, ss2, ss3,
     so0, so1, so2,
     eps,
     HAS_WEIGHT: tl.constexpr,
     INTERLEAVED: tl.constexpr,
+    TWO: tl.constexpr,  # rows i1 < split of the output from x (and w), the others from x1 (and w1)
     BLOCK_R: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
@@ -42,11 +48,23 @@ def _rms_norm_rope_kernel(
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = (rows < n_rows)[:, None]
     d = tl.arange(0, D)
-    v = tl.load(x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None] + d[None, :], mask=row_ok, other=0.0)
+    if TWO:  # the output is cat([x, x1], dim=1) of [n0, n1, n2, D] rows, each normalized
+        i2 = rows % n2
+        i1 = (rows // n2) % n1
+        i0 = rows // n2 // n1
+        first = (i1 < split)[:, None]
+        x_row = tl.where(first, x_ptr + (i0 * sx0 + i1 * sx1 + i2 * sx2)[:, None],
+                         x1_ptr + (i0 * sy0 + (i1 - split) * sy1 + i2 * sy2)[:, None])
+    else:
+        x_row = x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None]
+    v = tl.load(x_row + d[None, :], mask=row_ok, other=0.0)
     r = fused_inv_rms(fused_sum_squares(tl.zeros((BLOCK_R, 32), tl.float32), v), D, eps, INTERPRET)
     y = r[:, None] * v.to(tl.float32)
     if HAS_WEIGHT:
-        y = tl.load(w_ptr + d).to(tl.float32)[None, :] * y
+        w = tl.load(w_ptr + d).to(tl.float32)[None, :]
+        if TWO:
+            w = tl.where(first, w, tl.load(w1_ptr + d).to(tl.float32)[None, :])
+        y = w * y
     y = y.to(out_ptr.dtype.element_ty).to(tl.float32)  # the norm's output, as eager stores it
     cos = tl.load(cos_ptr + row_offsets(rows, n1, n2, sc0, sc1, sc2)[:, None] + d[None, :] * sc3, mask=row_ok,
                   other=0.0).to(tl.float32)
@@ -79,31 +97,61 @@ def supported_layout(x, weight, eps, form, cos, sin, interleaved) -> bool:
             and trms.supported_layout(x, weight, eps, form) and trope.supported_layout(x, cos, sin, interleaved))
 
 
+def supported_layout_cat(x0, w0, x1, w1, eps, form, cos, sin, interleaved) -> bool:
+    if not (form == "fused" and x0.dim() == x1.dim() == 4 and x0.shape[-1] == HEAD_DIM and x0.dtype == x1.dtype
+            and x0.device == x1.device and x0.shape[0] == x1.shape[0] and x0.shape[2:] == x1.shape[2:]
+            and (w0 is None) == (w1 is None)):
+        return False
+    out_shape = (x0.shape[0], x0.shape[1] + x1.shape[1], *x0.shape[2:])
+    fp32_math = torch.promote_types(torch.float32, torch.promote_types(cos.dtype, sin.dtype)) == torch.float32
+    return (fp32_math and trope.tables_ok(x0, cos, sin, out_shape)
+            and trms.supported_layout(x0, w0, eps, form) and trms.supported_layout(x1, w1, eps, form))
+
+
 def can_use(x, weight, eps, form, cos, sin, interleaved) -> bool:
     return x.is_cuda and supported_layout(x, weight, eps, form, cos, sin, interleaved)
 
 
+def can_use_cat(x0, w0, x1, w1, eps, form, cos, sin, interleaved) -> bool:
+    return x0.is_cuda and supported_layout_cat(x0, w0, x1, w1, eps, form, cos, sin, interleaved)
+
+
 @cached_plan
-def _plan(x, cos, sin):
-    shape = shape4(x.shape)
+def _plan(x0, x1, cos, sin, out_shape):
+    shape = shape4(out_shape)
     n_rows = shape[0] * shape[1] * shape[2]
-    out = torch.empty_strided(x.shape, like_strides(x), device="meta")
+    one = x1 is None
+    out_strides = like_strides(x0) if one else torch.empty(out_shape, device="meta").stride()
+    out = torch.empty_strided(out_shape, out_strides, device="meta")
     block_r = 16  # as the fused RMSNorm kernel for 128 columns
-    ints = (n_rows, shape[1], shape[2], *strides4(x, x.shape)[:3], *strides4(cos, x.shape),
-            *strides4(sin, x.shape), *strides4(out, x.shape)[:3])
+    sx = strides4(x0, x0.shape)[:3]
+    ints = (n_rows, shape[1], shape[2], shape[1] if one else x0.shape[1], *sx,
+            *(sx if one else strides4(x1, x1.shape)[:3]), *strides4(cos, out_shape), *strides4(sin, out_shape),
+            *strides4(out, out_shape)[:3])
     return out.stride(), (triton.cdiv(n_rows, block_r),), ints, block_r
 
 
-def rms_norm_rope(x, weight, eps, form, cos, sin, interleaved):
-    """Launch; the caller has checked :func:`can_use`."""
-    out_strides, grid, ints, block_r = _plan(x, cos, sin)
-    out = torch.empty_strided(x.shape, out_strides, dtype=x.dtype, device=x.device)
+def _launch(x0, w0, x1, w1, eps, cos, sin, interleaved, out_shape):
+    out_strides, grid, ints, block_r = _plan(x0, x1, cos, sin, tuple(out_shape))
+    out = torch.empty_strided(out_shape, out_strides, dtype=x0.dtype, device=x0.device)
+    w0 = w0 if w0 is not None else x0
     _rms_norm_rope_kernel[grid](
-        x, weight if weight is not None else x, cos, sin, out, *ints, FLT_EPSILON if eps is None else eps,
-        HAS_WEIGHT=weight is not None, INTERLEAVED=bool(interleaved), BLOCK_R=block_r, INTERPRET=INTERPRET,
-        num_warps=2, enable_fp_fusion=False,
+        x0, w0, x1 if x1 is not None else x0, w1 if w1 is not None else w0, cos, sin, out, *ints,
+        FLT_EPSILON if eps is None else eps, HAS_WEIGHT=w0 is not x0, INTERLEAVED=bool(interleaved),
+        TWO=x1 is not None, BLOCK_R=block_r, INTERPRET=INTERPRET, num_warps=2, enable_fp_fusion=False,
     )
     return out
 
 
+def rms_norm_rope(x, weight, eps, form, cos, sin, interleaved):
+    """Launch; the caller has checked :func:`can_use`."""
+    return _launch(x, weight, None, None, eps, cos, sin, interleaved, x.shape)
+
+
+def rms_norm_cat_rope(x0, w0, x1, w1, eps, form, cos, sin, interleaved):
+    """Launch; the caller has checked :func:`can_use_cat`."""
+    return _launch(x0, w0, x1, w1, eps, cos, sin, interleaved, (x0.shape[0], x0.shape[1] + x1.shape[1], *x0.shape[2:]))
+
+
 rms_norm_rope.can_use = can_use
+rms_norm_cat_rope.can_use = can_use_cat

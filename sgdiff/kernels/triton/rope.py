@@ -90,7 +90,7 @@ def _round(v, dtype: tl.constexpr):
     return v.to(dtype).to(tl.float32)
 
 
-def _tables_ok(x, cos, sin, table_shape) -> bool:
+def tables_ok(x, cos, sin, table_shape) -> bool:
     for t in (cos, sin):
         if t.dtype not in DTYPES or t.device != x.device or t.dim() > x.dim():
             return False
@@ -109,7 +109,7 @@ def _x_ok(x) -> bool:
 
 def supported_layout(x, cos, sin, interleaved) -> bool:
     """can_use without the device check (the interpreter runs the kernel on CPU tensors)."""
-    if not _x_ok(x) or not _tables_ok(x, cos, sin, x.shape):
+    if not _x_ok(x) or not tables_ok(x, cos, sin, x.shape):
         return False
     # eager computes x * cos in promote(fp32, cos) and rounds once to x.dtype
     return torch.promote_types(torch.float32, torch.promote_types(cos.dtype, sin.dtype)) == torch.float32
@@ -120,7 +120,7 @@ def can_use(x, cos, sin, interleaved) -> bool:
 
 
 def supported_layout_even_odd(x, cos, sin) -> bool:
-    return _x_ok(x) and _tables_ok(x, cos, sin, (*x.shape[:-1], x.shape[-1] // 2))
+    return _x_ok(x) and tables_ok(x, cos, sin, (*x.shape[:-1], x.shape[-1] // 2))
 
 
 def can_use_even_odd(x, cos, sin) -> bool:
