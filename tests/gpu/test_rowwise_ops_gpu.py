@@ -312,3 +312,33 @@ def test_rms_norm_cat_rope_flux_double_block(interleaved, dtype, affine, eps):
     got = trr.rms_norm_cat_rope(*args)
     assert torch.equal(got, want) and got.stride() == want.stride()
     assert torch.equal(op["rms_norm_cat_rope"](*args), want)  # through dispatch: verified, not disabled
+
+
+def test_rope_complex_contraction():
+    """Which FMA contraction of the complex product nvcc gave ATen's complex multiply: the
+    kernel's COMPLEX_FMA must be one of the variants that are bitwise eager's."""
+    from sgdiff.kernels.rope_complex import rope_complex_reference
+
+    x = randn(2, 1024, 24, 128, dtype=torch.float32, scale=3.0)
+    freqs = torch.polar(torch.rand(1024, 64, device="cuda") + 0.5, torch.randn(1024, 64, device="cuda") * 3)[:, None]
+    for dtype in (torch.float32, torch.bfloat16):
+        xd = x.to(dtype)
+        want = rope_complex_reference(xd, freqs)
+        exact = [v for v in range(9) if torch.equal(trope.rope_complex(xd, freqs, complex_fma=v), want)]
+        print(dtype, "variants equal to eager:", exact)
+        assert trope.COMPLEX_FMA in exact, exact
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rope_complex_qwen_image(dtype):
+    from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb_qwen
+
+    x = randn(1, 4096, 24, 128, dtype=dtype, scale=3.0)
+    freqs = torch.polar(torch.ones(4096, 64, device="cuda"), torch.randn(4096, 64, device="cuda") * 10)
+    want = apply_rotary_emb_qwen(x, freqs, use_real=False)
+    assert trope.can_use_complex(x, freqs[:, None])
+    assert torch.equal(op_complex()(x, freqs[:, None]), want)
+
+
+def op_complex():
+    return registry.op_def("rope_complex").load()

@@ -10,6 +10,9 @@ sums, no FMA contraction) and read every operand once.
     rot[d] = -x[d + D/2] (d < D/2), x[d - D/2] (else)        # rotate-half
     out    = (fp32(x) * cos + fp32(rot) * sin).to(x.dtype)   # each op rounded to fp32
 
+``rope_complex`` (Qwen-Image): the same pairs times one complex table entry each, in complex64
+(:func:`complex_product`), then one rounding to ``x.dtype``.
+
 ``rope_even_odd`` (Wan)::
 
     out[2j]     = p(p(x[2j] * cos[j]) - p(x[2j+1] * sin[j]))     # p: round to promote(x, cos, sin)
@@ -44,8 +47,9 @@ def _rope_kernel(
     sc0, sc1, sc2, sc3,
     ss0, ss1, ss2, ss3,
     so0, so1, so2, so3,
-    FORM: tl.constexpr,  # 0 interleaved, 1 rotate-half, 2 even/odd (Wan)
+    FORM: tl.constexpr,  # 0 interleaved, 1 rotate-half, 2 even/odd (Wan), 3 complex product
     PRODUCT_DTYPE: tl.constexpr,  # even/odd only: promote(x, cos, sin)
+    COMPLEX_FMA: tl.constexpr,  # complex only: which products nvcc contracts (see complex_product)
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -73,13 +77,16 @@ def _rope_kernel(
             sin_even, sin_odd = tl.split(tl.reshape(sin, (BLOCK_R, BLOCK_D // 2, 2)))
             out_even = x_even * cos_even + (x_odd * -1.0) * sin_even
             out_odd = x_odd * cos_odd + x_even * sin_odd
-        else:  # Wan: one table entry per pair, each op rounded to PRODUCT_DTYPE
+        else:  # one table entry per pair
             j = tl.program_id(1) * (BLOCK_D // 2) + tl.arange(0, BLOCK_D // 2)
             pair_mask = (rows < n_rows)[:, None] & (2 * j < D)[None, :]
             cos = tl.load(c_row + j[None, :] * sc3, mask=pair_mask, other=0.0).to(tl.float32)
             sin = tl.load(s_row + j[None, :] * ss3, mask=pair_mask, other=0.0).to(tl.float32)
-            out_even = (_round(x_even * cos, PRODUCT_DTYPE) - _round(x_odd * sin, PRODUCT_DTYPE)).to(PRODUCT_DTYPE)
-            out_odd = (_round(x_even * sin, PRODUCT_DTYPE) + _round(x_odd * cos, PRODUCT_DTYPE)).to(PRODUCT_DTYPE)
+            if FORM == 2:  # Wan: each op rounded to PRODUCT_DTYPE
+                out_even = (_round(x_even * cos, PRODUCT_DTYPE) - _round(x_odd * sin, PRODUCT_DTYPE)).to(PRODUCT_DTYPE)
+                out_odd = (_round(x_even * sin, PRODUCT_DTYPE) + _round(x_odd * cos, PRODUCT_DTYPE)).to(PRODUCT_DTYPE)
+            else:  # (x_even + i x_odd) * (cos + i sin) in complex64
+                out_even, out_odd = complex_product(x_even, x_odd, cos, sin, COMPLEX_FMA)
         out = tl.reshape(tl.join(out_even, out_odd), (BLOCK_R, BLOCK_D))
     o_row = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None]
     tl.store(o_row + d[None, :] * so3, out.to(out_ptr.dtype.element_ty), mask=mask)
@@ -88,6 +95,29 @@ def _rope_kernel(
 @triton.jit
 def _round(v, dtype: tl.constexpr):
     return v.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def complex_product(a, b, c, d, FMA: tl.constexpr):
+    """``(a + bi) * (c + di)`` as c10::complex's ``operator*=`` writes it, ``(a*c - b*d, a*d + b*c)``,
+    with the products nvcc contracts into FMAs: ``FMA = 3 * real + imag``, where real is
+    0 ``a*c - b*d``, 1 ``fma(a, c, -(b*d))``, 2 ``fma(-b, d, a*c)`` and imag is 0 ``a*d + b*c``,
+    1 ``fma(a, d, b*c)``, 2 ``fma(b, c, a*d)``. Negation is ``* -1`` (a sign flip, as fneg)."""
+    REAL: tl.constexpr = FMA // 3
+    IMAG: tl.constexpr = FMA % 3
+    if REAL == 0:
+        re = a * c - b * d
+    elif REAL == 1:
+        re = tl.fma(a, c, (b * d) * -1.0)
+    else:
+        re = tl.fma(b * -1.0, d, a * c)
+    if IMAG == 0:
+        im = a * d + b * c
+    elif IMAG == 1:
+        im = tl.fma(a, d, b * c)
+    else:
+        im = tl.fma(b, c, a * d)
+    return re, im
 
 
 def tables_ok(x, cos, sin, table_shape) -> bool:
@@ -138,11 +168,11 @@ def _plan(x, cos, sin, table_shape, form):
     return out.stride(), grid, ints, dict(BLOCK_R=block_r, BLOCK_D=block_d)
 
 
-def _launch(x, cos, sin, table_shape, form, product_dtype):
+def _launch(x, cos, sin, table_shape, form, product_dtype, complex_fma=0):
     out_strides, grid, ints, blocks = _plan(x, cos, sin, table_shape, form)
     out = torch.empty_strided(x.shape, out_strides, dtype=x.dtype, device=x.device)
-    _rope_kernel[grid](x, cos, sin, out, *ints, FORM=form, PRODUCT_DTYPE=TL_DTYPE[product_dtype], **blocks,
-                       num_warps=4, enable_fp_fusion=False)
+    _rope_kernel[grid](x, cos, sin, out, *ints, FORM=form, PRODUCT_DTYPE=TL_DTYPE[product_dtype],
+                       COMPLEX_FMA=complex_fma, **blocks, num_warps=4, enable_fp_fusion=False)
     return out
 
 
@@ -157,5 +187,33 @@ def rope_even_odd(x, cos, sin):
     return _launch(x, cos, sin, (*x.shape[:-1], x.shape[-1] // 2), 2, product)
 
 
+#: the contraction ATen's complex multiply gets from nvcc (complex_product's FMA). Not yet pinned
+#: on a GPU: tests/gpu/test_rowwise_ops_gpu.py::test_rope_complex_contraction says which of the
+#: nine variants is bitwise eager's; until then dispatch's first-sight check decides.
+COMPLEX_FMA = 4
+
+
+def supported_layout_complex(x, freqs) -> bool:
+    if not (_x_ok(x) and freqs.dtype == torch.complex64 and freqs.device == x.device and freqs.dim() <= x.dim()):
+        return False
+    try:
+        return tuple(torch.broadcast_shapes(freqs.shape, (*x.shape[:-1], x.shape[-1] // 2))) == \
+            (*x.shape[:-1], x.shape[-1] // 2)
+    except RuntimeError:
+        return False
+
+
+def can_use_complex(x, freqs) -> bool:
+    return x.is_cuda and supported_layout_complex(x, freqs)
+
+
+def rope_complex(x, freqs, complex_fma=None):
+    """Launch; the caller has checked :func:`can_use_complex`."""
+    parts = torch.view_as_real(freqs)  # [..., D/2, 2] fp32: cos is the real part, sin the imaginary
+    return _launch(x, parts[..., 0], parts[..., 1], (*x.shape[:-1], x.shape[-1] // 2), 3, torch.float32,
+                   COMPLEX_FMA if complex_fma is None else complex_fma)
+
+
 rope.can_use = can_use
 rope_even_odd.can_use = can_use_even_odd
+rope_complex.can_use = can_use_complex
