@@ -16,9 +16,8 @@ first (Flux double blocks: text, then image), ``sgdiff::rms_norm_cat_rope``.
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional
-
 import operator
+from typing import List, Optional
 
 import torch
 
