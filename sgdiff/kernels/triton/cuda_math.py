@@ -41,6 +41,7 @@ def expf(x, INTERPRET: tl.constexpr):
 
 
 @functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)
 def libdevice_options() -> dict:
     """Launch options for kernels that call libdevice: keep denormals, as nvcc does for ATen
     (Triton flushes them inside libdevice unless told not to, where it can be told)."""

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.triton.cuda_math import INTERPRET, libdevice_options, tanhf
+from sgdiff.kernels.triton.launch import LeanKernel
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan, launch_rows, row_offsets, shape4, strides4
 
 K_BETA = tl.constexpr(0.7978845608028654)  # M_SQRT2 * M_2_SQRTPI * 0.5, rounded to fp32 in the kernel
@@ -35,6 +36,7 @@ def gelu_tanh(x, INTERPRET: tl.constexpr):
     return (0.5 * x) * (1.0 + tanhf(inner, INTERPRET))
 
 
+@LeanKernel
 @triton.jit
 def _gelu_tanh_cat_kernel(
     head_ptr, x_ptr, out_ptr,

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.triton.cuda_math import INTERPRET, rsqrtf
+from sgdiff.kernels.triton.launch import LeanKernel
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan
 from sgdiff.kernels.triton.welford import (
     THREADS,
@@ -31,6 +32,7 @@ from sgdiff.kernels.triton.welford import (
 )
 
 
+@LeanKernel
 @triton.jit
 def _layernorm_modulate_kernel(
     x_ptr,  # [B, S, N] input, last dim contiguous

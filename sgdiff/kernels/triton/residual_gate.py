@@ -18,9 +18,11 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.triton.cuda_math import INTERPRET, libdevice_options, tanhf
+from sgdiff.kernels.triton.launch import LeanKernel
 from sgdiff.kernels.triton.rows import DTYPES, TL_DTYPE, cached_plan
 
 
+@LeanKernel
 @triton.jit
 def _residual_gate_kernel(
     res_ptr,  # [B, S, D] residual, contiguous

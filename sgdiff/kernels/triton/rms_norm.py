@@ -39,6 +39,7 @@ import triton.language as tl
 
 from sgdiff.kernels.layout import like_strides
 from sgdiff.kernels.triton.cuda_math import INTERPRET, rsqrtf
+from sgdiff.kernels.triton.launch import LeanKernel
 from sgdiff.kernels.triton.rows import (
     DTYPES,
     LANES,
@@ -66,6 +67,7 @@ def _squares(x_row, cols, row_ok, N, sx3):
     return v * v
 
 
+@LeanKernel
 @triton.jit
 def _rms_norm_diffusers_kernel(
     x_ptr, w_ptr, out_ptr,
@@ -139,6 +141,7 @@ def fused_inv_rms(acc, N, eps, INTERPRET: tl.constexpr):
     return rsqrtf(var + eps, INTERPRET)
 
 
+@LeanKernel
 @triton.jit
 def _rms_norm_fused_kernel(
     x_ptr, w_ptr, out_ptr,

@@ -22,12 +22,14 @@ from sgdiff.kernels.layout import like_strides
 from sgdiff.kernels.triton import rms_norm as trms
 from sgdiff.kernels.triton import rope as trope
 from sgdiff.kernels.triton.cuda_math import INTERPRET
+from sgdiff.kernels.triton.launch import LeanKernel
 from sgdiff.kernels.triton.rms_norm import FLT_EPSILON, fused_inv_rms, fused_sum_squares
 from sgdiff.kernels.triton.rows import cached_plan, row_offsets, shape4, strides4
 
 HEAD_DIM = 128  # one 4-vector per thread of a warp
 
 
+@LeanKernel
 @triton.jit
 def _rms_norm_rope_kernel(
     x_ptr, w_ptr, x1_ptr, w1_ptr, cos_ptr, sin_ptr, out_ptr,

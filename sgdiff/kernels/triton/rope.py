@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.layout import like_strides
+from sgdiff.kernels.triton.launch import LeanKernel
 from sgdiff.kernels.triton.rows import (
     DTYPES,
     TL_DTYPE,
@@ -39,6 +40,7 @@ from sgdiff.kernels.triton.rows import (
 )
 
 
+@LeanKernel
 @triton.jit
 def _rope_kernel(
     x_ptr, cos_ptr, sin_ptr, out_ptr,

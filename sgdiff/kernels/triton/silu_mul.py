@@ -17,6 +17,7 @@ import triton.language as tl
 
 from sgdiff.kernels.layout import like_strides
 from sgdiff.kernels.triton.cuda_math import INTERPRET, expf, libdevice_options
+from sgdiff.kernels.triton.launch import LeanKernel
 from sgdiff.kernels.triton.rows import (
     DTYPES,
     TL_DTYPE,
@@ -27,6 +28,7 @@ from sgdiff.kernels.triton.rows import (
 )
 
 
+@LeanKernel
 @triton.jit
 def _silu_mul_kernel(
     a_ptr, b_ptr, out_ptr,

@@ -1,0 +1,101 @@
+"""Triton launches with little host time.
+
+``kernel[grid](*args, **kwargs)`` binds and specializes every argument again on every call:
+about 25 µs of host time per launch on the H200's host (triton 3.6), more than the GPU time of
+a short-row kernel, so a model that is host-bound without CUDA graphs (Sana at batch 2) would
+lose wall time to the kernels that save it GPU time. :class:`LeanKernel` keeps Triton's
+compiled kernel per *launch key* and calls its launch function directly (about 6 µs).
+
+The key holds everything Triton specializes on, and more: the device, the grid, each tensor's
+dtype and 16-byte alignment, the exact value of every other argument and option. The first
+launch of a key compiles through Triton's own ``warmup`` (so Triton decides the
+specialization), and every launch, the first included, goes through the same direct call, so
+the first-sight verification of :mod:`sgdiff.kernels.dispatch` checks the path that runs.
+
+Under the interpreter, with launch hooks set (a profiler such as proton), or on a Triton whose
+internals differ, it launches the usual way.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from typing import Any, Dict, Tuple
+
+import torch
+
+from sgdiff.kernels.triton.cuda_math import INTERPRET
+
+log = logging.getLogger("sgdiff")
+
+try:
+    from triton import knobs as _knobs
+except ImportError:  # an older Triton: no direct launches
+    _knobs = None
+
+
+def _hooked() -> bool:
+    """Whether a launch hook is set (a plain callable, or a non-empty chain of them)."""
+    enter, leave = _knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook
+    return bool((enter is not None and getattr(enter, "calls", True))
+                or (leave is not None and getattr(leave, "calls", True)))
+
+
+def current_device() -> int:
+    return torch._C._cuda_getDevice()
+
+
+def raw_stream(device: int) -> int:
+    return torch._C._cuda_getCurrentRawStream(device)
+
+
+class LeanKernel:
+    """A ``@triton.jit`` kernel launched as ``lean[grid](*args, **kwargs)``, like the kernel itself.
+
+    Positional arguments fill the kernel's leading parameters; keyword arguments name the rest
+    (constexprs included) and Triton's options (``num_warps``, ...)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.__name__ = getattr(fn, "__name__", "kernel")
+        params = inspect.signature(fn.fn).parameters
+        self._names = tuple(params)
+        self._defaults = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
+        self._launches: Dict[tuple, tuple] = {}
+        self._direct = not INTERPRET and _knobs is not None
+
+    def __getitem__(self, grid):
+        return functools.partial(self._launch, tuple(grid))
+
+    def _launch(self, grid: Tuple[int, ...], *args: Any, **kwargs: Any):
+        if not self._direct or _hooked():
+            return self.fn[grid](*args, **kwargs)
+        device = current_device()
+        key = (device, grid, *[(a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a for a in args],
+               *kwargs.items())
+        try:
+            entry = self._launches.get(key)
+        except TypeError:  # an unhashable argument: nothing to key on
+            return self.fn[grid](*args, **kwargs)
+        if entry is None:
+            entry = self._prepare(key, grid, args, kwargs)
+            if entry is None:
+                return self.fn[grid](*args, **kwargs)
+        run, g0, g1, g2, function, metadata, tail = entry
+        run(g0, g1, g2, raw_stream(device), function, metadata, None, None, None, *args, *tail)
+
+    def _prepare(self, key: tuple, grid, args: tuple, kwargs: dict):
+        """Compile through Triton (no launch) and keep what a direct launch needs."""
+        warmup = getattr(self.fn, "warmup", None)
+        compiled = warmup(*args, grid=grid, **kwargs) if warmup is not None else None  # errors as a launch's
+        try:
+            run = compiled.run  # loads the module on this device
+            tail = tuple(kwargs[n] if n in kwargs else self._defaults[n] for n in self._names[len(args):])
+            entry = (run, *grid, *(1,) * (3 - len(grid)), compiled.function, compiled.packed_metadata, tail)
+        except (AttributeError, KeyError, TypeError) as exc:  # a Triton without these internals: the usual way
+            self._direct = False
+            log.info("sgdiff: launching %s through Triton's own launcher (%s: %s)", self.__name__,
+                     type(exc).__name__, exc)
+            return None
+        self._launches[key] = entry
+        return entry
