@@ -248,6 +248,28 @@ def gelu_tanh_cat_cases(quick: bool) -> List[Case]:
                   eager, (head, x), _bytes_like(head, x, head, x))]
 
 
+def conv_epilogue_cases(quick: bool) -> List[Case]:
+    """Sana 1.6B GLUMBConv: conv_inverted (1x1, 2240 -> 11200) + SiLU, conv_depth (3x3 depthwise) + GLU.
+    Every column includes the convolution (cuDNN's, the same kernel in each); copy moves the
+    epilogue's bytes (the convolution's output read and the activation written)."""
+    g = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn(2, 1024, 2240, device="cuda", generator=g).to(torch.bfloat16).unflatten(1, (32, 32))
+    x = x.permute(0, 3, 1, 2)  # Sana's block: tokens unflattened to a channels-last NCHW view
+    w1 = (torch.randn(11200, 2240, 1, 1, device="cuda", generator=g) / 2240 ** 0.5).to(torch.bfloat16)
+    w2 = (torch.randn(11200, 1, 3, 3, device="cuda", generator=g) / 3).to(torch.bfloat16)
+    b1, b2 = (torch.randn(11200, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
+    h = F.silu(F.conv2d(x, w1, b1))
+
+    def glu():
+        a, gate = F.conv2d(h, w2, b2, padding=1, groups=11200).chunk(2, dim=1)
+        return a * F.silu(gate)
+
+    return [_case("conv_silu", tuple(h.shape), h.dtype, "Sana 1.6B conv_inverted + SiLU (conv included)",
+                  lambda: F.silu(F.conv2d(x, w1, b1)), (x, w1, b1, [1, 1], [0, 0], [1, 1], 1), _bytes_like(h, h)),
+            _case("conv_silu_mul", tuple(h.shape), h.dtype, "Sana 1.6B conv_depth + GLU (conv included)",
+                  glu, (h, w2, b2, [1, 1], [1, 1], [1, 1], 11200), _bytes_like(h, h[:, :5600]))]
+
+
 CASES: Dict[str, Callable[[bool], List[Case]]] = {
     "layernorm_modulate": layernorm_modulate_cases,
     "residual_gate": residual_gate_cases,
@@ -256,6 +278,7 @@ CASES: Dict[str, Callable[[bool], List[Case]]] = {
     "silu_mul": silu_mul_cases,
     "gelu_tanh_cat": gelu_tanh_cat_cases,
     "rms_norm_rope": rms_norm_rope_cases,
+    "conv_epilogue": conv_epilogue_cases,
 }
 
 

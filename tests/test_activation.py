@@ -210,3 +210,103 @@ def test_opcheck():
         torch.library.opcheck(linear_gelu_tanh, (x, w, b))
         torch.library.opcheck(linear_gelu_tanh, (x[0], w, None))
         torch.library.opcheck(gelu_tanh_cat, (torch.randn(2, 5, 3, dtype=dtype), torch.randn(2, 5, 7, dtype=dtype)))
+
+
+# --- Sana's GLUMBConv: biased convolutions and their SiLU / gated SiLU ------------------
+
+CONV_SILU = registry.op_def("conv_silu").load()
+CONV_SILU_MUL = registry.op_def("conv_silu_mul").load()
+
+
+def glumbconv(C, ratio, dtype, seed=0):
+    """diffusers' own GLUMBConv (Sana's feed-forward), random weights, channels-last input as
+    Sana's block feeds it (tokens unflattened, then permuted to NCHW)."""
+    from diffusers.models.transformers.sana_transformer import GLUMBConv
+
+    torch.manual_seed(seed)
+    return GLUMBConv(C, C, expand_ratio=ratio).to(dtype).eval()
+
+
+@given(C=st.sampled_from([4, 8, 12]), ratio=st.sampled_from([1, 2.5]), B=st.integers(1, 2), H=st.integers(1, 5),
+       W=st.integers(1, 6), dtype=st.sampled_from(DTYPES))
+def test_glumbconv_is_two_bitexact_conv_sites(C, ratio, B, H, W, dtype):
+    ff = glumbconv(C, ratio, dtype)
+    names = [name for name, _ in ff.named_parameters()]
+
+    def fn(tokens, *params):  # the module's parameters as graph inputs, as torch.compile lifts them
+        return torch.func.functional_call(ff, dict(zip(names, params)), (tokens.unflatten(1, (H, W)).permute(0, 3, 1, 2),))
+
+    args = (torch.randn(B, H * W, C).to(dtype), *(p.detach() for p in ff.parameters()))
+    run, gm, result = rewrite(fn, args, families=["activation"])
+    assert result.counts["activation"] == 2 and not result.skipped, result.skipped
+    assert count_op(gm, CONV_SILU) == 1 and count_op(gm, CONV_SILU_MUL) == 1 and count_op(gm, SILU_MUL) == 0
+    assert aten.silu.default not in targets(gm) and aten.split.Tensor not in targets(gm)
+    assert sum(t == aten.convolution.default for t in targets(gm)) == 1  # conv_point keeps its own
+    with torch.no_grad():
+        got, want = run(*args), fn(*args)
+    assert bits_equal(got, want) and got.stride() == want.stride()
+
+
+def conv_args(dtype=torch.float32, C=4, K=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, C, 5, 6, generator=g).to(dtype).to(memory_format=torch.channels_last)
+    return x, torch.randn(K, C, 1, 1, generator=g).to(dtype), torch.randn(K, generator=g).to(dtype)
+
+
+def reversed_halves(x, w, b):
+    gate, a = F.conv2d(x, w, b).chunk(2, dim=1)
+    return a * F.silu(gate)
+
+
+@pytest.mark.parametrize("name,fn,silu_mul_sites", [
+    ("no bias", lambda x, w, b: F.silu(F.conv2d(x, w)), 0),
+    ("no bias, gated", lambda x, w, b: (lambda a, g: a * F.silu(g))(*F.conv2d(x, w).chunk(2, dim=1)), 1),
+    ("transposed convolution", lambda x, w, b: F.silu(F.conv_transpose2d(x, w.transpose(0, 1), b)), 0),
+    ("SiLU on the first half", reversed_halves, 1),
+    ("thirds, not halves", lambda x, w, b: (lambda a, g, _: a * F.silu(g))(*F.conv2d(x, w, b).chunk(3, dim=1)), 1),
+    ("chunked along height", lambda x, w, b: (lambda a, g: a * F.silu(g))(*F.conv2d(x, w, b)[:, :, :4].chunk(2, 2)), 1),
+    ("sigmoid, not SiLU", lambda x, w, b: torch.sigmoid(F.conv2d(x, w, b)), 0),
+])
+def test_near_misses_are_not_conv_epilogues(name, fn, silu_mul_sites):
+    args = conv_args()
+    run, gm, result = rewrite(fn, args, families=["activation"])
+    assert count_op(gm, CONV_SILU) == 0 and count_op(gm, CONV_SILU_MUL) == 0, name
+    assert count_op(gm, SILU_MUL) == silu_mul_sites, name
+    assert bits_equal(run(*args), fn(*args))
+
+
+def test_convolution_with_another_user_is_skipped():
+    def fn(x, w, b):
+        y = F.conv2d(x, w, b)
+        return F.silu(y), y
+
+    args = conv_args()
+    run, gm, result = rewrite(fn, args, families=["activation"])
+    assert result.counts["activation"] == 0 and any("another user" in s.reason for s in result.skipped)
+    assert all(bits_equal(a, b) for a, b in zip(run(*args), fn(*args)))
+
+
+def test_conv_opcheck():
+    from sgdiff.kernels.conv_silu import conv_silu
+    from sgdiff.kernels.conv_silu_mul import conv_silu_mul
+
+    for dtype in (torch.float32, torch.bfloat16):
+        x, w, b = conv_args(dtype)
+        torch.library.opcheck(conv_silu, (x, w, b, [1, 1], [0, 0], [1, 1], 1))
+        torch.library.opcheck(conv_silu_mul, (x, w, b, [1, 1], [0, 0], [1, 1], 1))
+        dw, db = torch.randn(4, 1, 3, 3, dtype=dtype), torch.randn(4, dtype=dtype)  # Sana's depthwise conv
+        torch.library.opcheck(conv_silu_mul, (x, dw, db, [1, 1], [1, 1], [1, 1], 4))
+
+
+def test_conv_kernel_refuses_what_it_cannot_do():
+    from sgdiff.kernels.triton import conv_silu as tconv
+
+    x, w, b = conv_args()
+    geometry = ([1, 1], [0, 0], [1, 1], 1)
+    assert tconv.supported_layout(x, w, b, *geometry) and tconv.supported_layout(x, w, b, *geometry, halves=True)
+    assert not tconv.supported_layout(x, w, None, *geometry)  # no bias to fold
+    assert not tconv.supported_layout(x, w, b.double(), *geometry)  # mixed dtypes
+    assert not tconv.supported_layout(x[:, :, 0], w[..., 0], b, *geometry)  # a 1-D convolution
+    assert not tconv.supported_layout(x, w[:7], b[:7], *geometry, halves=True)  # no two halves
+    assert not tconv.on_cudnn(x, w, b, *geometry)  # a CPU convolution: ATen adds the bias elsewhere
+    assert not tconv.can_use(x, w, b, *geometry)

@@ -90,14 +90,14 @@ ROWWISE = textwrap.dedent(r"""
     torch.manual_seed(0)
     cases = 0
 
-    def check(got, want, exact):
+    def check(got, want, exact, tol=2 ** -6):
         global cases
         assert got.shape == want.shape and got.dtype == want.dtype and got.stride() == want.stride()
         if exact:
             assert torch.equal(got, want), (got - want).abs().max()
         else:   # bf16 under the interpreter: truncation, an ulp or two per rounding
             err = (got.float() - want.float()).abs().max().item()
-            assert err <= 2 ** -6 * max(1.0, want.float().abs().max().item()), err
+            assert err <= tol * max(1.0, want.float().abs().max().item()), err
         cases += 1
 
     def sqrt32(v):
@@ -200,6 +200,12 @@ ROWWISE = textwrap.dedent(r"""
         c = torch.randn(2, 8, 5, 6, dtype=dt).to(memory_format=torch.channels_last)
         hidden, gate = c.chunk(2, 1)
         check(tsilu.silu_mul(gate, hidden), silu_mul_reference(gate, hidden), False)
+        # a biased convolution's epilogue: the bias (rounded as ATen's add_), then the SiLU or the GLU
+        y, bias = torch.randn(2, 8, 5, 6, dtype=dt).to(memory_format=torch.channels_last), torch.randn(8, dtype=dt) * 4
+        yb = y + bias.view(-1, 1, 1)
+        hidden, gate = yb.chunk(2, 1)
+        check(tsilu.bias_silu_mul(y, bias), silu_mul_reference(gate, hidden), False, tol=2 ** -4)  # 3 roundings
+        check(tsilu.bias_silu(y, bias), F.silu(yb), False)   # in place, into y
         # rms_norm_rope: the fused norm then the rotation on one tile, equal to the two kernels
         # one after the other (the interpreter rounds alike in both), per-head and heads-first
         x = (torch.randn(2, 37, 3, 128) * 2).to(dt)
@@ -246,7 +252,7 @@ ROWWISE = textwrap.dedent(r"""
 """)
 
 
-@pytest.mark.parametrize("script,cases", [(SCRIPT, 40), (RESIDUAL_GATE, 8), (ROWWISE, 128)],
+@pytest.mark.parametrize("script,cases", [(SCRIPT, 40), (RESIDUAL_GATE, 8), (ROWWISE, 132)],
                          ids=["layernorm_modulate", "residual_gate", "rowwise"])
 def test_kernels_under_interpreter(script, cases):
     env = dict(os.environ, TRITON_INTERPRET="1")

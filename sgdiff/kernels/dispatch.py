@@ -85,7 +85,7 @@ def signature(args: Tuple[Any, ...]) -> tuple:
     """What decides a kernel's exact bits: layout, dtype, device, alignment, scalars. (A device
     index stands for its capability: these keys never leave the process.)"""
     return tuple([(a.shape, a.stride(), a.dtype, a.get_device(), a.data_ptr() & 15) if isinstance(a, torch.Tensor)
-                  else a for a in args])
+                  else tuple(a) if isinstance(a, list) else a for a in args])
 
 
 def _first_difference(got: torch.Tensor, want: torch.Tensor) -> Optional[str]:

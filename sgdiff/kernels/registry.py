@@ -157,6 +157,10 @@ for _name, _contract, _doc in (
      "rope(cat([rms_norm(x0, w0, eps, form), rms_norm(x1, w1, eps, form)], 1), cos, sin, interleaved)"),
     ("gelu_tanh_cat", Contract.BITEXACT,
      "cat([head, gelu(x, approximate='tanh')], dim=-1)"),
+    ("conv_silu", Contract.BITEXACT,
+     "silu(convolution(x, weight, bias, stride, padding, dilation, groups))"),
+    ("conv_silu_mul", Contract.BITEXACT,
+     "a, gate = convolution(x, weight, bias, ...).chunk(2, dim=1); a * silu(gate)"),
     ("linear_gelu_tanh", Contract.CLOSE,
      "gelu_tanh(x @ weight.T + bias) in one fp32 pass, one rounding to x.dtype. fp32: bitwise "
      "equal to eager. fp16/bf16 (measured, tests/test_activation.py): a third of the elements "
@@ -170,7 +174,7 @@ del _name, _contract, _doc
 for _name, _module in (("residual_gate", "residual_gate"), ("rope", "rope"), ("rope_even_odd", "rope"),
                       ("rms_norm", "rms_norm"), ("silu_mul", "silu_mul"), ("gelu_tanh_cat", "gelu_tanh_cat"),
                       ("rms_norm_rope", "rms_norm_rope"), ("rms_norm_cat_rope", "rms_norm_rope"),
-                      ("rope_complex", "rope")):
+                      ("rope_complex", "rope"), ("conv_silu", "conv_silu"), ("conv_silu_mul", "conv_silu")):
     register_kernel(KernelSpec(
         _name, "triton", Contract.BITEXACT, f"sgdiff.kernels.triton.{_module}:{_name}",
         devices=frozenset({"cuda"}), min_capability=(8, 0), priority=10,

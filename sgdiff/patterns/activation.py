@@ -7,6 +7,11 @@ The eager chains::
                                        chunk), LLaMA-style ``silu(w1(x)) * w3(x)``   -> silu_mul
     cat([head, gelu(x, "tanh")], -1)   Flux single blocks: attention output and MLP side by
                                        side before ``proj_out``      -> gelu_tanh_cat
+    silu(conv(x, w, b))                Sana ``GLUMBConv.conv_inverted`` + SiLU  -> conv_silu
+    a * silu(gate) of conv(x, w, b).chunk(2, 1)
+                                       Sana ``GLUMBConv.conv_depth`` + its GLU  -> conv_silu_mul
+                                       (both: the bias, which ATen adds after cuDNN's
+                                       convolution, joins the activation's pass)
     gelu(F.linear(x, w, b), "tanh")    diffusers ``GELU(approximate="tanh")`` after its
                                        projection (Flux, SD3, PixArt, Wan, QwenImage)
                                        -> linear_gelu_tanh, a ``close`` op (one fp32 pass)
@@ -20,8 +25,9 @@ import dataclasses
 from typing import List, Optional
 
 import torch
+from torch import fx
 
-from sgdiff.fxpasses.matcher import AnyOf, Arg, Items, Lit, Match, Op, Views
+from sgdiff.fxpasses.matcher import AnyOf, Arg, Items, Lit, Match, Op, Views, getitem
 from sgdiff.patterns import parts
 from sgdiff.patterns.base import ChainPattern, like_layout_reason, same_shape, same_size, tensor_meta
 
@@ -30,11 +36,22 @@ aten = torch.ops.aten
 
 @dataclasses.dataclass(frozen=True)
 class ActivationKey:
-    kind: str  # "silu_mul" | "gelu_tanh_cat" | "linear_gelu_tanh"
+    kind: str  # "silu_mul" | "gelu_tanh_cat" | "conv_silu" | "conv_silu_mul" | "linear_gelu_tanh"
 
     @property
-    def priority(self) -> int:  # the cat takes its GELU before linear_gelu_tanh (close) can
-        return 1 if self.kind == "gelu_tanh_cat" else 0
+    def priority(self) -> int:  # the cat takes its GELU before linear_gelu_tanh (close) can, and
+        return 1 if self.kind in ("gelu_tanh_cat", "conv_silu", "conv_silu_mul") else 0  # a conv its GLU
+
+
+KINDS = ("silu_mul", "gelu_tanh_cat", "conv_silu", "conv_silu_mul", "linear_gelu_tanh")
+
+
+def _convolution() -> Op:
+    """``F.conv2d(x, w, b, ...)``: ``aten.convolution`` with ``transposed=False`` and a bias (without
+    one there is nothing to fold, and the GLU stays a plain silu_mul)."""
+    return Op(aten.convolution.default, Arg("x"), Arg("weight"), Arg("bias", check=lambda b: isinstance(b, fx.Node)),
+              Arg("stride"), Arg("padding"),
+              Arg("dilation"), Lit(False), Arg("output_padding"), Arg("groups"), name="conv")
 
 
 def chain(key: ActivationKey):
@@ -43,6 +60,12 @@ def chain(key: ActivationKey):
     if key.kind == "gelu_tanh_cat":
         gelu = Op(aten.gelu.default, Arg("x"), approximate=Lit("tanh"))
         return Op(aten.cat.default, Items(Arg("head"), gelu), Arg("dim"))
+    if key.kind == "conv_silu":
+        return Op(aten.silu.default, _convolution())
+    if key.kind == "conv_silu_mul":  # chunk(2, dim=1) traces to split(y, C // 2, 1)
+        halves = Op(aten.split.Tensor, _convolution(), Arg("split_size"), Lit(1), name="split")
+        return Op(aten.mul.Tensor, getitem(halves, 0), Op(aten.silu.default, getitem(halves, 1, name="gate")),
+                  commutative=True)
     x = Views(Arg("x"), "x_views")
     weight_t = Op(aten.t.default, Arg("weight"), shared=True)
     linear = AnyOf(Op(aten.addmm.default, Arg("bias"), x, weight_t, beta=Lit(1), alpha=Lit(1)),
@@ -55,11 +78,14 @@ def replacement(key: ActivationKey):
         return lambda m: (m["a"], m["b"])
     if key.kind == "gelu_tanh_cat":
         return lambda m: (m["head"], m["x"])
+    if key.kind in ("conv_silu", "conv_silu_mul"):
+        return lambda m: (m["x"], m["weight"], m["bias"], m["stride"], m["padding"], m["dilation"], m["groups"])
     return lambda m: (m["x"], m["weight"], m.get("bias"))
 
 
 def check(key: ActivationKey):
-    operands_reason = {"silu_mul": _silu_mul_reason, "gelu_tanh_cat": _cat_reason}.get(key.kind, _linear_reason)
+    operands_reason = {"silu_mul": _silu_mul_reason, "gelu_tanh_cat": _cat_reason, "conv_silu": _conv_reason,
+                       "conv_silu_mul": _conv_reason}.get(key.kind, _linear_reason)
 
     def activation_check(m: Match) -> Optional[str]:
         out = tensor_meta(m.root)
@@ -70,6 +96,10 @@ def check(key: ActivationKey):
             return reason
         if key.kind == "silu_mul":  # elementwise: a's layout, like the chain
             return like_layout_reason(out, tensor_meta(m["a"]))
+        if key.kind == "conv_silu":  # the SiLU over the convolution's output, in its layout
+            return like_layout_reason(out, tensor_meta(m["conv"]))
+        if key.kind == "conv_silu_mul":
+            return like_layout_reason(out, tensor_meta(m["gate"]))
         return None if out.is_contiguous() else "the chain's output is not contiguous"
 
     return activation_check
@@ -91,6 +121,19 @@ def _cat_reason(m: Match, out: torch.Tensor) -> Optional[str]:
         return "the cat is not along the last dim"
     if not head.dtype == x.dtype == out.dtype:
         return "the cat mixes dtypes (it would promote)"
+    return None
+
+
+def _conv_reason(m: Match, out: torch.Tensor) -> Optional[str]:
+    x, weight, bias = tensor_meta(m["x"]), tensor_meta(m["weight"]), tensor_meta(m["bias"])
+    if x is None or weight is None or x.dim() != 4 or weight.dim() != 4 or bias.dim() != 1:
+        return "not a 2-D convolution with a 1-D bias"
+    if not x.dtype == weight.dtype == bias.dtype == out.dtype:
+        return "the convolution mixes dtypes"
+    if any(not isinstance(p, int) or p != 0 for p in m["output_padding"]):
+        return "output padding"
+    if "split_size" in m and not (isinstance(m["split_size"], int) and 2 * m["split_size"] == weight.shape[0]):
+        return "the convolution's channels are not split in two halves"
     return None
 
 
@@ -119,5 +162,5 @@ def patterns() -> List[ChainPattern]:
             check=check(ActivationKey(kind)),
             priority=ActivationKey(kind).priority,
         )
-        for kind in ("silu_mul", "gelu_tanh_cat", "linear_gelu_tanh")
+        for kind in KINDS
     ]

@@ -8,6 +8,12 @@ Eager chain and its rounding steps::
 
 Elementwise over the output (layout ``like(a)``), walked innermost dim last so that slices of
 a projection and Sana's channels-last GLU read and write whole rows.
+
+The same kernel is the epilogue of a biased convolution (sgdiff::conv_silu, conv_silu_mul).
+cuDNN convolves without the bias and ATen adds it afterwards (``output.add_(bias)``: an fp32
+sum rounded to the output dtype), so the kernel can take the convolution's bias-free output
+and add each operand's bias itself, with that rounding, before the SiLU; and with no ``b``
+it writes ``silu(a + bias)`` alone.
 """
 from __future__ import annotations
 
@@ -32,11 +38,16 @@ from sgdiff.kernels.triton.rows import (
 @triton.jit
 def _silu_mul_kernel(
     a_ptr, b_ptr, out_ptr,
+    a_bias_ptr, b_bias_ptr,  # biases broadcast to the output (zero strides but the channel's)
     n_rows, n1, n2, D,
     so0, so1, so2, so3,
     sa0, sa1, sa2, sa3,
     sb0, sb1, sb2, sb3,
+    sab0, sab1, sab2, sab3,
+    sbb0, sbb1, sbb2, sbb3,
     SILU_DTYPE: tl.constexpr,  # a.dtype
+    HAS_B: tl.constexpr,  # False: out = silu(a)
+    HAS_BIAS: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
     INTERPRET: tl.constexpr,
@@ -46,11 +57,21 @@ def _silu_mul_kernel(
     mask = (rows < n_rows)[:, None] & (d < D)[None, :]
     a = tl.load(a_ptr + row_offsets(rows, n1, n2, sa0, sa1, sa2)[:, None] + d[None, :] * sa3,
                 mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + row_offsets(rows, n1, n2, sb0, sb1, sb2)[:, None] + d[None, :] * sb3,
-                mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:  # ATen's add_ of the bias: fp32 sum rounded to a.dtype
+        ab = tl.load(a_bias_ptr + row_offsets(rows, n1, n2, sab0, sab1, sab2)[:, None] + d[None, :] * sab3,
+                     mask=mask, other=0.0).to(tl.float32)
+        a = (a + ab).to(SILU_DTYPE).to(tl.float32)
     s = tl.math.div_rn(a, 1.0 + expf(a * -1.0, INTERPRET)).to(SILU_DTYPE).to(tl.float32)
+    if HAS_B:
+        b = tl.load(b_ptr + row_offsets(rows, n1, n2, sb0, sb1, sb2)[:, None] + d[None, :] * sb3,
+                    mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            bb = tl.load(b_bias_ptr + row_offsets(rows, n1, n2, sbb0, sbb1, sbb2)[:, None] + d[None, :] * sbb3,
+                         mask=mask, other=0.0).to(tl.float32)
+            b = (b + bb).to(b_ptr.dtype.element_ty).to(tl.float32)
+        s = s * b
     o = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None] + d[None, :] * so3
-    tl.store(o, (s * b).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(o, s.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def supported_layout(a, b) -> bool:
@@ -70,24 +91,52 @@ def can_use(a, b) -> bool:
 
 
 @cached_plan
-def _plan(a, b):
+def _plan(a, b, a_bias, b_bias):
+    """``a_bias``/``b_bias``: None, or already viewed to broadcast against ``a``."""
     out = torch.empty_strided(a.shape, like_strides(a), device="meta")
-    shape, (so, sa, sb) = innermost_last(out, a, b)
+    operands = [t if t is not None else a for t in (b, a_bias, b_bias)]  # a stands in for what is absent
+    shape, (so, sa, sb, sab, sbb) = innermost_last(out, a, *operands)
     n_rows = shape[0] * shape[1] * shape[2]
     grid, block_r, block_d = launch_rows(n_rows, shape[3], max_block=1024)  # measured: 8 elements per thread
-    return out.stride(), grid, (n_rows, shape[1], shape[2], shape[3], *so, *sa, *sb), dict(BLOCK_R=block_r,
-                                                                                         BLOCK_D=block_d)
+    ints = (n_rows, shape[1], shape[2], shape[3], *so, *sa, *sb, *sab, *sbb)
+    return out.stride(), grid, ints, dict(BLOCK_R=block_r, BLOCK_D=block_d)
+
+
+def _launch(a, b, a_bias, b_bias, out=None):
+    out_strides, grid, ints, blocks = _plan(a, b, a_bias, b_bias)
+    if out is None:
+        dtype = a.dtype if b is None else torch.promote_types(a.dtype, b.dtype)
+        out = torch.empty_strided(a.shape, out_strides, dtype=dtype, device=a.device)
+    _silu_mul_kernel[grid](
+        a, a if b is None else b, out, a if a_bias is None else a_bias, a if b_bias is None else b_bias, *ints,
+        SILU_DTYPE=TL_DTYPE[a.dtype], HAS_B=b is not None, HAS_BIAS=a_bias is not None, **blocks,
+        INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False, **libdevice_options(),
+    )
+    return out
 
 
 def silu_mul(a, b):
     """Launch; the caller has checked :func:`can_use`."""
-    out_strides, grid, ints, blocks = _plan(a, b)
-    out = torch.empty_strided(a.shape, out_strides, dtype=torch.promote_types(a.dtype, b.dtype), device=a.device)
-    _silu_mul_kernel[grid](
-        a, b, out, *ints, SILU_DTYPE=TL_DTYPE[a.dtype], **blocks,
-        INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False, **libdevice_options(),
-    )
-    return out
+    return _launch(a, b, None, None)
+
+
+# --- the epilogue of a biased convolution -----------------------------------------------
+
+def channel_bias(bias, ndim: int):
+    """A conv bias ``[C]`` viewed to broadcast over an ``ndim``-D output ``[N, C, ...]``."""
+    return bias.view(-1, *(1,) * (ndim - 2))
+
+
+def bias_silu(y, bias):
+    """``silu(y + bias)`` over a bias-free convolution output ``y``, written into ``y``."""
+    return _launch(y, None, channel_bias(bias, y.dim()), None, out=y)
+
+
+def bias_silu_mul(y, bias):
+    """``a, g = (y + bias).chunk(2, 1); a * silu(g)`` over a bias-free convolution output ``y``."""
+    half = y.shape[1] // 2
+    a_part, g_part = y.narrow(1, 0, half), y.narrow(1, half, half)
+    return _launch(g_part, a_part, channel_bias(bias[half:], y.dim()), channel_bias(bias[:half], y.dim()))
 
 
 silu_mul.can_use = can_use

@@ -1,0 +1,61 @@
+"""Triton sgdiff::conv_silu and sgdiff::conv_silu_mul, bitwise equal to eager on CUDA.
+
+The convolution runs as eager runs it, on cuDNN, without its bias; the bias add (ATen's
+``output.add_(bias)`` rounding) and the activation then take one pass of the silu_mul kernel
+(:mod:`sgdiff.kernels.triton.silu_mul`) instead of two or three. Only where ATen would pick
+cuDNN for the biased convolution, since its other CUDA paths (depthwise kernels) add the bias
+inside the convolution, before rounding.
+"""
+from __future__ import annotations
+
+import torch
+
+from sgdiff.kernels.conv_silu import conv_silu_reference, convolution
+from sgdiff.kernels.conv_silu_mul import conv_silu_mul_reference
+from sgdiff.kernels.triton.rows import DTYPES
+from sgdiff.kernels.triton.silu_mul import bias_silu, bias_silu_mul
+
+
+def supported_layout(x, weight, bias, stride, padding, dilation, groups, halves: bool = False) -> bool:
+    """Everything but the device and the backend: a biased 2-D convolution in one float dtype."""
+    if not (x.dim() == 4 and weight.dim() == 4 and bias is not None and bias.dim() == 1
+            and x.dtype in DTYPES and weight.dtype == bias.dtype == x.dtype
+            and bias.shape[0] == weight.shape[0] and x.numel() > 0):
+        return False
+    return not halves or weight.shape[0] % 2 == 0
+
+
+def on_cudnn(x, weight, bias, stride, padding, dilation, groups) -> bool:
+    """Whether ATen runs this convolution on cuDNN (and so adds the bias afterwards)."""
+    backend = torch._C._select_conv_backend(x, weight, bias, list(stride), list(padding), list(dilation), False,
+                                            [0] * (x.dim() - 2), groups)
+    return backend == torch._C._ConvBackend.Cudnn
+
+
+def can_use(x, weight, bias, stride, padding, dilation, groups) -> bool:
+    return (x.is_cuda and supported_layout(x, weight, bias, stride, padding, dilation, groups)
+            and on_cudnn(x, weight, bias, stride, padding, dilation, groups))
+
+
+def can_use_halves(x, weight, bias, stride, padding, dilation, groups) -> bool:
+    return (x.is_cuda and supported_layout(x, weight, bias, stride, padding, dilation, groups, halves=True)
+            and on_cudnn(x, weight, bias, stride, padding, dilation, groups))
+
+
+def conv_silu(x, weight, bias, stride, padding, dilation, groups):
+    """Launch; the caller has checked :func:`can_use`. (Whether cuDNN is enabled is a process
+    setting, not part of the input: with it off, the chain runs.)"""
+    if not torch._C._get_cudnn_enabled():
+        return conv_silu_reference(x, weight, bias, stride, padding, dilation, groups)
+    return bias_silu(convolution(x, weight, None, stride, padding, dilation, groups), bias)
+
+
+def conv_silu_mul(x, weight, bias, stride, padding, dilation, groups):
+    """Launch; the caller has checked :func:`can_use_halves`."""
+    if not torch._C._get_cudnn_enabled():
+        return conv_silu_mul_reference(x, weight, bias, stride, padding, dilation, groups)
+    return bias_silu_mul(convolution(x, weight, None, stride, padding, dilation, groups), bias)
+
+
+conv_silu.can_use = can_use
+conv_silu_mul.can_use = can_use_halves
