@@ -9,14 +9,22 @@ output with eager and the max difference of the others; a 20-step Euler flow-mat
 trajectory of sgdiff (lossless) against eager, step by step; and where the GPU time of an sgdiff
 step goes (GEMM, attention, sgdiff kernels, other kernels, gaps). Writes models.json and
 models.md.
+
+On a GPU each variant runs in a process of its own (``--no-isolate`` to share one): a step's
+host time depends on what ran before it in the process. Measured on the H200 host: sgdiff
+without CUDA graphs on Sana read 55 ms per step after other variants and their profiles in
+one process, and 28 ms in a process of its own.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import pathlib
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from typing import Callable, Dict
 
@@ -144,8 +152,13 @@ def run_model(name: str, size: str, device: torch.device, dtype, variants, repea
             _sync(device)
             row[f"{variant}_first_call_s"] = time.perf_counter() - t0
             outs = [out] + [fn(**kwargs)[0] for _ in range(3)]  # past warm-up and capture
+            # what earlier variants and compiles left behind must not slow this one's host: the
+            # garbage collector's full passes walk every live object (~700k after a compile)
+            gc.collect()
+            gc.freeze()
             for key, value in step_times(lambda: fn(**kwargs), device, repeats).items():
                 row[f"{variant}_{key}"] = value
+            gc.unfreeze()
             row[f"{variant}_equal"] = all(torch.equal(o, want) for o in outs)
             row[f"{variant}_max_diff"] = max(float((o.float() - want.float()).abs().max()) for o in outs)
             if device.type == "cuda":
@@ -159,6 +172,17 @@ def run_model(name: str, size: str, device: torch.device, dtype, variants, repea
             outs = None  # free before the next variant
             on_update(row)
     torch._dynamo.reset()
+    return summarize(row)
+
+
+def run_isolated(name: str, variants, common_args) -> dict:
+    """:func:`run_model` with each variant in a fresh process of this script; one merged row."""
+    row: dict = {}
+    for variant in variants:
+        with tempfile.TemporaryDirectory() as tmp:
+            subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve()), "--models", name, "--variants",
+                            variant, "--no-isolate", "--out", tmp, *common_args], check=True)
+            row.update(json.loads((pathlib.Path(tmp) / "models.json").read_text())["cases"][0])
     return summarize(row)
 
 
@@ -178,7 +202,9 @@ def write_report(result: dict, out: pathlib.Path) -> None:
     (out / "models.json").write_text(json.dumps(result, indent=1))
     cols = [v for v in VARIANTS if any(f"{v}_ms" in c for c in result["cases"])]
     lines = [f"# sgdiff on diffusers DiTs ({result['gpu']})",
-             f"torch {result['torch']}, triton {result['triton']}, commit {result['commit']}. "
+             f"torch {result['torch']}, triton {result['triton']}, commit "
+             + (", ".join(f"{c['model']} {c['commit']}" for c in result["cases"])
+                if any("commit" in c for c in result["cases"]) else result["commit"]) + ". "
              "Median step time in ms; '=' marks an output torch.equal to eager, else the max abs diff.", "",
              "| model | " + " | ".join(cols) + " | Euler trajectory (steps) equal |",
              "|" + " --- |" * (len(cols) + 2)]
@@ -238,6 +264,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                        help="each variant in its own process (default: on a GPU)")
     args = parser.parse_args(argv)
     from tqdm import tqdm
 
@@ -254,8 +282,14 @@ def main(argv=None) -> int:
     def save(row: dict) -> None:  # after every variant: a run cut short keeps what it measured
         write_report(dict(meta, cases=rows + [summarize(dict(row))]), pathlib.Path(args.out))
 
+    isolate = device.type == "cuda" if args.isolate is None else args.isolate
+    common = ["--size", args.size, "--device", args.device, "--dtype", args.dtype, "--repeats", str(args.repeats),
+              "--steps", str(args.steps)]
     for name in tqdm(args.models.split(","), desc="models", file=sys.stdout):
-        rows.append(run_model(name, args.size, device, dtype, variants, args.repeats, args.steps, save))
+        if isolate and len(variants) > 1:
+            rows.append(run_isolated(name, variants, common))
+        else:
+            rows.append(run_model(name, args.size, device, dtype, variants, args.repeats, args.steps, save))
         tqdm.write(json.dumps({k: v for k, v in rows[-1].items() if not isinstance(v, dict)}))
         write_report(dict(meta, cases=rows), pathlib.Path(args.out))
     return 0

@@ -28,3 +28,15 @@ def test_full_configs_run_on_the_meta_device(name):
         out = model(**kwargs)[0]
     latents = kwargs["hidden_states"]
     assert out.shape[0] == latents.shape[0] and out.device.type == "meta"
+
+
+def test_each_variant_in_a_process_of_its_own(tmp_path):
+    """--isolate: one process per variant, merged into one row per model."""
+    from bench import models
+
+    assert models.main(["--models", "flux", "--size", "tiny", "--device", "cpu", "--dtype", "float32", "--variants",
+                        "eager,sgdiff", "--isolate", "--repeats", "1", "--steps", "2", "--out", str(tmp_path)]) == 0
+    import json
+
+    (row,) = json.loads((tmp_path / "models.json").read_text())["cases"]
+    assert row["eager_ms"] > 0 and row["sgdiff_ms"] > 0 and row["sgdiff_lossless_equal"] and row["trajectory_equal"]
