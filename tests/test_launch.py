@@ -108,10 +108,8 @@ def test_a_compile_error_propagates_as_a_launch_error_would(lean):
     assert lean._direct  # one input's failure is the dispatcher's business, not the launch path's
 
 
-def test_the_interpreter_launches_the_usual_way():
+def test_the_interpreter_launches_the_usual_way(monkeypatch):
+    monkeypatch.setattr(launch, "INTERPRET", True)
     kernel = launch.LeanKernel(FakeJIT())
-    if launch.INTERPRET:
-        kernel[(4,)](torch.zeros(8), torch.zeros(8), 8, 1e-6, BLOCK=16)
-        assert [c[0] for c in kernel.fn.calls] == ["triton"]
-    else:
-        assert kernel._direct == (launch._knobs is not None)
+    kernel[(4,)](torch.zeros(8), torch.zeros(8), 8, 1e-6, BLOCK=16)
+    assert [c[0] for c in kernel.fn.calls] == ["triton"]

@@ -368,7 +368,7 @@ def test_conv_epilogues_sana_glumbconv(dtype):
     w2, b2 = randn(hidden, 1, 3, 3, dtype=dtype, scale=1 / 3), randn(hidden, dtype=dtype)
     h, want = glumbconv_eager(x, w1, b1, w2, b2, hidden)
     inverted, depth = (x, w1, b1, [1, 1], [0, 0], [1, 1], 1), (h, w2, b2, [1, 1], [1, 1], [1, 1], hidden)
-    assert tconv.can_use(*inverted) and tconv.can_use_halves(*depth)
+    assert tconv.can_use(*inverted) and tconv.can_use(*depth, halves=True)
     got_h, got = tconv.conv_silu(*inverted), tconv.conv_silu_mul(*depth)
     assert torch.equal(got_h, h) and same_layout(got_h, h)
     assert torch.equal(got, want) and same_layout(got, want)

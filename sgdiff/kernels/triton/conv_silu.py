@@ -8,6 +8,8 @@ inside the convolution, before rounding.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from sgdiff.kernels.conv_silu import conv_silu_reference, convolution
@@ -32,13 +34,8 @@ def on_cudnn(x, weight, bias, stride, padding, dilation, groups) -> bool:
     return backend == torch._C._ConvBackend.Cudnn
 
 
-def can_use(x, weight, bias, stride, padding, dilation, groups) -> bool:
-    return (x.is_cuda and supported_layout(x, weight, bias, stride, padding, dilation, groups)
-            and on_cudnn(x, weight, bias, stride, padding, dilation, groups))
-
-
-def can_use_halves(x, weight, bias, stride, padding, dilation, groups) -> bool:
-    return (x.is_cuda and supported_layout(x, weight, bias, stride, padding, dilation, groups, halves=True)
+def can_use(x, weight, bias, stride, padding, dilation, groups, halves: bool = False) -> bool:
+    return (x.is_cuda and supported_layout(x, weight, bias, stride, padding, dilation, groups, halves)
             and on_cudnn(x, weight, bias, stride, padding, dilation, groups))
 
 
@@ -51,11 +48,11 @@ def conv_silu(x, weight, bias, stride, padding, dilation, groups):
 
 
 def conv_silu_mul(x, weight, bias, stride, padding, dilation, groups):
-    """Launch; the caller has checked :func:`can_use_halves`."""
+    """Launch; the caller has checked :func:`can_use` with ``halves``."""
     if not torch._C._get_cudnn_enabled():
         return conv_silu_mul_reference(x, weight, bias, stride, padding, dilation, groups)
     return bias_silu_mul(convolution(x, weight, None, stride, padding, dilation, groups), bias)
 
 
 conv_silu.can_use = can_use
-conv_silu_mul.can_use = can_use_halves
+conv_silu_mul.can_use = functools.partial(can_use, halves=True)
