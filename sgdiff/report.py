@@ -35,18 +35,18 @@ class Report:
 
     def __str__(self) -> str:
         lines = [f"sgdiff report: quality {self.tier.value}, {self.graphs} graph(s)",
-                 f"  {'family':<14}{'found':>6}{'rewritten':>11}  {'op':<24}contract"]
+                 f"  {'family':<18}{'found':>6}{'rewritten':>11}  {'op':<24}contract"]
         for family in self.counts:
             ops = [op for op in self.ops if _family_of(op, self) == family] or ["-"]
             for i, op in enumerate(ops):
                 contract = registry.op_def(op).contract.value if op != "-" else ""
-                head = (f"  {family:<14}{self.found.get(family, 0):>6}{self.counts[family]:>11}"
-                        if i == 0 else " " * 33)
+                head = (f"  {family:<18}{self.found.get(family, 0):>6}{self.counts[family]:>11}"
+                        if i == 0 else " " * 37)
                 lines.append(f"{head}  {op:<24}{contract}")
         if self.skipped:
             lines.append("  skipped:")
             for (family, op, reason), n in Counter(self.skipped).items():  # first-seen order
-                lines.append(f"    {family:<14}{op:<24}{reason}" + (f" (x{n})" if n > 1 else ""))
+                lines.append(f"    {family:<18}{op:<24}{reason}" + (f" (x{n})" if n > 1 else ""))
         return "\n".join(lines)
 
 

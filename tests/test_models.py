@@ -16,16 +16,17 @@ import sgdiff
 from sgdiff import zoo
 from tests.helpers import bits_equal
 
-FAMILIES = ("modulate", "residual_gate", "rope", "qk_norm", "activation")
+FAMILIES = ("modulate", "residual_gate", "rope", "qk_norm", "activation", "linear_attention")
 EXPECTED = {
     # 1 double + 1 single block: 4L+S+1, 4L+S, 2L+2S, 4L+2S, S (GELU into the single block's cat)
-    "flux": (6, 5, 4, 6, 1),
-    "flux2": (6, 5, 4, 6, 3),  # SwiGLU: 2 double-block FFs + the single block's
-    "sana": (3, 2, 0, 0, 2),  # GLUMBConv: conv_inverted + SiLU, conv_depth + its GLU
-    "sd35": (9, 7, 0, 10, 0),  # 2 layers, layer 0 dual attention: 4L+X, 4L-2+X, -, 4L+2X
-    "pixart": (3, 2, 0, 0, 0),
-    "wan": (3, 2, 2, 4, 0),
-    "qwenimage": (4, 2, 4, 4, 0),  # see the module docstring
+    "flux": (6, 5, 4, 6, 1, 0),
+    "flux2": (6, 5, 4, 6, 3, 0),  # SwiGLU: 2 double-block FFs + the single block's
+    # GLUMBConv: conv_inverted + SiLU, conv_depth + its GLU; linear attention: q, k, padded v
+    "sana": (3, 2, 0, 0, 2, 3),
+    "sd35": (9, 7, 0, 10, 0, 0),  # 2 layers, layer 0 dual attention: 4L+X, 4L-2+X, -, 4L+2X
+    "pixart": (3, 2, 0, 0, 0, 0),
+    "wan": (3, 2, 2, 4, 0, 0),
+    "qwenimage": (4, 2, 4, 4, 0, 0),  # see the module docstring
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

@@ -81,7 +81,8 @@ ROWWISE = textwrap.dedent(r"""
     import torch
     import torch.nn.functional as F
     from sgdiff.kernels.triton import gelu_tanh_cat as tgelu, rms_norm as trms, rope as trope, silu_mul as tsilu
-    from sgdiff.kernels.triton import rms_norm_rope as trr
+    from sgdiff.kernels.triton import rms_norm_rope as trr, cast_copy as tcast
+    from sgdiff.kernels.cast_copy import cast_copy_reference
     from sgdiff.kernels.gelu_tanh_cat import gelu_tanh_cat_reference
     from sgdiff.kernels.rope import rope_reference
     from sgdiff.kernels.rope_even_odd import rope_even_odd_reference
@@ -206,6 +207,17 @@ ROWWISE = textwrap.dedent(r"""
         hidden, gate = yb.chunk(2, 1)
         check(tsilu.bias_silu_mul(y, bias), silu_mul_reference(gate, hidden), False, tol=2 ** -4)  # 3 roundings
         check(tsilu.bias_silu(y, bias), F.silu(yb), False)   # in place, into y
+        # cast_copy: Sana's linear-attention operands, read through their views (nothing rounds)
+        proj = torch.randn(2, 37, 3 * 8, dtype=dt)
+        proj[0, 0, :2] = float("nan")
+        q = proj.transpose(1, 2).unflatten(1, (3, -1))                  # [B, H, D, N], D contiguous
+        for x, relu, pad, contiguous in ((q, True, [], True), (q.transpose(2, 3), True, [], True),
+                                         (q, True, [], False), (q, False, [0, 0, 0, 1], True)):
+            args = (x, torch.float32, relu, pad, 1.0, contiguous)
+            assert tcast.supported_layout(*args)
+            got, want = tcast.cast_copy(*args), cast_copy_reference(*args)
+            assert torch.equal(got.isnan(), want.isnan()) and got.isnan().any()   # NaN passes the ReLU
+            check(got.nan_to_num(7.0), want.nan_to_num(7.0), True)
         # rms_norm_rope: the fused norm then the rotation on one tile, equal to the two kernels
         # one after the other (the interpreter rounds alike in both), per-head and heads-first
         x = (torch.randn(2, 37, 3, 128) * 2).to(dt)
@@ -252,7 +264,7 @@ ROWWISE = textwrap.dedent(r"""
 """)
 
 
-@pytest.mark.parametrize("script,cases", [(SCRIPT, 40), (RESIDUAL_GATE, 8), (ROWWISE, 132)],
+@pytest.mark.parametrize("script,cases", [(SCRIPT, 40), (RESIDUAL_GATE, 8), (ROWWISE, 140)],
                          ids=["layernorm_modulate", "residual_gate", "rowwise"])
 def test_kernels_under_interpreter(script, cases):
     env = dict(os.environ, TRITON_INTERPRET="1")

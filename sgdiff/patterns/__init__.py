@@ -18,9 +18,9 @@ def _load_builtins() -> None:
     if _builtins_loaded:
         return
     _builtins_loaded = True
-    from sgdiff.patterns import activation, modulate, qk_norm, residual_gate, rope
+    from sgdiff.patterns import activation, linear_attention, modulate, qk_norm, residual_gate, rope
 
-    for module in (modulate, residual_gate, rope, qk_norm, activation):
+    for module in (modulate, residual_gate, rope, qk_norm, activation, linear_attention):
         for p in module.patterns():
             register(p)
 

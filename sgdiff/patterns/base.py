@@ -11,7 +11,7 @@ from sgdiff.fxpasses.matcher import Expr, Match
 from sgdiff.kernels.layout import like_strides, same_strides
 
 #: the stable family names a Report counts under
-FAMILIES = ("modulate", "residual_gate", "rope", "qk_norm", "activation")
+FAMILIES = ("modulate", "residual_gate", "rope", "qk_norm", "activation", "linear_attention")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,13 +11,13 @@ from hypothesis import given, settings, strategies as st
 from sgdiff.kernels import dispatch, registry
 from sgdiff.kernels.layout import same_strides
 from sgdiff.kernels.triton import gelu_tanh_cat as tgelu, rms_norm as trms, rms_norm_rope as trr, rope as trope
-from sgdiff.kernels.triton import conv_silu as tconv, silu_mul as tsilu
+from sgdiff.kernels.triton import cast_copy as tcast, conv_silu as tconv, silu_mul as tsilu
 
 pytestmark = pytest.mark.gpu
 EXAMPLES = int(os.environ.get("SGDIFF_GPU_EXAMPLES", "40"))
 op = {name: registry.op_def(name).load() for name in ("rope", "rope_even_odd", "rms_norm", "silu_mul",
                                                                 "gelu_tanh_cat", "rms_norm_rope", "rms_norm_cat_rope",
-                                                                "conv_silu", "conv_silu_mul")}
+                                                                "conv_silu", "conv_silu_mul", "cast_copy")}
 
 
 def same_layout(got, want):
@@ -395,3 +395,48 @@ def test_conv_epilogues_any_shape(B, C, ratio, H, W, dtype, channels_last, depth
     got = op["conv_silu_mul"](h, w2, b2, [1, 1], [1, 1], [1, 1], groups)
     assert torch.equal(got_h, h) and same_layout(got_h, h)
     assert torch.equal(got, want) and same_layout(got, want)
+
+
+def bits(t):
+    return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def sana_operands(B, N, H, D, dtype):
+    """q, k, v as SanaLinearAttnProcessor2_0 views its projections, with NaN and -0.0 inside."""
+    proj = randn(3, B, N, H * D, dtype=dtype, scale=2.0)
+    proj[:, 0, 0, :3] = torch.tensor([float("nan"), -0.0, 0.0], dtype=dtype)
+    q, k, v = (p.transpose(1, 2).unflatten(1, (H, -1)) for p in proj)
+    return q, k.transpose(2, 3), v
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("B", [1, 2])
+def test_cast_copy_sana_linear_attention(dtype, B):
+    # Sana 1.6B at 1024px: 1024 tokens, 70 heads of 32
+    q, k, v = sana_operands(B, 1024, 70, 32, dtype)
+    cases = [((q, torch.float32, True, [], 0.0, True), torch.relu(q).float().contiguous()),
+             ((k, torch.float32, True, [], 0.0, True), torch.relu(k).float().contiguous()),
+             ((q, torch.float32, True, [], 0.0, False), torch.relu(q).float()),
+             ((v, torch.float32, False, [0, 0, 0, 1], 1.0, True), F.pad(v.float(), (0, 0, 0, 1), value=1.0))]
+    for args, want in cases:
+        assert tcast.can_use(*args)
+        got = tcast.cast_copy(*args)
+        # bit for bit: ReLU keeps NaN and the sign of zero as ATen's clamp_min does
+        assert torch.equal(bits(got), bits(want)) and same_layout(got, want)
+        assert torch.equal(bits(op["cast_copy"](*args)), bits(want))
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(B=st.integers(1, 3), N=st.integers(1, 300), H=st.integers(1, 6), D=st.sampled_from([8, 32, 64]),
+       dtype=st.sampled_from([torch.bfloat16, torch.float16]), which=st.sampled_from(["q", "k", "v"]),
+       contiguous=st.booleans())
+def test_cast_copy_any_shape(B, N, H, D, dtype, which, contiguous):
+    q, k, v = sana_operands(B, N, H, D, dtype)
+    x = {"q": q, "k": k, "v": v}[which]
+    if which == "v":
+        args, want = (x, torch.float32, False, [0, 0, 0, 1], 1.0, True), F.pad(x.float(), (0, 0, 0, 1), value=1.0)
+    else:
+        args = (x, torch.float32, True, [], 0.0, contiguous)
+        want = torch.relu(x).float().contiguous() if contiguous else torch.relu(x).float()
+    got = op["cast_copy"](*args)
+    assert torch.equal(bits(got), bits(want)) and same_layout(got, want)

@@ -1,0 +1,79 @@
+"""Family ``linear_attention``: the operands of a linear attention, made ready for its matmuls.
+
+The eager chains (Sana's ``SanaLinearAttnProcessor2_0`` on the [B, heads, head_dim, tokens]
+views of its q/k/v projections; the matmuls run in fp32)::
+
+    clone(expand(relu(q).float()), contiguous)     q and k: matmul copies the transposed view
+                                                   contiguous (batch and heads > 1) -> cast_copy
+    relu(q).float()                                q and k where matmul reads the view as it is
+                                                                                    -> cast_copy
+    constant_pad_nd(v.float(), [0, 0, 0, 1], 1.0)  v with a row of ones            -> cast_copy
+
+Each becomes one pass that reads the view where it lies and writes what the matmul reads. An
+fp32 model has no ``.float()`` to match: its ReLU, copy and pad fuse where they occur.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+from sgdiff.fxpasses.matcher import Arg, Lit, Match, Op, Views
+from sgdiff.patterns import parts
+from sgdiff.patterns.base import ChainPattern, like_layout_reason, same_shape, tensor_meta, val
+
+aten = torch.ops.aten
+
+KINDS = ("relu_cast_contiguous", "relu_cast", "cast_pad")
+
+
+def chain(kind: str):
+    relu = Op(aten.relu.default, Arg("x"), name="relu")
+    if kind == "relu_cast_contiguous":
+        return Op(aten.clone.default, Views(parts.maybe_cast(relu, "cast"), "views"),
+                  memory_format=Lit(torch.contiguous_format))
+    if kind == "relu_cast":  # without a cast, a ReLU alone: nothing to fuse
+        return parts.cast(relu, "cast")
+    return Op(aten.constant_pad_nd.default, parts.maybe_cast(Arg("x"), "cast"), Arg("pad"), Arg("value"))
+
+
+def _dtype(m: Match) -> torch.dtype:
+    """The cast's dtype; the input's where the model runs in that dtype already (no cast)."""
+    return parts.cast_dtype(m, "cast") or tensor_meta(m["x"]).dtype
+
+
+def replacement(kind: str):
+    if kind == "cast_pad":
+        return lambda m: (m["x"], _dtype(m), False, list(m["pad"]), float(m["value"]), True)
+    return lambda m: (m["x"], _dtype(m), True, [], 0.0, kind == "relu_cast_contiguous")
+
+
+def check(kind: str):
+    def linear_attention_check(m: Match) -> Optional[str]:
+        x, out = tensor_meta(m["x"]), tensor_meta(m.root)
+        if x is None or out is None or x.dim() != 4 or not x.dtype.is_floating_point:
+            return "not a 4-D floating-point tensor"
+        dtype = _dtype(m)
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16) or out.dtype != dtype:
+            return "the cast is not to a float dtype the op writes"
+        if kind == "relu_cast_contiguous":
+            if any(v.target is not aten.expand.default or not same_shape(val(v.args[1]), x.shape) for v in m["views"]):
+                return "the copy is of a reshaped or broadcast tensor, not of the cast itself"
+        if kind == "cast_pad":
+            pad = m["pad"]
+            if not (isinstance(pad, (list, tuple)) and len(pad) <= 4 and all(isinstance(p, int) and p >= 0 for p in pad)
+                    and all(p == 0 for p in pad[0::2])):
+                return "padding other than after the last two dims' ends"
+            if not parts.is_number(m["value"]):
+                return "the padding value is not a constant"
+        if kind == "relu_cast":  # the cast keeps x's layout, as the op does
+            return like_layout_reason(out, x)
+        return None if out.is_contiguous() else "the chain's output is not contiguous"
+
+    return linear_attention_check
+
+
+def patterns() -> List[ChainPattern]:
+    return [ChainPattern(family="linear_attention", name=kind, chain=chain(kind), op="cast_copy",
+                         replacement=replacement(kind), check=check(kind))
+            for kind in KINDS]

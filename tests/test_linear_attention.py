@@ -1,0 +1,91 @@
+"""Family `linear_attention`: Sana's linear-attention operands (ReLU, fp32 cast, contiguous copy
+or padding) as one cast_copy pass each, bitwise equal to eager, in eager's layout."""
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+from sgdiff.kernels import registry
+from tests.capture import rewrite
+from tests.helpers import bits_equal, count_op, targets
+
+aten = torch.ops.aten
+CAST = registry.op_def("cast_copy").load()
+
+
+def sana_linear_attention(C, heads, dtype, seed=0):
+    """diffusers' Attention with Sana's linear-attention processor, random weights; a function of
+    the tokens and the module's parameters (graph inputs, as torch.compile lifts them)."""
+    from diffusers.models.attention_processor import Attention, SanaLinearAttnProcessor2_0
+
+    torch.manual_seed(seed)
+    attn = Attention(query_dim=C, heads=heads, dim_head=C // heads, bias=False,
+                     processor=SanaLinearAttnProcessor2_0()).to(dtype).eval()
+    names = [name for name, _ in attn.named_parameters()]
+
+    def fn(tokens, *params):
+        return torch.func.functional_call(attn, dict(zip(names, params)), (tokens,))
+
+    return fn, [p.detach() for p in attn.parameters()]
+
+
+@settings(max_examples=30, deadline=None)
+@given(B=st.integers(1, 2), N=st.integers(1, 40), heads=st.sampled_from([1, 2, 4]), D=st.sampled_from([4, 8, 32]),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
+def test_q_k_and_padded_v_are_three_bitexact_sites(B, N, heads, D, dtype):
+    fn, params = sana_linear_attention(heads * D, heads, dtype)
+    args = (torch.randn(B, N, heads * D).to(dtype), *params)
+    run, gm, result = rewrite(fn, args, families=["linear_attention"])
+    # q and k: a contiguous copy where matmul cannot view them as [B * heads, ., .], else the cast
+    # alone; an fp32 model has no cast, so at batch 1 (or one head) its ReLUs stay
+    copied = B > 1 and heads > 1
+    sites = 3 if dtype != torch.float32 or copied else 1
+    assert result.counts["linear_attention"] == sites and not result.skipped, result.skipped
+    assert count_op(gm, CAST) == sites and aten.constant_pad_nd.default not in targets(gm)
+    assert (aten.relu.default in targets(gm)) == (sites == 1)
+    with torch.no_grad():
+        got, want = run(*args), fn(*args)
+    assert bits_equal(got, want) and got.stride() == want.stride()
+
+
+def qkv(dtype=torch.bfloat16, B=2, H=2, D=8, N=12):
+    g = torch.Generator().manual_seed(0)
+    proj = torch.randn(B, N, H * D, generator=g).to(dtype)
+    return (proj.transpose(1, 2).unflatten(1, (H, -1)),)  # [B, H, D, N], as the processor views it
+
+
+@pytest.mark.parametrize("name,fn,sites", [
+    ("padding before the start", lambda q: F.pad(q.float(), (0, 0, 1, 0), value=1.0), 0),
+    ("padding along the batch", lambda q: F.pad(q.float(), (0, 0, 0, 0, 0, 1), value=1.0), 0),
+    # the copy is of a broadcast: it stays, and only the ReLU + cast before it fuse
+    ("a copy of a broadcast", lambda q: torch.relu(q).float()[:, :1].expand(-1, 2, -1, -1).contiguous(), 1),
+    ("sigmoid, not relu", lambda q: torch.sigmoid(q).float().contiguous(), 0),
+    ("a cast to an integer", lambda q: torch.relu(q).int().contiguous(), 0),
+])
+def test_near_misses_are_not_cast_copy(name, fn, sites):
+    args = qkv()
+    run, gm, result = rewrite(fn, args, families=["linear_attention"])
+    assert count_op(gm, CAST) == sites, name
+    assert all(not n.args[-1] for n in gm.graph.nodes if n.target is CAST)  # none writes a contiguous copy
+    got, want = run(*args), fn(*args)
+    assert bits_equal(got, want) and got.stride() == want.stride()
+
+
+def test_relu_with_another_user_is_skipped():
+    def fn(q):
+        r = torch.relu(q)
+        return r.float().contiguous(), r
+
+    args = qkv()
+    run, gm, result = rewrite(fn, args, families=["linear_attention"])
+    assert result.counts["linear_attention"] == 0 and any("another user" in s.reason for s in result.skipped)
+    assert all(bits_equal(a, b) for a, b in zip(run(*args), fn(*args)))
+
+
+def test_opcheck():
+    from sgdiff.kernels.cast_copy import cast_copy
+
+    (q,) = qkv()
+    torch.library.opcheck(cast_copy, (q, torch.float32, True, [], 0.0, True))
+    torch.library.opcheck(cast_copy, (q, torch.float32, False, [0, 0, 0, 1], 1.0, True))
+    torch.library.opcheck(cast_copy, (q.transpose(2, 3), torch.float32, True, [], 0.0, False))
