@@ -270,19 +270,25 @@ def conv_epilogue_cases(quick: bool) -> List[Case]:
                   glu, (h, w2, b2, [1, 1], [1, 1], [1, 1], 11200), _bytes_like(h, h[:, :5600]))]
 
 
-def cast_copy_cases(quick: bool) -> List[Case]:
+def linear_attention_cases(quick: bool) -> List[Case]:
     """Sana 1.6B linear attention (batch 2, 1024 tokens, 70 heads of 32): ReLU(q).float() copied
-    contiguous for the matmul, and v.float() padded with a row of ones."""
+    contiguous for the matmul, v.float() padded with a row of ones, and the output normalized by
+    its last row and cast back."""
     g = torch.Generator(device="cuda").manual_seed(8)
     proj = torch.randn(2, 2, 1024, 2240, device="cuda", generator=g).to(torch.bfloat16)
     q, v = (p.transpose(1, 2).unflatten(1, (70, -1)) for p in proj)
-    out = torch.empty(2, 70, 33, 1024, device="cuda")
+    out = torch.randn(2, 70, 33, 1024, device="cuda", generator=g) * 50  # also the second matmul's output
     return [_case("cast_copy", tuple(q.shape), q.dtype, "Sana 1.6B q: relu, fp32, contiguous copy",
                   lambda: torch.relu(q).float().contiguous(), (q, torch.float32, True, [], 0.0, True),
                   _bytes_like(q, out[:, :, :32])),
             _case("cast_copy", tuple(v.shape), v.dtype, "Sana 1.6B v: fp32, a row of ones below",
                   lambda: F.pad(v.float(), (0, 0, 0, 1), value=1.0), (v, torch.float32, False, [0, 0, 0, 1], 1.0, True),
-                  _bytes_like(v, out))]
+                  _bytes_like(v, out)),
+            _case("linear_attention_out", tuple(out.shape), torch.bfloat16,
+                  "Sana 1.6B output: / last row, heads joined, tokens first, bf16",
+                  lambda: (lambda y: y.flatten(1, 2).transpose(1, 2).to(torch.bfloat16))(
+                      out[:, :, :-1] / (out[:, :, -1:] + 1e-15)),
+                  (out, 1e-15, torch.bfloat16), _bytes_like(out, q))]
 
 
 CASES: Dict[str, Callable[[bool], List[Case]]] = {
@@ -294,7 +300,7 @@ CASES: Dict[str, Callable[[bool], List[Case]]] = {
     "gelu_tanh_cat": gelu_tanh_cat_cases,
     "rms_norm_rope": rms_norm_rope_cases,
     "conv_epilogue": conv_epilogue_cases,
-    "cast_copy": cast_copy_cases,
+    "linear_attention": linear_attention_cases,
 }
 
 

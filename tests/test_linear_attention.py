@@ -1,5 +1,6 @@
 """Family `linear_attention`: Sana's linear-attention operands (ReLU, fp32 cast, contiguous copy
-or padding) as one cast_copy pass each, bitwise equal to eager, in eager's layout."""
+or padding) as one cast_copy pass each, and its output (normalized by its last row, heads joined,
+cast back) as one linear_attention_out pass; bitwise equal to eager, in eager's layouts."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,6 +12,7 @@ from tests.helpers import bits_equal, count_op, targets
 
 aten = torch.ops.aten
 CAST = registry.op_def("cast_copy").load()
+OUT = registry.op_def("linear_attention_out").load()
 
 
 def sana_linear_attention(C, heads, dtype, seed=0):
@@ -39,10 +41,12 @@ def test_q_k_and_padded_v_are_three_bitexact_sites(B, N, heads, D, dtype):
     # q and k: a contiguous copy where matmul cannot view them as [B * heads, ., .], else the cast
     # alone; an fp32 model has no cast, so at batch 1 (or one head) its ReLUs stay
     copied = B > 1 and heads > 1
-    sites = 3 if dtype != torch.float32 or copied else 1
-    assert result.counts["linear_attention"] == sites and not result.skipped, result.skipped
-    assert count_op(gm, CAST) == sites and aten.constant_pad_nd.default not in targets(gm)
-    assert (aten.relu.default in targets(gm)) == (sites == 1)
+    operands = 3 if dtype != torch.float32 or copied else 1
+    output = int(dtype != torch.float32)  # the cast back to the model's dtype
+    assert result.counts["linear_attention"] == operands + output and not result.skipped, result.skipped
+    assert count_op(gm, CAST) == operands and count_op(gm, OUT) == output
+    assert aten.constant_pad_nd.default not in targets(gm) and (aten.relu.default in targets(gm)) == (operands == 1)
+    assert (aten.div.Tensor in targets(gm)) == (not output)
     with torch.no_grad():
         got, want = run(*args), fn(*args)
     assert bits_equal(got, want) and got.stride() == want.stride()
@@ -89,3 +93,46 @@ def test_opcheck():
     torch.library.opcheck(cast_copy, (q, torch.float32, True, [], 0.0, True))
     torch.library.opcheck(cast_copy, (q, torch.float32, False, [0, 0, 0, 1], 1.0, True))
     torch.library.opcheck(cast_copy, (q.transpose(2, 3), torch.float32, True, [], 0.0, False))
+
+
+def attention_output(B=2, H=3, D=4, N=5):
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(B, H, D + 1, N, generator=g) * 3,)
+
+
+def processor_output(h, eps=1e-15, dtype=torch.bfloat16):
+    h = h[:, :, :-1] / (h[:, :, -1:] + eps)
+    return h.flatten(1, 2).transpose(1, 2).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_output_is_one_bitexact_site(dtype):
+    fn = lambda h: processor_output(h, dtype=dtype)  # noqa: E731
+    args = attention_output()
+    run, gm, result = rewrite(fn, args, families=["linear_attention"])
+    assert result.counts["linear_attention"] == 1 and count_op(gm, OUT) == 1
+    assert aten.div.Tensor not in targets(gm) and aten._to_copy.default not in targets(gm)
+    got, want = run(*args), fn(*args)
+    assert bits_equal(got, want) and got.stride() == want.stride()
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("two rows as the normalizer", lambda h: (h[:, :, :-2] / (h[:, :, -2:-1] + 1e-15)).flatten(1, 2).transpose(1, 2)
+     .to(torch.bfloat16)),
+    ("heads joined without the transpose", lambda h: (h[:, :, :-1] / (h[:, :, -1:] + 1e-15)).flatten(1, 2)
+     .to(torch.bfloat16)),
+    ("subtracted, not divided", lambda h: (h[:, :, :-1] - (h[:, :, -1:] + 1e-15)).flatten(1, 2).transpose(1, 2)
+     .to(torch.bfloat16)),
+])
+def test_near_misses_are_not_linear_attention_out(name, fn):
+    args = attention_output()
+    run, gm, result = rewrite(fn, args, families=["linear_attention"])
+    assert count_op(gm, OUT) == 0, name
+    assert bits_equal(run(*args), fn(*args))
+
+
+def test_output_opcheck():
+    from sgdiff.kernels.linear_attention_out import linear_attention_out
+
+    (h,) = attention_output()
+    torch.library.opcheck(linear_attention_out, (h, 1e-15, torch.bfloat16))

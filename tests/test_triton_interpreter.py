@@ -83,6 +83,8 @@ ROWWISE = textwrap.dedent(r"""
     from sgdiff.kernels.triton import gelu_tanh_cat as tgelu, rms_norm as trms, rope as trope, silu_mul as tsilu
     from sgdiff.kernels.triton import rms_norm_rope as trr, cast_copy as tcast
     from sgdiff.kernels.cast_copy import cast_copy_reference
+    from sgdiff.kernels.triton import linear_attention_out as tlao
+    from sgdiff.kernels.linear_attention_out import linear_attention_out_reference
     from sgdiff.kernels.gelu_tanh_cat import gelu_tanh_cat_reference
     from sgdiff.kernels.rope import rope_reference
     from sgdiff.kernels.rope_even_odd import rope_even_odd_reference
@@ -218,6 +220,12 @@ ROWWISE = textwrap.dedent(r"""
             got, want = tcast.cast_copy(*args), cast_copy_reference(*args)
             assert torch.equal(got.isnan(), want.isnan()) and got.isnan().any()   # NaN passes the ReLU
             check(got.nan_to_num(7.0), want.nan_to_num(7.0), True)
+        # linear_attention_out: fp32 out is exact (an fp32 sum, an IEEE division); dt with its rounding
+        h = torch.randn(2, 3, 9, 37) * 3
+        for out_dtype in (torch.float32, dt):
+            assert tlao.supported_layout(h, 1e-15, out_dtype)
+            check(tlao.linear_attention_out(h, 1e-15, out_dtype), linear_attention_out_reference(h, 1e-15, out_dtype),
+                  out_dtype == torch.float32)
         # rms_norm_rope: the fused norm then the rotation on one tile, equal to the two kernels
         # one after the other (the interpreter rounds alike in both), per-head and heads-first
         x = (torch.randn(2, 37, 3, 128) * 2).to(dt)
@@ -264,7 +272,7 @@ ROWWISE = textwrap.dedent(r"""
 """)
 
 
-@pytest.mark.parametrize("script,cases", [(SCRIPT, 40), (RESIDUAL_GATE, 8), (ROWWISE, 140)],
+@pytest.mark.parametrize("script,cases", [(SCRIPT, 40), (RESIDUAL_GATE, 8), (ROWWISE, 144)],
                          ids=["layernorm_modulate", "residual_gate", "rowwise"])
 def test_kernels_under_interpreter(script, cases):
     env = dict(os.environ, TRITON_INTERPRET="1")

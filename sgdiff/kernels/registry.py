@@ -163,6 +163,8 @@ for _name, _contract, _doc in (
      "a, gate = convolution(x, weight, bias, ...).chunk(2, dim=1); a * silu(gate)"),
     ("cast_copy", Contract.BITEXACT,
      "F.pad((relu(x) if relu else x).to(dtype), pad, value), contiguous or in x's layout"),
+    ("linear_attention_out", Contract.BITEXACT,
+     "(h[:, :, :-1] / (h[:, :, -1:] + eps)).flatten(1, 2).transpose(1, 2).to(dtype)"),
     ("linear_gelu_tanh", Contract.CLOSE,
      "gelu_tanh(x @ weight.T + bias) in one fp32 pass, one rounding to x.dtype. fp32: bitwise "
      "equal to eager. fp16/bf16 (measured, tests/test_activation.py): a third of the elements "
@@ -177,7 +179,7 @@ for _name, _module in (("residual_gate", "residual_gate"), ("rope", "rope"), ("r
                       ("rms_norm", "rms_norm"), ("silu_mul", "silu_mul"), ("gelu_tanh_cat", "gelu_tanh_cat"),
                       ("rms_norm_rope", "rms_norm_rope"), ("rms_norm_cat_rope", "rms_norm_rope"),
                       ("rope_complex", "rope"), ("conv_silu", "conv_silu"), ("conv_silu_mul", "conv_silu"),
-                      ("cast_copy", "cast_copy")):
+                      ("cast_copy", "cast_copy"), ("linear_attention_out", "linear_attention_out")):
     register_kernel(KernelSpec(
         _name, "triton", Contract.BITEXACT, f"sgdiff.kernels.triton.{_module}:{_name}",
         devices=frozenset({"cuda"}), min_capability=(8, 0), priority=10,

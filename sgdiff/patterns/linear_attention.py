@@ -8,6 +8,8 @@ views of its q/k/v projections; the matmuls run in fp32)::
     relu(q).float()                                q and k where matmul reads the view as it is
                                                                                     -> cast_copy
     constant_pad_nd(v.float(), [0, 0, 0, 1], 1.0)  v with a row of ones            -> cast_copy
+    (h[:, :, :-1] / (h[:, :, -1:] + eps)).flatten(1, 2).transpose(1, 2).to(dtype)
+                                                   the output    -> linear_attention_out
 
 Each becomes one pass that reads the view where it lies and writes what the matmul reads. An
 fp32 model has no ``.float()`` to match: its ReLU, copy and pad fuse where they occur.
@@ -24,10 +26,19 @@ from sgdiff.patterns.base import ChainPattern, like_layout_reason, same_shape, t
 
 aten = torch.ops.aten
 
-KINDS = ("relu_cast_contiguous", "relu_cast", "cast_pad")
+KINDS = ("relu_cast_contiguous", "relu_cast", "cast_pad", "output")
+
+
+def _output_chain():
+    num = Op(aten.slice.Tensor, Arg("h"), Lit(2), Lit(0), Lit(-1))
+    den = Op(aten.add.Tensor, Op(aten.slice.Tensor, Arg("h"), Lit(2), Lit(-1), Arg("end")), Arg("eps"), alpha=Lit(1))
+    joined = Op(aten.view.default, Op(aten.div.Tensor, num, den), Arg("shape"))
+    return parts.cast(Op(aten.transpose.int, joined, Lit(1), Lit(2)), "cast")
 
 
 def chain(kind: str):
+    if kind == "output":
+        return _output_chain()
     relu = Op(aten.relu.default, Arg("x"), name="relu")
     if kind == "relu_cast_contiguous":
         return Op(aten.clone.default, Views(parts.maybe_cast(relu, "cast"), "views"),
@@ -43,12 +54,35 @@ def _dtype(m: Match) -> torch.dtype:
 
 
 def replacement(kind: str):
+    if kind == "output":
+        return lambda m: (m["h"], float(m["eps"]), parts.cast_dtype(m, "cast"))
     if kind == "cast_pad":
         return lambda m: (m["x"], _dtype(m), False, list(m["pad"]), float(m["value"]), True)
     return lambda m: (m["x"], _dtype(m), True, [], 0.0, kind == "relu_cast_contiguous")
 
 
+def _output_reason(m: Match) -> Optional[str]:
+    h, out = tensor_meta(m["h"]), tensor_meta(m.root)
+    if h is None or out is None or h.dim() != 4 or h.dtype != torch.float32:
+        return "not a 4-D fp32 attention output"
+    B, H, R, N = h.shape
+    if not parts.is_number(m["eps"]):
+        return "eps is not a constant"
+    if not (isinstance(m["end"], int) and m["end"] >= R):
+        return "the normalizer is not the last row alone"
+    if not same_shape(m["shape"], (B, H * (R - 1), N)):
+        return "the heads are not joined as [B, heads * head_dim, tokens]"
+    if out.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return "the cast is not to a float dtype"
+    if not same_shape(out.stride(), (H * (R - 1) * N, 1, N)):
+        return "the cast's output is not laid out as the op writes it"
+    return None
+
+
 def check(kind: str):
+    if kind == "output":
+        return _output_reason
+
     def linear_attention_check(m: Match) -> Optional[str]:
         x, out = tensor_meta(m["x"]), tensor_meta(m.root)
         if x is None or out is None or x.dim() != 4 or not x.dtype.is_floating_point:
@@ -74,6 +108,7 @@ def check(kind: str):
 
 
 def patterns() -> List[ChainPattern]:
-    return [ChainPattern(family="linear_attention", name=kind, chain=chain(kind), op="cast_copy",
+    return [ChainPattern(family="linear_attention", name=kind, chain=chain(kind),
+                         op="linear_attention_out" if kind == "output" else "cast_copy",
                          replacement=replacement(kind), check=check(kind))
             for kind in KINDS]

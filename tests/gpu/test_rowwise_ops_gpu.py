@@ -11,13 +11,15 @@ from hypothesis import given, settings, strategies as st
 from sgdiff.kernels import dispatch, registry
 from sgdiff.kernels.layout import same_strides
 from sgdiff.kernels.triton import gelu_tanh_cat as tgelu, rms_norm as trms, rms_norm_rope as trr, rope as trope
-from sgdiff.kernels.triton import cast_copy as tcast, conv_silu as tconv, silu_mul as tsilu
+from sgdiff.kernels.triton import cast_copy as tcast, conv_silu as tconv, linear_attention_out as tlao
+from sgdiff.kernels.triton import silu_mul as tsilu
 
 pytestmark = pytest.mark.gpu
 EXAMPLES = int(os.environ.get("SGDIFF_GPU_EXAMPLES", "40"))
 op = {name: registry.op_def(name).load() for name in ("rope", "rope_even_odd", "rms_norm", "silu_mul",
                                                                 "gelu_tanh_cat", "rms_norm_rope", "rms_norm_cat_rope",
-                                                                "conv_silu", "conv_silu_mul", "cast_copy")}
+                                                                "conv_silu", "conv_silu_mul", "cast_copy",
+                                                                "linear_attention_out")}
 
 
 def same_layout(got, want):
@@ -440,3 +442,22 @@ def test_cast_copy_any_shape(B, N, H, D, dtype, which, contiguous):
         want = torch.relu(x).float().contiguous() if contiguous else torch.relu(x).float()
     got = op["cast_copy"](*args)
     assert torch.equal(bits(got), bits(want)) and same_layout(got, want)
+
+
+def processor_output(h, dtype):
+    """SanaLinearAttnProcessor2_0 after its second matmul."""
+    y = h[:, :, :-1] / (h[:, :, -1:] + 1e-15)
+    return y.flatten(1, 2).transpose(1, 2).to(dtype)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(B=st.integers(1, 2), H=st.integers(1, 70), D=st.sampled_from([8, 32, 64]), N=st.integers(1, 1100),
+       dtype=st.sampled_from([torch.bfloat16, torch.float16]))
+def test_linear_attention_out_any_shape(B, H, D, N, dtype):
+    h = randn(B, H, D + 1, N, dtype=torch.float32, scale=50.0)
+    h[0, 0, -1, :3] = torch.tensor([-1e-15, 0.0, float("inf")])  # a zero normalizer, 0/0, x/inf
+    h[0, 0, 0, 1] = 0.0
+    want = processor_output(h, dtype)
+    assert tlao.can_use(h, 1e-15, dtype)
+    got = op["linear_attention_out"](h, 1e-15, dtype)
+    assert torch.equal(bits(got), bits(want)) and got.stride() == want.stride()

@@ -1,0 +1,67 @@
+"""Triton sgdiff::linear_attention_out, bitwise equal to eager on CUDA.
+
+One program divides a [BLOCK_I, BLOCK_J] tile of one head's rows by that head's last row (plus
+eps, an fp32 sum as eager's), with an IEEE division (``div_rn``, as nvcc compiles ATen's), and
+writes it cast, where eager's cast writes it: the output [B, tokens, heads * head_dim] has
+strides (heads * head_dim * tokens, 1, tokens), so memory runs like the input's.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sgdiff.kernels.triton.launch import LeanKernel
+from sgdiff.kernels.triton.rows import DTYPES, cached_plan
+
+
+@LeanKernel
+@triton.jit
+def _linear_attention_out_kernel(
+    h_ptr, out_ptr,
+    n_heads, D, N,  # D = head_dim: h has D + 1 rows per head
+    sh0, sh1, sh2, sh3,
+    eps,
+    BLOCK_I: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+):
+    s = tl.program_id(0).to(tl.int64)  # (batch, head)
+    i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    j = tl.program_id(2) * BLOCK_J + tl.arange(0, BLOCK_J)
+    base = h_ptr + (s // n_heads) * sh0 + (s % n_heads) * sh1
+    mask = (i < D)[:, None] & (j < N)[None, :]
+    num = tl.load(base + i[:, None] * sh2 + j[None, :] * sh3, mask=mask, other=0.0).to(tl.float32)
+    den = tl.load(base + D * sh2 + j * sh3, mask=j < N, other=1.0).to(tl.float32) + eps
+    y = tl.math.div_rn(num, den[None, :])
+    tl.store(out_ptr + s * D * N + i[:, None] * N + j[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def supported_layout(h, eps, dtype) -> bool:
+    """can_use without the device check: a 4-D fp32 input of at least two rows per head."""
+    return h.dim() == 4 and h.dtype == torch.float32 and dtype in DTYPES and h.shape[2] >= 2 and h.numel() > 0
+
+
+def can_use(h, eps, dtype) -> bool:
+    return h.is_cuda and supported_layout(h, eps, dtype)
+
+
+@cached_plan
+def _plan(h):
+    B, H, R, N = h.shape
+    D = R - 1
+    block_i = min(32, triton.next_power_of_2(D))
+    block_j = max(16, min(128, 4096 // block_i, triton.next_power_of_2(N)))
+    grid = (B * H, triton.cdiv(D, block_i), triton.cdiv(N, block_j))
+    shape, strides = (B, N, H * D), (H * D * N, 1, N)
+    return shape, strides, grid, (H, D, N, *h.stride()), dict(BLOCK_I=block_i, BLOCK_J=block_j)
+
+
+def linear_attention_out(h, eps, dtype):
+    """Launch; the caller has checked :func:`can_use`."""
+    shape, strides, grid, ints, blocks = _plan(h)
+    out = torch.empty_strided(shape, strides, dtype=dtype, device=h.device)
+    _linear_attention_out_kernel[grid](h, out, *ints, float(eps), **blocks, num_warps=4, enable_fp_fusion=False)
+    return out
+
+
+linear_attention_out.can_use = can_use
