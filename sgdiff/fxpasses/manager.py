@@ -16,6 +16,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 from torch import fx
 
 from sgdiff import patterns as pattern_registry
+from sgdiff.fxpasses.copies import drop_copies
 from sgdiff.fxpasses.rewrite import PassResult, Skip, apply_family
 from sgdiff.kernels import registry
 from sgdiff.patterns.base import ChainPattern
@@ -52,6 +53,7 @@ class ManagerResult:
 
     tier: Tier
     passes: Dict[str, PassResult]
+    dropped_copies: int = 0  # clones that changed nothing (:mod:`sgdiff.fxpasses.copies`)
 
     @property
     def counts(self) -> Dict[str, int]:
@@ -94,9 +96,10 @@ class PassManager:
             if r.found_count:
                 log.info("sgdiff[%s]: %s rewrote %d of %d sites", self.tier.value, p.family,
                          r.matched_count, r.found_count)
+        dropped = drop_copies(gm)  # exact at every tier
         if graph_log.isEnabledFor(logging.DEBUG):
             graph_log.debug("sgdiff: graph after passes (%s):\n%s", self.tier.value, gm.code)
-        return ManagerResult(self.tier, results)
+        return ManagerResult(self.tier, results, dropped)
 
     def uuid(self) -> str:
         h = hashlib.sha256(self.tier.value.encode())
