@@ -289,6 +289,18 @@ def linear_attention_cases(quick: bool) -> List[Case]:
                   lambda: (lambda y: y.flatten(1, 2).transpose(1, 2).to(torch.bfloat16))(
                       out[:, :, :-1] / (out[:, :, -1:] + 1e-15)),
                   (out, 1e-15, torch.bfloat16), _bytes_like(out, q))]
+def modulate_cases(quick: bool) -> List[Case]:
+    """x * (1 + scale) + shift with no norm before it, at the LayerNorm-modulate shapes."""
+    g = torch.Generator(device="cuda").manual_seed(9)
+    shapes = [((2, 1024, 2240), "Sana 1.6B sized, table params", "table"),
+              ((1, 4608, 3072), "Flux.1-dev sized, chunk params", "chunk")]
+    cases = []
+    for (B, S, N), note, form in shapes[:1] if quick else shapes:
+        x = torch.randn(B, S, N, device="cuda", generator=g).to(torch.bfloat16)
+        scale, shift = _modulated_params(B, S, N, x.dtype, form, g)
+        cases.append(_case("modulate", (B, S, N), x.dtype, note, lambda x=x, scale=scale, shift=shift:
+                           x * (1 + scale) + shift, (x, scale, shift), _bytes_like(x, x)))
+    return cases
 
 
 CASES: Dict[str, Callable[[bool], List[Case]]] = {
@@ -301,6 +313,7 @@ CASES: Dict[str, Callable[[bool], List[Case]]] = {
     "rms_norm_rope": rms_norm_rope_cases,
     "conv_epilogue": conv_epilogue_cases,
     "linear_attention": linear_attention_cases,
+    "modulate": modulate_cases,
 }
 
 

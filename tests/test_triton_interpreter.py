@@ -90,6 +90,8 @@ ROWWISE = textwrap.dedent(r"""
     from sgdiff.kernels.rope_even_odd import rope_even_odd_reference
     from sgdiff.kernels.rms_norm import rms_norm_reference
     from sgdiff.kernels.silu_mul import silu_mul_reference
+    from sgdiff.kernels.modulate import modulate_reference
+    from sgdiff.kernels.triton import modulate as tmod
     torch.manual_seed(0)
     cases = 0
 
@@ -226,6 +228,13 @@ ROWWISE = textwrap.dedent(r"""
             assert tlao.supported_layout(h, 1e-15, out_dtype)
             check(tlao.linear_attention_out(h, 1e-15, out_dtype), linear_attention_out_reference(h, 1e-15, out_dtype),
                   out_dtype == torch.float32)
+        # modulate: x * (1 + scale) + shift over broadcast table rows and projection chunks
+        xm = torch.randn(2, 7, 40, dtype=dt)
+        emb = torch.randn(2, 6 * 40, dtype=dt).chunk(6, dim=1)
+        for scale, shift in ((emb[1][:, None], emb[0][:, None]), (torch.randn(2, 1, 40), None),
+                             (torch.randn(40, dtype=dt), torch.randn(2, 7, 40))):
+            assert tmod.supported_layout(xm, scale, shift)
+            check(tmod.modulate(xm, scale, shift), modulate_reference(xm, scale, shift), dt == torch.float32)
         # rms_norm_rope: the fused norm then the rotation on one tile, equal to the two kernels
         # one after the other (the interpreter rounds alike in both), per-head and heads-first
         x = (torch.randn(2, 37, 3, 128) * 2).to(dt)
@@ -272,7 +281,7 @@ ROWWISE = textwrap.dedent(r"""
 """)
 
 
-@pytest.mark.parametrize("script,cases", [(SCRIPT, 40), (RESIDUAL_GATE, 8), (ROWWISE, 144)],
+@pytest.mark.parametrize("script,cases", [(SCRIPT, 40), (RESIDUAL_GATE, 8), (ROWWISE, 150)],
                          ids=["layernorm_modulate", "residual_gate", "rowwise"])
 def test_kernels_under_interpreter(script, cases):
     env = dict(os.environ, TRITON_INTERPRET="1")

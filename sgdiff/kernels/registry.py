@@ -179,7 +179,8 @@ for _name, _module in (("residual_gate", "residual_gate"), ("rope", "rope"), ("r
                       ("rms_norm", "rms_norm"), ("silu_mul", "silu_mul"), ("gelu_tanh_cat", "gelu_tanh_cat"),
                       ("rms_norm_rope", "rms_norm_rope"), ("rms_norm_cat_rope", "rms_norm_rope"),
                       ("rope_complex", "rope"), ("conv_silu", "conv_silu"), ("conv_silu_mul", "conv_silu"),
-                      ("cast_copy", "cast_copy"), ("linear_attention_out", "linear_attention_out")):
+                      ("cast_copy", "cast_copy"), ("linear_attention_out", "linear_attention_out"),
+                      ("modulate", "modulate")):
     register_kernel(KernelSpec(
         _name, "triton", Contract.BITEXACT, f"sgdiff.kernels.triton.{_module}:{_name}",
         devices=frozenset({"cuda"}), min_capability=(8, 0), priority=10,

@@ -19,7 +19,7 @@ EXAMPLES = int(os.environ.get("SGDIFF_GPU_EXAMPLES", "40"))
 op = {name: registry.op_def(name).load() for name in ("rope", "rope_even_odd", "rms_norm", "silu_mul",
                                                                 "gelu_tanh_cat", "rms_norm_rope", "rms_norm_cat_rope",
                                                                 "conv_silu", "conv_silu_mul", "cast_copy",
-                                                                "linear_attention_out")}
+                                                                "linear_attention_out", "modulate")}
 
 
 def same_layout(got, want):
@@ -461,3 +461,25 @@ def test_linear_attention_out_any_shape(B, H, D, N, dtype):
     assert tlao.can_use(h, 1e-15, dtype)
     got = op["linear_attention_out"](h, 1e-15, dtype)
     assert torch.equal(bits(got), bits(want)) and got.stride() == want.stride()
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(B=st.integers(1, 2), S=st.integers(1, 300), D=st.sampled_from([64, 1152, 2240, 3072, 5120]),
+       dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]),
+       form=st.sampled_from(["chunk", "table", "per_token", "fp32_scale", "no_shift"]))
+def test_modulate_any_form(B, S, D, dtype, form):
+    """x * (1 + scale) + shift as models write it: chunks of an embedding projection, table rows,
+    per-token projections, an fp32 scale over a bf16 stream, and scale-only."""
+    x = randn(B, S, D, dtype=dtype, scale=3.0)
+    if form in ("chunk", "no_shift"):
+        shift, scale = randn(B, 6 * D, dtype=dtype).chunk(6, dim=1)[:2]
+        scale, shift = scale[:, None], shift[:, None]
+    elif form == "table":
+        shift, scale = randn(B, 6, D, dtype=dtype).chunk(6, dim=1)[:2]
+    elif form == "per_token":
+        scale, shift = randn(B, S, 2 * D, dtype=dtype).chunk(2, dim=-1)
+    else:
+        scale, shift = randn(B, 1, D, dtype=torch.float32), randn(B, 1, D, dtype=dtype)
+    if form == "no_shift":
+        shift = None
+    want = x * (1 + scale) if shift is None else x * (1 + scale) + shift
+    got = op["modulate"](x, scale, shift)
+    assert torch.equal(got, want) and got.stride() == want.stride() and got.dtype == want.dtype

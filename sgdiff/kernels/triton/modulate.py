@@ -1,0 +1,90 @@
+"""Triton sgdiff::modulate, bitwise equal to eager on CUDA.
+
+Eager chain and its rounding steps::
+
+    s = scale + 1       # fp32 sum, rounded to scale.dtype
+    y = x * s           # fp32 product, rounded to promote(x, scale)
+    y = y + shift       # fp32 sum, rounded to promote(y, shift); no shift: y itself
+
+Elementwise over the contiguous output, each operand read through its broadcast strides (a
+[B, 1, D] table row or a chunk of a projection needs no copy), rows walked innermost dim last.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sgdiff.kernels.triton.launch import LeanKernel
+from sgdiff.kernels.triton.rows import DTYPES, TL_DTYPE, cached_plan, innermost_last, launch_rows, row_offsets
+
+
+@LeanKernel
+@triton.jit
+def _modulate_kernel(
+    x_ptr, scale_ptr, shift_ptr, out_ptr,
+    n_rows, n1, n2, D,
+    so0, so1, so2, so3,
+    sx0, sx1, sx2, sx3,
+    sc0, sc1, sc2, sc3,
+    sh0, sh1, sh2, sh3,
+    PRODUCT_DTYPE: tl.constexpr,  # promote(x, scale)
+    HAS_SHIFT: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask = (rows < n_rows)[:, None] & (d < D)[None, :]
+    x = tl.load(x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None] + d[None, :] * sx3, mask=mask, other=0.0)
+    s = tl.load(scale_ptr + row_offsets(rows, n1, n2, sc0, sc1, sc2)[:, None] + d[None, :] * sc3, mask=mask,
+                other=0.0)
+    s = (s.to(tl.float32) + 1.0).to(scale_ptr.dtype.element_ty)
+    y = (x.to(tl.float32) * s.to(tl.float32)).to(PRODUCT_DTYPE)
+    if HAS_SHIFT:
+        h = tl.load(shift_ptr + row_offsets(rows, n1, n2, sh0, sh1, sh2)[:, None] + d[None, :] * sh3, mask=mask,
+                    other=0.0)
+        y = y.to(tl.float32) + h.to(tl.float32)
+    o = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None] + d[None, :] * so3
+    tl.store(o, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def supported_layout(x, scale, shift) -> bool:
+    """can_use without the device check: float operands of at most 4 dims that broadcast to x."""
+    operands = [t for t in (x, scale, shift) if t is not None]
+    if not (1 <= x.dim() <= 4 and x.numel() > 0):
+        return False
+    if any(t.dtype not in DTYPES or t.device != x.device or t.dim() > x.dim() for t in operands):
+        return False
+    try:
+        return tuple(torch.broadcast_shapes(*(t.shape for t in operands))) == tuple(x.shape)
+    except RuntimeError:
+        return False
+
+
+def can_use(x, scale, shift) -> bool:
+    return x.is_cuda and supported_layout(x, scale, shift)
+
+
+@cached_plan
+def _plan(x, scale, shift):
+    product = torch.promote_types(x.dtype, scale.dtype)
+    out_dtype = product if shift is None else torch.promote_types(product, shift.dtype)
+    out = torch.empty(x.shape, device="meta")  # contiguous, as the chain's last op leaves it
+    shape, (so, sx, sc, sh) = innermost_last(out, x, scale, x if shift is None else shift)
+    n_rows = shape[0] * shape[1] * shape[2]
+    grid, block_r, block_d = launch_rows(n_rows, shape[3], max_block=2048)
+    ints = (n_rows, shape[1], shape[2], shape[3], *so, *sx, *sc, *sh)
+    return out_dtype, grid, ints, dict(PRODUCT_DTYPE=TL_DTYPE[product], BLOCK_R=block_r, BLOCK_D=block_d)
+
+
+def modulate(x, scale, shift):
+    """Launch; the caller has checked :func:`can_use`."""
+    out_dtype, grid, ints, consts = _plan(x, scale, shift)
+    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    _modulate_kernel[grid](x, scale, x if shift is None else shift, out, *ints, HAS_SHIFT=shift is not None,
+                           **consts, num_warps=4, enable_fp_fusion=False)
+    return out
+
+
+modulate.can_use = can_use
