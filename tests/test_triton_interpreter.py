@@ -91,7 +91,8 @@ ROWWISE = textwrap.dedent(r"""
     from sgdiff.kernels.rms_norm import rms_norm_reference
     from sgdiff.kernels.silu_mul import silu_mul_reference
     from sgdiff.kernels.modulate import modulate_reference
-    from sgdiff.kernels.triton import modulate as tmod
+    from sgdiff.kernels.triton import modulate as tmod, rmsnorm_modulate as trmod
+    from sgdiff.kernels.rmsnorm_modulate import rmsnorm_modulate_reference
     torch.manual_seed(0)
     cases = 0
 
@@ -235,6 +236,12 @@ ROWWISE = textwrap.dedent(r"""
                              (torch.randn(40, dtype=dt), torch.randn(2, 7, 40))):
             assert tmod.supported_layout(xm, scale, shift)
             check(tmod.modulate(xm, scale, shift), modulate_reference(xm, scale, shift), dt == torch.float32)
+        # rmsnorm_modulate: the two kernels in turn (the norm's reduction order is CUDA's: a tolerance)
+        xr, (shift, scale) = torch.randn(2, 7, 128, dtype=dt), torch.randn(2, 1, 2 * 128, dtype=dt).chunk(2, -1)
+        for w, eps, form in ((torch.randn(128, dtype=dt), 1e-6, "diffusers"), (None, None, "fused")):
+            args = (xr, w, eps, form, scale, shift)
+            assert trmod.supported_layout(*args)
+            check(trmod.rmsnorm_modulate(*args), rmsnorm_modulate_reference(*args), False)
         # rms_norm_rope: the fused norm then the rotation on one tile, equal to the two kernels
         # one after the other (the interpreter rounds alike in both), per-head and heads-first
         x = (torch.randn(2, 37, 3, 128) * 2).to(dt)
@@ -281,7 +288,7 @@ ROWWISE = textwrap.dedent(r"""
 """)
 
 
-@pytest.mark.parametrize("script,cases", [(SCRIPT, 40), (RESIDUAL_GATE, 8), (ROWWISE, 150)],
+@pytest.mark.parametrize("script,cases", [(SCRIPT, 40), (RESIDUAL_GATE, 8), (ROWWISE, 154)],
                          ids=["layernorm_modulate", "residual_gate", "rowwise"])
 def test_kernels_under_interpreter(script, cases):
     env = dict(os.environ, TRITON_INTERPRET="1")

@@ -19,7 +19,7 @@ EXAMPLES = int(os.environ.get("SGDIFF_GPU_EXAMPLES", "40"))
 op = {name: registry.op_def(name).load() for name in ("rope", "rope_even_odd", "rms_norm", "silu_mul",
                                                                 "gelu_tanh_cat", "rms_norm_rope", "rms_norm_cat_rope",
                                                                 "conv_silu", "conv_silu_mul", "cast_copy",
-                                                                "linear_attention_out", "modulate")}
+                                                                "linear_attention_out", "modulate", "rmsnorm_modulate")}
 
 
 def same_layout(got, want):
@@ -483,3 +483,19 @@ def test_modulate_any_form(B, S, D, dtype, form):
     want = x * (1 + scale) if shift is None else x * (1 + scale) + shift
     got = op["modulate"](x, scale, shift)
     assert torch.equal(got, want) and got.stride() == want.stride() and got.dtype == want.dtype
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(B=st.integers(1, 2), S=st.integers(1, 300), D=st.sampled_from([64, 128, 2048, 3072]),
+       dtype=st.sampled_from([torch.bfloat16, torch.float16]), form=st.sampled_from(["fused", "diffusers"]),
+       affine=st.booleans(), shift=st.booleans())
+def test_rmsnorm_modulate_any_form(B, S, D, dtype, form, affine, shift):
+    from sgdiff.kernels.rmsnorm_modulate import rmsnorm_modulate_reference
+
+    x = randn(B, S, D, dtype=dtype, scale=3.0)
+    w = randn(D, dtype=dtype) if affine else None
+    sh, sc = randn(B, 1, 2 * D, dtype=dtype).chunk(2, dim=-1)
+    args = (x, w, 1e-6, form, sc, sh if shift else None)
+    want = rmsnorm_modulate_reference(*args)
+    got = op["rmsnorm_modulate"](*args)
+    assert torch.equal(got, want) and got.stride() == want.stride()
