@@ -16,7 +16,15 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.triton.launch import LeanKernel
-from sgdiff.kernels.triton.rows import DTYPES, TL_DTYPE, cached_plan, innermost_last, launch_rows, row_offsets
+from sgdiff.kernels.triton.rows import (
+    DTYPES,
+    TL_DTYPE,
+    cached_plan,
+    innermost_last,
+    launch_rows,
+    row_tile,
+    tile_offsets,
+)
 
 
 @LeanKernel
@@ -33,19 +41,17 @@ def _modulate_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask = (rows < n_rows)[:, None] & (d < D)[None, :]
-    x = tl.load(x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None] + d[None, :] * sx3, mask=mask, other=0.0)
-    s = tl.load(scale_ptr + row_offsets(rows, n1, n2, sc0, sc1, sc2)[:, None] + d[None, :] * sc3, mask=mask,
+    rows, d, mask = row_tile(n_rows, D, BLOCK_R, BLOCK_D)
+    x = tl.load(x_ptr + tile_offsets(rows, d, n1, n2, sx0, sx1, sx2, sx3), mask=mask, other=0.0)
+    s = tl.load(scale_ptr + tile_offsets(rows, d, n1, n2, sc0, sc1, sc2, sc3), mask=mask,
                 other=0.0)
     s = (s.to(tl.float32) + 1.0).to(scale_ptr.dtype.element_ty)
     y = (x.to(tl.float32) * s.to(tl.float32)).to(PRODUCT_DTYPE)
     if HAS_SHIFT:
-        h = tl.load(shift_ptr + row_offsets(rows, n1, n2, sh0, sh1, sh2)[:, None] + d[None, :] * sh3, mask=mask,
+        h = tl.load(shift_ptr + tile_offsets(rows, d, n1, n2, sh0, sh1, sh2, sh3), mask=mask,
                     other=0.0)
         y = y.to(tl.float32) + h.to(tl.float32)
-    o = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None] + d[None, :] * so3
+    o = out_ptr + tile_offsets(rows, d, n1, n2, so0, so1, so2, so3)
     tl.store(o, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -76,6 +76,22 @@ def row_offsets(rows, n1, n2, s0, s1, s2):
 
 
 @triton.jit
+def row_tile(n_rows, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's rows (grid axis 0) and columns (axis 1) of a [n_rows, D] elementwise
+    launch (:func:`launch_rows`), and the mask of those inside it."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    return rows, d, (rows < n_rows)[:, None] & (d < D)[None, :]
+
+
+@triton.jit
+def tile_offsets(rows, d, n1, n2, s0, s1, s2, s3):
+    """Element offsets of the [rows, d] tile of a 4-D operand (rows row-major over its first 3 dims,
+    ``d`` along the last)."""
+    return row_offsets(rows, n1, n2, s0, s1, s2)[:, None] + d[None, :] * s3
+
+
+@triton.jit
 def halving_sum(v, LEVELS: tl.constexpr):
     """Sum each row of a [R, 2**LEVELS] tile the way a CUDA shuffle-down (or shared-memory)
     tree does: ``for offset in W/2, W/4, ..., 1: v[i] += v[i + offset]``, then ``v[0]``.

@@ -30,7 +30,8 @@ from sgdiff.kernels.triton.rows import (
     cached_plan,
     innermost_last,
     launch_rows,
-    row_offsets,
+    row_tile,
+    tile_offsets,
 )
 
 
@@ -52,25 +53,23 @@ def _silu_mul_kernel(
     BLOCK_D: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask = (rows < n_rows)[:, None] & (d < D)[None, :]
-    a = tl.load(a_ptr + row_offsets(rows, n1, n2, sa0, sa1, sa2)[:, None] + d[None, :] * sa3,
+    rows, d, mask = row_tile(n_rows, D, BLOCK_R, BLOCK_D)
+    a = tl.load(a_ptr + tile_offsets(rows, d, n1, n2, sa0, sa1, sa2, sa3),
                 mask=mask, other=0.0).to(tl.float32)
     if HAS_BIAS:  # ATen's add_ of the bias: fp32 sum rounded to a.dtype
-        ab = tl.load(a_bias_ptr + row_offsets(rows, n1, n2, sab0, sab1, sab2)[:, None] + d[None, :] * sab3,
+        ab = tl.load(a_bias_ptr + tile_offsets(rows, d, n1, n2, sab0, sab1, sab2, sab3),
                      mask=mask, other=0.0).to(tl.float32)
         a = (a + ab).to(SILU_DTYPE).to(tl.float32)
     s = tl.math.div_rn(a, 1.0 + expf(a * -1.0, INTERPRET)).to(SILU_DTYPE).to(tl.float32)
     if HAS_B:
-        b = tl.load(b_ptr + row_offsets(rows, n1, n2, sb0, sb1, sb2)[:, None] + d[None, :] * sb3,
+        b = tl.load(b_ptr + tile_offsets(rows, d, n1, n2, sb0, sb1, sb2, sb3),
                     mask=mask, other=0.0).to(tl.float32)
         if HAS_BIAS:
-            bb = tl.load(b_bias_ptr + row_offsets(rows, n1, n2, sbb0, sbb1, sbb2)[:, None] + d[None, :] * sbb3,
+            bb = tl.load(b_bias_ptr + tile_offsets(rows, d, n1, n2, sbb0, sbb1, sbb2, sbb3),
                          mask=mask, other=0.0).to(tl.float32)
             b = (b + bb).to(b_ptr.dtype.element_ty).to(tl.float32)
         s = s * b
-    o = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None] + d[None, :] * so3
+    o = out_ptr + tile_offsets(rows, d, n1, n2, so0, so1, so2, so3)
     tl.store(o, s.to(out_ptr.dtype.element_ty), mask=mask)
 
 
