@@ -303,6 +303,15 @@ def modulate_cases(quick: bool) -> List[Case]:
     return cases
 
 
+def layer_norm_cases(quick: bool) -> List[Case]:
+    """A QK LayerNorm over head_dim (affine), q of a 24-head, 4608-token attention."""
+    g = torch.Generator(device="cuda").manual_seed(10)
+    x = torch.randn(1, 4608, 24 * 128, device="cuda", generator=g).to(torch.bfloat16).unflatten(-1, (24, 128))
+    w, b = (torch.randn(128, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
+    return [_case("layer_norm", tuple(x.shape), x.dtype, "q per head, affine (F.layer_norm over head_dim)",
+                  lambda: F.layer_norm(x, (128,), w, b, 1e-6), (x, w, b, 1e-6), _bytes_like(x, x))]
+
+
 CASES: Dict[str, Callable[[bool], List[Case]]] = {
     "layernorm_modulate": layernorm_modulate_cases,
     "residual_gate": residual_gate_cases,
@@ -314,6 +323,7 @@ CASES: Dict[str, Callable[[bool], List[Case]]] = {
     "conv_epilogue": conv_epilogue_cases,
     "linear_attention": linear_attention_cases,
     "modulate": modulate_cases,
+    "layer_norm": layer_norm_cases,
 }
 
 

@@ -36,6 +36,18 @@ SCRIPT = textwrap.dedent(r"""
                 err = (got.float() - want.float()).abs().max().item()
                 assert err <= rtol * scale_, (dtype, (B, S, N), err, scale_)
                 cases += 1
+    # layer_norm: the same kernel without the modulation, over head_dim (per-head QK norm), any rows
+    from sgdiff.kernels.layer_norm import layer_norm_reference
+    for dtype, rtol in [(torch.float32, 2e-5), (torch.bfloat16, 3e-2)]:
+        q = torch.randn(2, 7, 3 * 64, dtype=dtype).unflatten(-1, (3, 64)) * 3 + 1
+        for x, w, b in [(q, None, None), (q, torch.randn(64, dtype=dtype), torch.randn(64, dtype=dtype)),
+                        (q.transpose(1, 2), torch.randn(64, dtype=dtype), None)]:   # heads-first view: copied
+            assert tk.layer_norm_supported_layout(x, w, b, 1e-6)
+            got, want = tk.layer_norm(x, w, b, 1e-6), layer_norm_reference(x, w, b, 1e-6)
+            assert got.shape == want.shape and got.dtype == want.dtype and got.is_contiguous()
+            assert (got.float() - want.float()).abs().max().item() <= rtol * want.float().abs().max().item()
+            cases += 1
+    assert not tk.layer_norm_supported_layout(torch.randn(2, 3, 66), None, None, 1e-6)   # N % 4 != 0
     # layouts eager would normalize with another ATen kernel are refused
     x = torch.randn(2, 3, 66)
     s = torch.randn(2, 1, 66)
@@ -288,7 +300,7 @@ ROWWISE = textwrap.dedent(r"""
 """)
 
 
-@pytest.mark.parametrize("script,cases", [(SCRIPT, 40), (RESIDUAL_GATE, 8), (ROWWISE, 154)],
+@pytest.mark.parametrize("script,cases", [(SCRIPT, 46), (RESIDUAL_GATE, 8), (ROWWISE, 154)],
                          ids=["layernorm_modulate", "residual_gate", "rowwise"])
 def test_kernels_under_interpreter(script, cases):
     env = dict(os.environ, TRITON_INTERPRET="1")

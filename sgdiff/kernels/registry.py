@@ -180,7 +180,8 @@ for _name, _module in (("residual_gate", "residual_gate"), ("rope", "rope"), ("r
                       ("rms_norm_rope", "rms_norm_rope"), ("rms_norm_cat_rope", "rms_norm_rope"),
                       ("rope_complex", "rope"), ("conv_silu", "conv_silu"), ("conv_silu_mul", "conv_silu"),
                       ("cast_copy", "cast_copy"), ("linear_attention_out", "linear_attention_out"),
-                      ("modulate", "modulate"), ("rmsnorm_modulate", "rmsnorm_modulate")):
+                      ("modulate", "modulate"), ("rmsnorm_modulate", "rmsnorm_modulate"),
+                      ("layer_norm", "layernorm_modulate")):
     register_kernel(KernelSpec(
         _name, "triton", Contract.BITEXACT, f"sgdiff.kernels.triton.{_module}:{_name}",
         devices=frozenset({"cuda"}), min_capability=(8, 0), priority=10,

@@ -128,3 +128,24 @@ def test_capture_of_an_unverified_signature_runs_the_reference():
     torch.cuda.synchronize()
     assert torch.equal(out, eager(x, None, None, 1e-6, s, s))
     assert not dispatch._verified  # nothing was verified inside the capture
+
+
+@settings(max_examples=int(os.environ.get("SGDIFF_GPU_EXAMPLES", "60")), deadline=None)
+@given(B=st.integers(1, 2), S=st.integers(1, 300), H=st.integers(1, 24), D=st.sampled_from([64, 72, 128, 256]),
+       dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]),
+       layout=st.sampled_from(["contiguous", "heads_first", "qkv_chunk"]), affine=st.booleans())
+def test_per_head_layer_norm(B, S, H, D, dtype, layout, affine):
+    """sgdiff::layer_norm (QK LayerNorm over head_dim): bitwise F.layer_norm on every layout, the
+    strided ones copied contiguous first as eager does."""
+    if layout == "qkv_chunk":
+        x = torch.randn(B, S, 3 * H * D, device="cuda").to(dtype)[..., H * D:2 * H * D].unflatten(-1, (H, D))
+    else:
+        x = torch.randn(B, S, H, D, device="cuda").to(dtype)
+    if layout == "heads_first":
+        x = x.transpose(1, 2)
+    w, b = (torch.randn(D, device="cuda").to(dtype), torch.randn(D, device="cuda").to(dtype)) if affine else (None, None)
+    want = F.layer_norm(x, (D,), w, b, 1e-6)
+    assert tk.layer_norm_can_use(x, w, b, 1e-6)
+    got = registry.op_def("layer_norm").load()(x, w, b, 1e-6)
+    assert torch.equal(bits(got), bits(want)) and got.is_contiguous()
+    assert not dispatch.disabled(), dispatch.disabled()

@@ -53,6 +53,7 @@ def _layernorm_modulate_kernel(
     HAS_SHIFT: tl.constexpr,
     PLUS_ONE: tl.constexpr,  # factor is (scale + 1) rather than scale
     INTERPRET: tl.constexpr,
+    HAS_SCALE: tl.constexpr = True,  # False: the LayerNorm alone (sgdiff::layer_norm)
 ):
     row = tl.program_id(0).to(tl.int64)
     bi = row // S
@@ -65,14 +66,14 @@ def _layernorm_modulate_kernel(
     for k in tl.static_range(ITERS):
         _modulate_tile(k, x_row, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr, row, bi, si, N, mean, rstd,
                        stride_scb, stride_scs, stride_scn, stride_shb, stride_shs, stride_shn,
-                       HAS_WEIGHT, HAS_BIAS, HAS_SHIFT, PLUS_ONE)
+                       HAS_WEIGHT, HAS_BIAS, HAS_SHIFT, PLUS_ONE, HAS_SCALE)
 
 
 @triton.jit
 def _modulate_tile(k, x_row, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr, row, bi, si, N, mean, rstd,
                    stride_scb, stride_scs, stride_scn, stride_shb, stride_shs, stride_shn,
                    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SHIFT: tl.constexpr,
-                   PLUS_ONE: tl.constexpr):
+                   PLUS_ONE: tl.constexpr, HAS_SCALE: tl.constexpr):
     """Normalize and modulate the k-th [128, 4] tile of the row, rounding as eager does."""
     dtype = out_ptr.dtype.element_ty
     t = tl.arange(0, THREADS_C)
@@ -89,13 +90,13 @@ def _modulate_tile(k, x_row, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr, row, b
             y = w * y
     elif HAS_BIAS:
         y = tl.fma(rstd, x - mean, tl.load(b_ptr + col, mask=mask, other=0.0).to(tl.float32))
-    y = y.to(dtype).to(tl.float32)  # LayerNorm output
-
-    sc = tl.load(scale_ptr + bi * stride_scb + si * stride_scs + col * stride_scn,
-                 mask=mask, other=0.0).to(tl.float32)
-    if PLUS_ONE:
-        sc = (sc + 1.0).to(dtype).to(tl.float32)
-    y = (y * sc).to(dtype)
+    y = y.to(dtype)  # LayerNorm output
+    if HAS_SCALE:
+        sc = tl.load(scale_ptr + bi * stride_scb + si * stride_scs + col * stride_scn,
+                     mask=mask, other=0.0).to(tl.float32)
+        if PLUS_ONE:
+            sc = (sc + 1.0).to(dtype).to(tl.float32)
+        y = (y.to(tl.float32) * sc).to(dtype)
     if HAS_SHIFT:
         sh = tl.load(shift_ptr + bi * stride_shb + si * stride_shs + col * stride_shn,
                      mask=mask, other=0.0).to(tl.float32)
@@ -112,6 +113,17 @@ def can_use(x, weight, bias, eps, scale, shift, scale_plus_one=True) -> bool:
 
 def supported_layout(x, weight, bias, eps, scale, shift, scale_plus_one=True) -> bool:
     """can_use without the device check (the interpreter runs the kernel on CPU tensors)."""
+    if not _norm_ok(x, weight, bias):
+        return False
+    for p in (scale, shift):
+        if p is not None and (p.dtype != x.dtype or p.device != x.device or p.dim() > x.dim()):
+            return False
+    return scale is not None
+
+
+def _norm_ok(x, weight, bias, device=None) -> bool:
+    """Rows (2-D or 3-D x) on which eager takes ATen's vectorized LayerNorm, parameters in x's
+    dtype on ``device`` (x's own unless x stands in for a copy)."""
     if not (x.dtype in DTYPES and 2 <= x.dim() <= 3 and x.numel() > 0):
         return False
     n = x.shape[-1]
@@ -122,12 +134,9 @@ def supported_layout(x, weight, bias, eps, scale, shift, scale_plus_one=True) ->
         return False
     for p in (weight, bias):
         if p is not None and (p.dtype != x.dtype or p.dim() != 1 or p.stride(0) != 1
-                              or not aligned_vec4(p) or p.device != x.device):
+                              or not aligned_vec4(p) or p.device != (device or x.device)):
             return False
-    for p in (scale, shift):
-        if p is not None and (p.dtype != x.dtype or p.device != x.device or p.dim() > x.dim()):
-            return False
-    return scale is not None
+    return True
 
 
 @cached_plan
@@ -135,23 +144,53 @@ def _plan(x, scale, shift):
     shape = (1, *x.shape) if x.dim() == 2 else tuple(x.shape)
     B, S, N = shape
     x3 = x.view(shape)
+    sc_strides = scale.expand(shape).stride() if scale is not None else (0, 0, 0)
     sh_strides = shift.expand(shape).stride() if shift is not None else (0, 0, 0)
-    return shape, (B * S,), (S, N, x3.stride(0), x3.stride(1), *scale.expand(shape).stride(), *sh_strides), \
+    return shape, (B * S,), (S, N, x3.stride(0), x3.stride(1), *sc_strides, *sh_strides), \
         triton.cdiv(N // VEC, THREADS)
 
 
-def layernorm_modulate(x, weight, bias, eps, scale, shift, scale_plus_one=True):
-    """Launch; the caller has checked :func:`can_use`."""
+def _launch(x, weight, bias, eps, scale, shift, scale_plus_one):
     shape, grid, ints, iters = _plan(x, scale, shift)
     out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    scale_arg = scale if scale is not None else x
     _layernorm_modulate_kernel[grid](
         x, weight if weight is not None else x, bias if bias is not None else x,
-        scale, shift if shift is not None else scale, out, *ints, eps,
+        scale_arg, shift if shift is not None else scale_arg, out, *ints, eps,
         ITERS=iters, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-        HAS_SHIFT=shift is not None, PLUS_ONE=scale_plus_one, INTERPRET=INTERPRET,
+        HAS_SHIFT=shift is not None, PLUS_ONE=scale_plus_one, INTERPRET=INTERPRET, HAS_SCALE=scale is not None,
         num_warps=4, enable_fp_fusion=False,
     )
     return out.view(x.shape)
 
 
+def layernorm_modulate(x, weight, bias, eps, scale, shift, scale_plus_one=True):
+    """Launch; the caller has checked :func:`can_use`."""
+    return _launch(x, weight, bias, eps, scale, shift, scale_plus_one)
+
+
+# --- sgdiff::layer_norm: the same kernel without the modulation ---------------------------
+
+def layer_norm_supported_layout(x, weight, bias, eps) -> bool:
+    """can_use without the device check: rows of any leading shape, normalized as eager
+    normalizes ``x.contiguous()``."""
+    if not (x.dim() >= 1 and x.numel() > 0 and isinstance(eps, float)):
+        return False
+    shape = (x.numel() // x.shape[-1], x.shape[-1])
+    rows = x.view(shape) if x.is_contiguous() else torch.empty(shape, dtype=x.dtype, device="meta")  # eager's copy
+    return _norm_ok(rows, weight, bias, x.device)
+
+
+def layer_norm_can_use(x, weight, bias, eps) -> bool:
+    return x.is_cuda and layer_norm_supported_layout(x, weight, bias, eps)
+
+
+def layer_norm(x, weight, bias, eps):
+    """Launch; the caller has checked :func:`layer_norm_can_use`. A strided ``x`` is copied
+    contiguous first, as eager's kernel does."""
+    rows = x.contiguous().view(-1, x.shape[-1])
+    return _launch(rows, weight, bias, eps, None, None, False).view(x.shape)
+
+
 layernorm_modulate.can_use = can_use
+layer_norm.can_use = layer_norm_can_use
