@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("triton")
 
 SCRIPT = textwrap.dedent(r"""
+    import itertools
     import torch, torch.nn.functional as F
     from sgdiff.kernels.triton import layernorm_modulate as tk
     from sgdiff.kernels.layernorm_modulate import layernorm_modulate_reference as ref
@@ -38,10 +39,11 @@ SCRIPT = textwrap.dedent(r"""
                 cases += 1
     # layer_norm: the same kernel without the modulation, over head_dim (per-head QK norm), any rows
     from sgdiff.kernels.layer_norm import layer_norm_reference
-    for dtype, rtol in [(torch.float32, 2e-5), (torch.bfloat16, 3e-2)]:
-        q = torch.randn(2, 7, 3 * 64, dtype=dtype).unflatten(-1, (3, 64)) * 3 + 1
-        for x, w, b in [(q, None, None), (q, torch.randn(64, dtype=dtype), torch.randn(64, dtype=dtype)),
-                        (q.transpose(1, 2), torch.randn(64, dtype=dtype), None)]:   # heads-first view: copied
+    # (head_dim <= 128: 16 rows a program, one per warp's lanes; 256: one row a program)
+    for (dtype, rtol), D in itertools.product([(torch.float32, 2e-5), (torch.bfloat16, 3e-2)], (64, 72, 128, 256)):
+        q = torch.randn(2, 7, 3 * D, dtype=dtype).unflatten(-1, (3, D)) * 3 + 1
+        for x, w, b in [(q, None, None), (q, torch.randn(D, dtype=dtype), torch.randn(D, dtype=dtype)),
+                        (q.transpose(1, 2), torch.randn(D, dtype=dtype), None)]:   # heads-first view: copied
             assert tk.layer_norm_supported_layout(x, w, b, 1e-6)
             got, want = tk.layer_norm(x, w, b, 1e-6), layer_norm_reference(x, w, b, 1e-6)
             assert got.shape == want.shape and got.dtype == want.dtype and got.is_contiguous()
@@ -300,7 +302,7 @@ ROWWISE = textwrap.dedent(r"""
 """)
 
 
-@pytest.mark.parametrize("script,cases", [(SCRIPT, 46), (RESIDUAL_GATE, 8), (ROWWISE, 154)],
+@pytest.mark.parametrize("script,cases", [(SCRIPT, 64), (RESIDUAL_GATE, 8), (ROWWISE, 154)],
                          ids=["layernorm_modulate", "residual_gate", "rowwise"])
 def test_kernels_under_interpreter(script, cases):
     env = dict(os.environ, TRITON_INTERPRET="1")

@@ -29,6 +29,7 @@ from sgdiff.kernels.triton.welford import (
     VEC_C,
     aligned_vec4,
     row_welford,
+    short_rows_welford,
 )
 
 
@@ -81,16 +82,7 @@ def _modulate_tile(k, x_row, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr, row, b
     col = (t + k * THREADS_C)[:, None] * VEC_C + lane[None, :]  # [128, 4]
     mask = col < N
     x = tl.load(x_row + col, mask=mask, other=0.0).to(tl.float32)
-    y = rstd * (x - mean)
-    if HAS_WEIGHT:
-        w = tl.load(w_ptr + col, mask=mask, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            y = tl.fma(w, y, tl.load(b_ptr + col, mask=mask, other=0.0).to(tl.float32))
-        else:
-            y = w * y
-    elif HAS_BIAS:
-        y = tl.fma(rstd, x - mean, tl.load(b_ptr + col, mask=mask, other=0.0).to(tl.float32))
-    y = y.to(dtype)  # LayerNorm output
+    y = _normalize(x, mean, rstd, w_ptr, b_ptr, col, mask, HAS_WEIGHT, HAS_BIAS).to(dtype)  # LayerNorm output
     if HAS_SCALE:
         sc = tl.load(scale_ptr + bi * stride_scb + si * stride_scs + col * stride_scn,
                      mask=mask, other=0.0).to(tl.float32)
@@ -102,6 +94,51 @@ def _modulate_tile(k, x_row, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr, row, b
                      mask=mask, other=0.0).to(tl.float32)
         y = (y.to(tl.float32) + sh).to(dtype)
     tl.store(out_ptr + row * N + col, y, mask=mask)
+
+
+@triton.jit
+def _normalize(x, mean, rstd, w_ptr, b_ptr, col, mask, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """ATen's ``gamma * (rstd * (x - mean)) + beta`` in fp32 (nvcc's FMA), before rounding."""
+    y = rstd * (x - mean)
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + col, mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            y = tl.fma(w, y, tl.load(b_ptr + col, mask=mask, other=0.0).to(tl.float32))
+        else:
+            y = w * y
+    elif HAS_BIAS:
+        y = tl.fma(rstd, x - mean, tl.load(b_ptr + col, mask=mask, other=0.0).to(tl.float32))
+    return y
+
+
+@LeanKernel
+@triton.jit
+def _layer_norm_short_rows_kernel(
+    x_ptr,  # [M, N] contiguous rows
+    w_ptr, b_ptr,  # [N] weight and bias (unused unless HAS_WEIGHT / HAS_BIAS)
+    out_ptr,  # [M, N] contiguous
+    M, N,  # N a multiple of 4, at most 128
+    eps,
+    ROWS: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """LayerNorm of ROWS short rows (head_dim) per program, each in its own warp's lanes."""
+    dtype = out_ptr.dtype.element_ty
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    t = tl.arange(0, 32)  # one warp's lanes
+    lane = tl.arange(0, VEC_C)
+    active = (rows < M)[:, None] & (t < N // VEC_C)[None, :]  # [ROWS, 32]
+    col = (t[:, None] * VEC_C + lane[None, :])[None, :, :]  # [1, 32, 4]
+    mask = active[:, :, None]
+    offs = rows[:, None, None] * N + col
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    mean, m2, _ = short_rows_welford(x, active)
+    var = tl.math.div_rn(m2, tl.full(m2.shape, N, tl.float32))
+    rstd = rsqrtf(var + eps, INTERPRET)
+    y = _normalize(x, mean[:, None, None], rstd[:, None, None], w_ptr, b_ptr, col, mask, HAS_WEIGHT, HAS_BIAS)
+    tl.store(out_ptr + offs, y.to(dtype), mask=mask)
 
 
 
@@ -171,6 +208,9 @@ def layernorm_modulate(x, weight, bias, eps, scale, shift, scale_plus_one=True):
 
 # --- sgdiff::layer_norm: the same kernel without the modulation ---------------------------
 
+SHORT_ROW = THREADS  # rows up to one warp's 4-vectors (head_dim <= 128) take the short-rows kernel
+SHORT_ROWS_PER_PROGRAM = 16
+
 def layer_norm_supported_layout(x, weight, bias, eps) -> bool:
     """can_use without the device check: rows of any leading shape, normalized as eager
     normalizes ``x.contiguous()``."""
@@ -189,7 +229,16 @@ def layer_norm(x, weight, bias, eps):
     """Launch; the caller has checked :func:`layer_norm_can_use`. A strided ``x`` is copied
     contiguous first, as eager's kernel does."""
     rows = x.contiguous().view(-1, x.shape[-1])
-    return _launch(rows, weight, bias, eps, None, None, False).view(x.shape)
+    M, N = rows.shape
+    if N > SHORT_ROW:
+        return _launch(rows, weight, bias, eps, None, None, False).view(x.shape)
+    out = torch.empty_like(rows)
+    _layer_norm_short_rows_kernel[(triton.cdiv(M, SHORT_ROWS_PER_PROGRAM),)](
+        rows, weight if weight is not None else rows, bias if bias is not None else rows, out, M, N, eps,
+        ROWS=SHORT_ROWS_PER_PROGRAM, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+        INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False,
+    )
+    return out.view(x.shape)
 
 
 layernorm_modulate.can_use = can_use

@@ -86,6 +86,30 @@ def row_welford(row_ptr, n_vec, ITERS: tl.constexpr):
 
 
 @triton.jit
+def short_rows_welford(x, active):
+    """Mean, m2 and count of each row of a ``[R, 32, 4]`` tile (lane ``t`` holds vector ``t``)
+    of rows no longer than one warp's vectors (N <= 128), in ATen's order.
+
+    ATen gives such a row a whole 128-thread block in which only warp 0 holds data: warp 0's
+    shuffle tree (here ``tl.reduce`` over the lane axis, one element per lane), then the
+    cross-warp steps 0 <- 2 and 0 <- (1 <- 3), which fold in empty states. Those still round:
+    the mean becomes ``(n * (1/n)) * mean``, so they are taken here too, and R rows share one
+    program instead of one row per 4 warps."""
+    x0, x1, x2, x3 = unpack4(x)
+    mean = tl.zeros(x0.shape, tl.float32)
+    m2 = tl.zeros(x0.shape, tl.float32)
+    mean, m2 = _online(mean, m2, x0, active, 1.0)
+    mean, m2 = _online(mean, m2, x1, active, 1.0 / 2)
+    mean, m2 = _online(mean, m2, x2, active, 1.0 / 3)
+    mean, m2 = _online(mean, m2, x3, active, 1.0 / 4)
+    n = tl.where(active, 4.0, 0.0)
+    mean, m2, n = tl.reduce((mean, m2, n), 1, welford_combine)
+    empty = tl.zeros(mean.shape, tl.float32)
+    mean, m2, n = welford_combine(mean, m2, n, empty, empty, empty)  # warp 0 <- warp 2
+    return welford_combine(mean, m2, n, empty, empty, empty)  # warp 0 <- (warp 1 <- warp 3)
+
+
+@triton.jit
 def unpack4(vec):
     """The four entries of the last axis (size 4) of a tile, in order, as tiles without it."""
     pairs = tl.reshape(vec, vec.shape[:-1] + [2, 2])
