@@ -96,7 +96,7 @@ def euler(fn: Callable, kwargs: dict, steps: int):
     return out
 
 
-def breakdown(fn: Callable, device: torch.device, top: int = 15) -> Dict[str, object]:
+def breakdown(fn: Callable, device: torch.device, top: int = 25) -> Dict[str, object]:
     """GPU time of one call by kernel category, in ms, the gaps between kernels, and the
     ``top`` kernels by total time (``[name, ms, calls]``), which say where a gap comes from."""
     from torch.profiler import ProfilerActivity, profile

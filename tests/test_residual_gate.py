@@ -1,6 +1,7 @@
 """Family `residual_gate`: residual + gate * update, in the spellings DiTs use."""
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, strategies as st
 
 from sgdiff.kernels import registry
@@ -101,6 +102,52 @@ def test_transposed_token_stream_gives_the_layout_eager_gives(residual_first):
     assert bits_equal(got, want) and got.stride() == want.stride()
 
 
+@pytest.mark.parametrize("dropout", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bias_of_a_linear_on_a_strided_input_folds_in(dropout, dtype):
+    # Sana's linear attention: to_out's input is transposed, so ATen runs the linear as bmm and
+    # then adds its bias; the op takes the bias and the add goes.
+    def fn(x, h, w, b, g):
+        u = F.linear(h.transpose(1, 2), w, b)
+        return x + g[:, None] * (u.clone() if dropout else u)
+
+    args = tuple(t.to(dtype) for t in (torch.randn(2, 12, 8), torch.randn(2, 8, 12), torch.randn(8, 8),
+                                       torch.randn(8), torch.randn(2, 8)))
+    run, gm, result = rewrite(fn, args, families=["residual_gate"])
+    assert result.counts["residual_gate"] == 1
+    assert aten.add.Tensor not in targets(gm) and aten.bmm.default in targets(gm)
+    node = next(n for n in gm.graph.nodes if n.target == OP)
+    assert len(node.args) == 6 and node.args[5].op == "placeholder"  # the bias
+    assert bits_equal(run(*args), fn(*args))
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("a 2-D addend", lambda x, y, z, g: x + g * (y + z[0])),
+    ("a subtracted bias", lambda x, y, z, g: x + g * (y - z[0, 0])),
+    ("a scaled bias", lambda x, y, z, g: x + g * torch.add(y, z[0, 0], alpha=2)),
+])
+def test_near_misses_of_a_bias_stay_outside(name, fn):
+    # the gated residual is still found, with the update as it is: no bias folded into it
+    args = (torch.randn(2, 5, 8), torch.randn(2, 5, 8), torch.randn(5, 5, 8), torch.randn(2, 1, 8))
+    run, gm, result = rewrite(fn, args, families=["residual_gate"])
+    assert result.counts["residual_gate"] == 1, name
+    node = next(n for n in gm.graph.nodes if n.target == OP)
+    assert len(node.args) <= 5, name
+    assert bits_equal(run(*args), fn(*args))
+
+
+def test_bias_add_with_another_user_stays():
+    def fn(x, y, b, g):
+        u = y + b
+        return x + g * u, u
+
+    args = (torch.randn(2, 5, 8), torch.randn(2, 5, 8), torch.randn(8), torch.randn(2, 1, 8))
+    run, gm, result = rewrite(fn, args, families=["residual_gate"])
+    assert result.counts["residual_gate"] == 1 and aten.add.Tensor in targets(gm)
+    assert len(next(n for n in gm.graph.nodes if n.target == OP).args) <= 5
+    assert all(bits_equal(a, b) for a, b in zip(run(*args), fn(*args)))
+
+
 def test_rotary_embedding_is_not_a_gated_residual():
     # x * cos + x_rot * sin: a sum of two products on [B, S, H, D], for the rope family
     def fn(x, cos, sin):
@@ -171,3 +218,5 @@ def test_opcheck():
             torch.library.opcheck(residual_gate, args)
             assert residual_gate(*args).is_contiguous() != residual_layout
         torch.library.opcheck(residual_gate, (x, torch.randn(16, dtype=dtype), y, True))  # 4 args: residual layout
+        for bias in (torch.randn(16, dtype=dtype), torch.randn(16)):  # a linear's bias, maybe promoting
+            torch.library.opcheck(residual_gate, (x, torch.randn(2, 1, 16, dtype=dtype), y, False, True, bias))

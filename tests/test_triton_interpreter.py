@@ -72,8 +72,10 @@ RESIDUAL_GATE = textwrap.dedent(r"""
         r = torch.randn(2, 5, 96, dtype=dt)
         g = torch.randn(2, 1, 96, dtype=dt)
         u = torch.randn(2, 5, 192, dtype=dt)[..., :96]  # a chunk view
+        b = torch.randn(96, dtype=dt)
         for args in [(r, g, u, False), (r, g[:, 0][:, None], u, False), (r[0], g[0, 0], u[0], False),
-                     (r.float(), g.float(), u, False)]:                 # Wan: fp32 stream, bf16 update
+                     (r.float(), g.float(), u, False),                  # Wan: fp32 stream, bf16 update
+                     (r, g, u, False, True, b), (r, g, u, False, True, b.float())]:   # a linear's bias
             assert tk.supported_layout(*args)
             got, want = tk.residual_gate(*args), ref(*args)
             assert got.dtype == want.dtype and got.shape == want.shape
@@ -302,7 +304,7 @@ ROWWISE = textwrap.dedent(r"""
 """)
 
 
-@pytest.mark.parametrize("script,cases", [(SCRIPT, 64), (RESIDUAL_GATE, 8), (ROWWISE, 154)],
+@pytest.mark.parametrize("script,cases", [(SCRIPT, 64), (RESIDUAL_GATE, 12), (ROWWISE, 154)],
                          ids=["layernorm_modulate", "residual_gate", "rowwise"])
 def test_kernels_under_interpreter(script, cases):
     env = dict(os.environ, TRITON_INTERPRET="1")

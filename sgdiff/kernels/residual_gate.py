@@ -6,6 +6,10 @@ Eager chain (Flux, SD3, Sana, PixArt, Wan, QwenImage; Lumina-style ``tanh`` gate
     y = g * update                            # rounded to the promoted dtype
     y = residual + y                          # rounded to the promoted dtype
 
+with ``update`` first ``update + update_bias`` (rounded to its promoted dtype) where a linear's
+bias was added after its GEMM: ATen runs a linear on a strided 3-D input (Sana's transposed
+token stream, its linear attention's output) as ``bmm`` and then adds the bias.
+
 ``gate`` and ``update`` broadcast to ``residual`` ([B,1,D] or per-token [B,S,D] gates); mixed
 dtypes promote as in eager (Wan: fp32 residual and gate, bf16 update). IEEE addition and
 multiplication are commutative, so the operand order of the eager spelling is not carried,
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from typing import Optional
+
 from sgdiff.kernels import dispatch
 from sgdiff.kernels.layout import in_layout_of
 
@@ -31,7 +37,10 @@ def residual_gate_reference(
     update: torch.Tensor,
     tanh_gate: bool,
     residual_layout: bool = True,
+    update_bias: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
+    if update_bias is not None:
+        update = aten.add.Tensor(update, update_bias)
     g = aten.tanh.default(gate) if tanh_gate else gate
     y = aten.add.Tensor(residual, aten.mul.Tensor(g, update))
     return in_layout_of(y, residual) if residual_layout else y.contiguous()

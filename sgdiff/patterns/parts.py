@@ -179,6 +179,17 @@ def is_token_stream(v: Any) -> bool:
     return t is not None and t.dim() == 3
 
 
+def is_vector(v: Any) -> bool:
+    """A 1-D tensor (a linear's bias)."""
+    t = tensor_meta(v)
+    return t is not None and t.dim() == 1
+
+
+def is_multi_dim(v: Any) -> bool:
+    t = tensor_meta(v)
+    return t is not None and t.dim() > 1
+
+
 def splits_heads(v: Any) -> bool:
     """``v`` is a projection split into heads: ``[..., H*D]`` viewed as ``[..., H, D]``
     (``unflatten``, ``view``), maybe transposed after that with ``head_dim`` kept last (SD3's

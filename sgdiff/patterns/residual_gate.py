@@ -6,7 +6,9 @@ The eager chain (Flux, SD3, Sana, PixArt, QwenImage; Wan in fp32; Lumina with ``
 
 in every operand order, with ``gate`` a ``[B,1,D]`` chunk, ``gate.unsqueeze(1)``, a per-token
 ``[B,S,D]`` tensor, or ``tanh`` of one (before or after its views); ``update`` may still carry
-the ``aten.clone`` of an eval-mode Dropout, which the op makes unnecessary. Wan's
+the ``aten.clone`` of an eval-mode Dropout, which the op makes unnecessary, and the ``+ bias``
+that ATen adds after the ``bmm`` of a linear whose input is a strided 3-D view (Sana's linear
+attention's output projection), which the op folds in. Wan's
 ``(x.float() + y * gate).type_as(x)`` leaves its casts around the fp32 chain.
 
 The residual is the block's token stream, ``[B, S, D]``, and never a product: a sum of two
@@ -30,6 +32,22 @@ aten = torch.ops.aten
 @dataclasses.dataclass(frozen=True)
 class ResidualGateKey:
     tanh: bool  # the gate goes through tanh first
+    bias: bool  # the update is ``update + bias``, a 1-D bias added after a linear's GEMM
+
+    @property
+    def name(self) -> str:
+        return "residual_gate" + ("_tanh" if self.tanh else "") + ("_bias" if self.bias else "")
+
+    @property
+    def priority(self) -> int:  # the longer chain first: with its bias, before the plain one can take it
+        return 2 * self.bias + self.tanh
+
+
+def _update(key: ResidualGateKey):
+    if not key.bias:
+        return Arg("update")
+    return Op(aten.add.Tensor, Arg("update", check=parts.is_multi_dim), Arg("update_bias", check=parts.is_vector),
+              alpha=Lit(1), commutative=True)
 
 
 def chain(key: ResidualGateKey):
@@ -38,8 +56,8 @@ def chain(key: ResidualGateKey):
     else:
         gate = Arg("gate")
     # a copied update first: either operand could be the Dropout's copy
-    product = AnyOf(Op(aten.mul.Tensor, gate, Op(aten.clone.default, Arg("update")), commutative=True),
-                    Op(aten.mul.Tensor, gate, Arg("update"), commutative=True))
+    product = AnyOf(Op(aten.mul.Tensor, gate, Op(aten.clone.default, _update(key)), commutative=True),
+                    Op(aten.mul.Tensor, gate, _update(key), commutative=True))
     residual = Arg("residual", check=lambda v: parts.is_token_stream(v) and not parts.is_product(v))
     return Op(aten.add.Tensor, residual, product, alpha=Lit(1), commutative=True)
 
@@ -51,6 +69,8 @@ def replacement(key: ResidualGateKey):
 
     def args(m: Match):
         # residual_layout=False only where eager's output is contiguous but the residual is not
+        if key.bias:
+            return (m["residual"], gate(m), m["update"], key.tanh, _layout_of_residual(m), m["update_bias"])
         layout = () if _layout_of_residual(m) else (False,)
         return (m["residual"], gate(m), m["update"], key.tanh) + layout
 
@@ -67,7 +87,10 @@ def check(m: Match) -> Optional[str]:
     if not out.is_contiguous() and like_layout_reason(out, residual):
         return "the chain's output is neither contiguous nor in the residual's layout"
     gate = m["gate_views"][0] if m.get("gate_views") else m["gate"]
-    for name, operand in (("gate", gate), ("update", m["update"])):
+    operands = [("gate", gate), ("update", m["update"])]
+    if m.get("update_bias") is not None:
+        operands.append(("the update's bias", m["update_bias"]))
+    for name, operand in operands:
         reason = broadcast_reason(operand, residual, name)
         if reason:
             return reason
@@ -83,12 +106,12 @@ def patterns() -> List[ChainPattern]:
     return [
         ChainPattern(
             family="residual_gate",
-            name="residual_gate" + ("_tanh" if key.tanh else ""),
+            name=key.name,
             chain=chain(key),
             op="residual_gate",
             replacement=replacement(key),
             check=check,
-            priority=1 if key.tanh else 0,
+            priority=key.priority,
         )
-        for key in (ResidualGateKey(tanh=True), ResidualGateKey(tanh=False))
+        for key in (ResidualGateKey(tanh, bias) for tanh in (True, False) for bias in (True, False))
     ]

@@ -28,6 +28,10 @@ def test_real_shapes_bitexact(shape, stream, update, per_token):
     args = (res, gate, upd, False)
     assert tk.can_use(*args)
     assert torch.equal(tk.residual_gate(*args), res + gate * upd)
+    # Sana's linear-attention output projection: bmm on a transposed input, then its bias
+    bias = torch.randn(D, device="cuda").to(update)
+    assert tk.can_use(*args, True, bias)
+    assert torch.equal(tk.residual_gate(*args, True, bias), res + gate * (upd + bias))
 
 
 @settings(max_examples=int(os.environ.get("SGDIFF_GPU_EXAMPLES", "40")), deadline=None)
@@ -35,8 +39,8 @@ def test_real_shapes_bitexact(shape, stream, update, per_token):
        dtypes=st.sampled_from([(torch.bfloat16,) * 3, (torch.float16,) * 3, (torch.float32,) * 3,
                                (torch.float32, torch.float32, torch.bfloat16)]),
        gate_form=st.sampled_from(["row", "per_token", "vector", "transposed_residual"]),
-       tanh=st.booleans())
-def test_any_layout_is_exact_or_falls_back(B, S, D, dtypes, gate_form, tanh):
+       tanh=st.booleans(), bias=st.sampled_from([None, "same", "fp32"]))
+def test_any_layout_is_exact_or_falls_back(B, S, D, dtypes, gate_form, tanh, bias):
     rd, gd, ud = dtypes
     res = torch.randn(B, S, D, device="cuda").to(rd)
     if gate_form == "transposed_residual":
@@ -45,8 +49,9 @@ def test_any_layout_is_exact_or_falls_back(B, S, D, dtypes, gate_form, tanh):
             "vector": lambda: torch.randn(D, device="cuda"),
             "transposed_residual": lambda: torch.randn(B, 1, D, device="cuda")}[gate_form]().to(gd)
     upd = torch.randn(B, S, D, device="cuda").to(ud)
-    want = res + (torch.tanh(gate) if tanh else gate) * upd
-    got = OP(res, gate, upd, tanh)
+    b = None if bias is None else torch.randn(D, device="cuda").to(ud if bias == "same" else torch.float32)
+    want = res + (torch.tanh(gate) if tanh else gate) * (upd if b is None else upd + b)
+    got = OP(res, gate, upd, tanh, True, b)
     assert torch.equal(got, want) and got.stride() == want.stride()
     assert not dispatch.disabled(), dispatch.disabled()
 

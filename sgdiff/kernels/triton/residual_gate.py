@@ -2,12 +2,13 @@
 
 Eager chain and its rounding steps::
 
+    u = update + bias      # with update_bias: fp32 sum, rounded to promote(update, bias)
     g = tanh(gate)         # with tanh_gate: fp32 tanhf, rounded to gate.dtype
     y = g * update         # fp32 product, rounded to promote(gate, update)
     y = residual + y       # fp32 sum, rounded to promote(residual, y)
 
-One program writes one row of ``residual`` ([B, S, D], contiguous); ``gate`` and ``update``
-are read through broadcast strides, so ``[B, 1, D]`` gates and chunk views need no copy.
+One program writes one row of ``residual`` ([B, S, D], contiguous); ``gate``, ``update`` and
+the bias are read through broadcast strides, so ``[B, 1, D]`` gates and chunk views need no copy.
 A ``tanh`` gate (rounded to gate.dtype first, as eager stores it) uses libdevice's ``tanhf``,
 CUDA's own (:mod:`sgdiff.kernels.triton.cuda_math`).
 """
@@ -28,13 +29,17 @@ def _residual_gate_kernel(
     res_ptr,  # [B, S, D] residual, contiguous
     gate_ptr,  # gate broadcast to [B, S, D] through (stride_gb, stride_gs, stride_gd)
     upd_ptr,  # update, likewise
+    bias_ptr,  # the update's bias, likewise (unused unless HAS_BIAS)
     out_ptr,  # [B, S, D] contiguous output
     S,  # rows per batch entry
     D,  # row length
     stride_gb, stride_gs, stride_gd,
     stride_ub, stride_us, stride_ud,
-    PRODUCT_DTYPE: tl.constexpr,  # promote(gate, update)
+    stride_bb, stride_bs, stride_bd,
+    UPDATE_DTYPE: tl.constexpr,  # promote(update, bias)
+    PRODUCT_DTYPE: tl.constexpr,  # promote(gate, update + bias)
     TANH: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr,  # power of two >= D
     INTERPRET: tl.constexpr,
 ):
@@ -45,6 +50,9 @@ def _residual_gate_kernel(
     mask = d < D
     g = tl.load(gate_ptr + bi * stride_gb + si * stride_gs + d * stride_gd, mask=mask, other=0.0)
     u = tl.load(upd_ptr + bi * stride_ub + si * stride_us + d * stride_ud, mask=mask, other=0.0)
+    if HAS_BIAS:  # ATen's add after the bmm of a linear
+        ub = tl.load(bias_ptr + bi * stride_bb + si * stride_bs + d * stride_bd, mask=mask, other=0.0)
+        u = (u.to(tl.float32) + ub.to(tl.float32)).to(UPDATE_DTYPE)
     if TANH:
         g = tanhf(g.to(tl.float32), INTERPRET).to(gate_ptr.dtype.element_ty)
     y = (g.to(tl.float32) * u.to(tl.float32)).to(PRODUCT_DTYPE)
@@ -53,11 +61,11 @@ def _residual_gate_kernel(
     tl.store(out_ptr + row * D + d, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def can_use(residual, gate, update, tanh_gate, residual_layout=True) -> bool:
-    return residual.is_cuda and supported_layout(residual, gate, update, tanh_gate)
+def can_use(residual, gate, update, tanh_gate, residual_layout=True, update_bias=None) -> bool:
+    return residual.is_cuda and supported_layout(residual, gate, update, tanh_gate, residual_layout, update_bias)
 
 
-def supported_layout(residual, gate, update, tanh_gate, residual_layout=True) -> bool:
+def supported_layout(residual, gate, update, tanh_gate, residual_layout=True, update_bias=None) -> bool:
     """can_use without the device check (the interpreter runs the kernel on CPU tensors).
 
     The residual must be contiguous, where its layout and the contiguous one coincide, so
@@ -67,33 +75,37 @@ def supported_layout(residual, gate, update, tanh_gate, residual_layout=True) ->
         return False
     if residual.shape[-1] > 16384:
         return False
-    for t in (residual, gate, update):
+    operands = (residual, gate, update) + ((update_bias,) if update_bias is not None else ())
+    for t in operands:
         if t.dtype not in DTYPES or t.device != residual.device or t.dim() > residual.dim():
             return False
     try:
-        out_shape = torch.broadcast_shapes(residual.shape, gate.shape, update.shape)
+        out_shape = torch.broadcast_shapes(*(t.shape for t in operands))
     except RuntimeError:
         return False
-    out_dtype = torch.promote_types(residual.dtype, torch.promote_types(gate.dtype, update.dtype))
-    return tuple(out_shape) == tuple(residual.shape) and out_dtype in DTYPES
+    return tuple(out_shape) == tuple(residual.shape)  # (promotions of DTYPES stay in DTYPES)
 
 
 @cached_plan
-def _plan(residual, gate, update):
+def _plan(residual, gate, update, update_bias):
     shape = (1, *residual.shape) if residual.dim() == 2 else tuple(residual.shape)
     B, S, D = shape
-    product = torch.promote_types(gate.dtype, update.dtype)
-    return shape, (B * S,), (S, D, *gate.expand(shape).stride(), *update.expand(shape).stride()), \
-        product, torch.promote_types(residual.dtype, product), triton.next_power_of_2(D)
+    bias_strides = update_bias.expand(shape).stride() if update_bias is not None else (0, 0, 0)
+    updated = torch.promote_types(update.dtype, update_bias.dtype) if update_bias is not None else update.dtype
+    product = torch.promote_types(gate.dtype, updated)
+    ints = (S, D, *gate.expand(shape).stride(), *update.expand(shape).stride(), *bias_strides)
+    return shape, (B * S,), ints, updated, product, torch.promote_types(residual.dtype, product), \
+        triton.next_power_of_2(D)
 
 
-def residual_gate(residual, gate, update, tanh_gate, residual_layout=True):
+def residual_gate(residual, gate, update, tanh_gate, residual_layout=True, update_bias=None):
     """Launch; the caller has checked :func:`can_use`."""
-    shape, grid, ints, product, out_dtype, block = _plan(residual, gate, update)
+    shape, grid, ints, updated, product, out_dtype, block = _plan(residual, gate, update, update_bias)
     out = torch.empty(shape, dtype=out_dtype, device=residual.device)
     _residual_gate_kernel[grid](
-        residual, gate, update, out, *ints,
-        PRODUCT_DTYPE=TL_DTYPE[product], TANH=bool(tanh_gate), BLOCK=block, INTERPRET=INTERPRET,
+        residual, gate, update, update_bias if update_bias is not None else update, out, *ints,
+        UPDATE_DTYPE=TL_DTYPE[updated], PRODUCT_DTYPE=TL_DTYPE[product], TANH=bool(tanh_gate),
+        HAS_BIAS=update_bias is not None, BLOCK=block, INTERPRET=INTERPRET,
         num_warps=4 if block <= 4096 else 8, enable_fp_fusion=False, **libdevice_options(),
     )
     return out.view(residual.shape)

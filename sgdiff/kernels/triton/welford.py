@@ -91,10 +91,9 @@ def short_rows_welford(x, active):
     of rows no longer than one warp's vectors (N <= 128), in ATen's order.
 
     ATen gives such a row a whole 128-thread block in which only warp 0 holds data: warp 0's
-    shuffle tree (here ``tl.reduce`` over the lane axis, one element per lane), then the
-    cross-warp steps 0 <- 2 and 0 <- (1 <- 3), which fold in empty states. Those still round:
-    the mean becomes ``(n * (1/n)) * mean``, so they are taken here too, and R rows share one
-    program instead of one row per 4 warps."""
+    shuffle-down tree, then the cross-warp steps 0 <- 2 and 0 <- (1 <- 3), which fold in
+    empty states. Those still round (the mean becomes ``(n * (1/n)) * mean``), so they are
+    taken here too; R rows share one program instead of one row per 4 warps."""
     x0, x1, x2, x3 = unpack4(x)
     mean = tl.zeros(x0.shape, tl.float32)
     m2 = tl.zeros(x0.shape, tl.float32)
@@ -103,10 +102,27 @@ def short_rows_welford(x, active):
     mean, m2 = _online(mean, m2, x2, active, 1.0 / 3)
     mean, m2 = _online(mean, m2, x3, active, 1.0 / 4)
     n = tl.where(active, 4.0, 0.0)
-    mean, m2, n = tl.reduce((mean, m2, n), 1, welford_combine)
+    # Shuffle-down offsets 16, 8, 4, 2, 1: lane i folds in lane i + offset (own, other). Halving
+    # the lane axis each level takes exactly lane 0's path, one combine per pair (tl.reduce's
+    # order over this tile is Triton's to choose, and it combines every lane at every level).
+    for level in tl.static_range(5):
+        mean_own, mean_oth = _halves(mean)
+        m2_own, m2_oth = _halves(m2)
+        n_own, n_oth = _halves(n)
+        mean, m2, n = welford_combine(mean_own, m2_own, n_own, mean_oth, m2_oth, n_oth)
+    R: tl.constexpr = mean.shape[0]
+    mean, m2, n = tl.reshape(mean, (R,)), tl.reshape(m2, (R,)), tl.reshape(n, (R,))
     empty = tl.zeros(mean.shape, tl.float32)
     mean, m2, n = welford_combine(mean, m2, n, empty, empty, empty)  # warp 0 <- warp 2
     return welford_combine(mean, m2, n, empty, empty, empty)  # warp 0 <- (warp 1 <- warp 3)
+
+
+@triton.jit
+def _halves(v):
+    """The first and second halves of the last axis of a [R, W] tile, as [R, W/2] tiles."""
+    R: tl.constexpr = v.shape[0]
+    W: tl.constexpr = v.shape[1]
+    return tl.split(tl.permute(tl.reshape(v, (R, 2, W // 2)), (0, 2, 1)))
 
 
 @triton.jit
