@@ -44,6 +44,7 @@ VARIANTS = {
 LOSSLESS = ("eager", "aot_eager", "sgdiff", "sgdiff_cudagraph")
 SGDIFF_KERNELS = ("_layernorm_modulate", "_residual_gate", "_rope", "_rms_norm", "_silu_mul", "_gelu_tanh_cat")
 PROFILED = ("eager", "inductor", "sgdiff")  # where the GPU time of a step goes
+PAIRED = ("aot_eager", "sgdiff")  # also timed with eager's steps interleaved, in one process
 
 
 def _sync(device):
@@ -82,6 +83,22 @@ def step_times(fn: Callable, device: torch.device, repeats: int) -> Dict[str, fl
     _sync(device)
     pipelined = (time.perf_counter() - t0) * 1e3 / repeats
     return dict(ms=statistics.median(times), host_ms=statistics.median(host), pipelined_ms=pipelined)
+
+
+def paired_times(eager: Callable, fn: Callable, device: torch.device, repeats: int) -> Dict[str, float]:
+    """Median time of a step (call to its last kernel, synchronized) of ``fn`` and of eager, the
+    two alternating in one process: host speed drifts between processes and over minutes (eager
+    Sana read 26 and 40 ms a step in two runs of the same code), which a ratio taken this way
+    cancels."""
+    times: Dict[str, list] = {"paired_eager_ms": [], "paired_ms": []}
+    for _ in range(repeats):
+        for key, f in (("paired_eager_ms", eager), ("paired_ms", fn)):
+            _sync(device)
+            t0 = time.perf_counter()
+            f()
+            _sync(device)
+            times[key].append((time.perf_counter() - t0) * 1e3)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def euler(fn: Callable, kwargs: dict, steps: int):
@@ -158,6 +175,10 @@ def run_model(name: str, size: str, device: torch.device, dtype, variants, repea
             gc.freeze()
             for key, value in step_times(lambda: fn(**kwargs), device, repeats).items():
                 row[f"{variant}_{key}"] = value
+            if variant in PAIRED:
+                for key, value in paired_times(lambda: model(**kwargs), lambda: fn(**kwargs), device,
+                                               2 * repeats).items():
+                    row[f"{variant}_{key}"] = value
             gc.unfreeze()
             row[f"{variant}_equal"] = all(torch.equal(o, want) for o in outs)
             row[f"{variant}_max_diff"] = max(float((o.float() - want.float()).abs().max()) for o in outs)
@@ -237,6 +258,16 @@ def write_report(result: dict, out: pathlib.Path) -> None:
             cells = [f"{c[f'{v}_host_ms']:.2f} / {c[f'{v}_pipelined_ms']:.2f}" if f"{v}_host_ms" in c else "-"
                      for v in cols]
             lines.append(f"| {c['model']} | " + " | ".join(cells) + " |")
+    paired = [v for v in PAIRED if any(f"{v}_paired_ms" in c for c in result["cases"])]
+    if paired:
+        lines += ["", "Without CUDA graphs, steps alternating with eager's in one process (ms, synchronized; "
+                  "host speed drifts between processes, the ratio is what to read):", "",
+                  "| model | variant | eager | variant | / eager |", "|" + " --- |" * 5]
+        for c in result["cases"]:
+            for v in paired:
+                if f"{v}_paired_ms" in c:
+                    e, t = c[f"{v}_paired_eager_ms"], c[f"{v}_paired_ms"]
+                    lines.append(f"| {c['model']} | {v} | {e:.2f} | {t:.2f} | {t / e:.3f} |")
     lines += ["", "GPU time of one step by kernel category (ms; gaps_and_host = wall time not covered by kernels):",
               "", "| model | variant | gemm | attention | sgdiff | other | gaps_and_host |", "|" + " --- |" * 7]
     for c in result["cases"]:

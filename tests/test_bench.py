@@ -13,9 +13,11 @@ def test_model_benchmark_on_a_tiny_flux(tmp_path):
     assert row["sgdiff_lossless_equal"] and row["trajectory_equal"] and row["trajectory_steps"] == 3
     assert row["sgdiff_lossless_best"] == "sgdiff" and row["sgdiff_lossless_ms"] > 0
     assert all(row[f"{v}_{k}"] > 0 for v in ("eager", "sgdiff") for k in ("host_ms", "pipelined_ms"))
+    assert row["sgdiff_paired_ms"] > 0 and row["sgdiff_paired_eager_ms"] > 0  # steps alternating with eager's
     models.write_report(dict(gpu="cpu", torch=torch.__version__, triton="-", commit="test", cases=[row]), tmp_path)
     report = (tmp_path / "models.md").read_text()
     assert "flux (tiny, float32)" in report and "Host time of one step" in report
+    assert "alternating with eager's" in report
 
 
 @pytest.mark.parametrize("name", ["flux", "sana", "pixart", "wan", "qwenimage"])

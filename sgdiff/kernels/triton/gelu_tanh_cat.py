@@ -22,7 +22,7 @@ import triton.language as tl
 
 from sgdiff.kernels.triton.cuda_math import INTERPRET, libdevice_options, tanhf
 from sgdiff.kernels.triton.launch import LeanKernel
-from sgdiff.kernels.triton.rows import DTYPES, cached_plan, launch_rows, row_offsets, shape4, strides4
+from sgdiff.kernels.triton.rows import DTYPES, cached_plan, launch_rows, row_offsets, rows_fit, shape4, strides4
 
 K_BETA = tl.constexpr(0.7978845608028654)  # M_SQRT2 * M_2_SQRTPI * 0.5, rounded to fp32 in the kernel
 K_KAPPA = tl.constexpr(0.044715)
@@ -72,7 +72,7 @@ def _gelu_tanh_cat_kernel(
 def supported_layout(head, x) -> bool:
     """can_use without the device check (the interpreter runs the kernel on CPU tensors)."""
     return (x.dtype in DTYPES and head.dtype == x.dtype and head.device == x.device
-            and 1 <= x.dim() <= 4 and head.dim() == x.dim() and x.numel() > 0
+            and 1 <= x.dim() <= 4 and head.dim() == x.dim() and x.numel() > 0 and rows_fit(x, x.shape[-1])
             and head.shape[:-1] == x.shape[:-1])
 
 

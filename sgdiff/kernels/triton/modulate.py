@@ -22,6 +22,7 @@ from sgdiff.kernels.triton.rows import (
     cached_plan,
     innermost_last,
     launch_rows,
+    rows_fit,
     row_tile,
     tile_offsets,
 )
@@ -58,7 +59,7 @@ def _modulate_kernel(
 def supported_layout(x, scale, shift) -> bool:
     """can_use without the device check: float operands of at most 4 dims that broadcast to x."""
     operands = [t for t in (x, scale, shift) if t is not None]
-    if not (1 <= x.dim() <= 4 and x.numel() > 0):
+    if not (1 <= x.dim() <= 4 and x.numel() > 0 and rows_fit(x, 1)):
         return False
     if any(t.dtype not in DTYPES or t.device != x.device or t.dim() > x.dim() for t in operands):
         return False

@@ -47,6 +47,7 @@ from sgdiff.kernels.triton.rows import (
     cached_plan,
     halving_sum,
     row_offsets,
+    rows_fit,
     shape4,
     strides4,
 )
@@ -214,7 +215,7 @@ def _fused_supported(x, weight) -> bool:
 
 def supported_layout(x, weight, eps, form) -> bool:
     """can_use without the device check (the interpreter runs the kernel on CPU tensors)."""
-    if not (x.dtype in DTYPES and 1 <= x.dim() <= 4 and x.numel() > 0):
+    if not (x.dtype in DTYPES and 1 <= x.dim() <= 4 and x.numel() > 0 and rows_fit(x, x.shape[-1])):
         return False
     if form == "fused":
         return _fused_supported(x, weight)

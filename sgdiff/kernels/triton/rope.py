@@ -35,6 +35,7 @@ from sgdiff.kernels.triton.rows import (
     cached_plan,
     launch_rows,
     row_offsets,
+    rows_fit,
     shape4,
     strides4,
 )
@@ -135,8 +136,8 @@ def tables_ok(x, cos, sin, table_shape) -> bool:
 
 
 def _x_ok(x) -> bool:
-    return x.dtype in DTYPES and 1 <= x.dim() <= 4 and x.numel() > 0 and x.shape[-1] % 2 == 0 \
-        and x.shape[-1] <= 1024
+    return (x.dtype in DTYPES and 1 <= x.dim() <= 4 and x.numel() > 0 and rows_fit(x, x.shape[-1])
+            and x.shape[-1] % 2 == 0 and x.shape[-1] <= 1024)
 
 
 def supported_layout(x, cos, sin, interleaved) -> bool:

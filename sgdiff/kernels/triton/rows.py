@@ -18,6 +18,12 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what the kernels read
 TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
+def rows_fit(t: torch.Tensor, row_len: int) -> bool:
+    """Whether ``t``'s rows of ``row_len`` elements can be counted in 32 bits (:func:`row_offsets`);
+    elementwise kernels, whose rows are any dim, pass 1."""
+    return t.numel() // max(row_len, 1) < 2**31
+
+
 class Geometry(NamedTuple):
     """What a launch plan may depend on of a tensor: shape, strides, dtype (never data)."""
     shape: tuple
@@ -69,10 +75,15 @@ def launch_rows(n_rows: int, d: int, max_block: int = 4096, max_d: int = 1024):
 
 @triton.jit
 def row_offsets(rows, n1, n2, s0, s1, s2):
-    """Element offsets of rows ``rows`` (row-major over ``[n0, n1, n2]``) of a 4-D operand."""
-    i2 = rows % n2
-    rest = rows // n2
-    return (rest // n1) * s0 + (rest % n1) * s1 + i2 * s2
+    """Element offsets of rows ``rows`` (row-major over ``[n0, n1, n2]``) of a 4-D operand.
+
+    The row index is split in 32 bits (a 64-bit division is a long software sequence, per
+    row of every operand; launchers keep row counts below 2**31), the offsets summed in 64.
+    ``n1``/``n2`` of 1 are specialized by Triton and their divisions vanish."""
+    r = rows.to(tl.int32)
+    i2 = r % n2
+    rest = r // n2
+    return (rest // n1).to(tl.int64) * s0 + (rest % n1).to(tl.int64) * s1 + i2.to(tl.int64) * s2
 
 
 @triton.jit
@@ -109,11 +120,22 @@ def innermost_last(out: torch.Tensor, *operands: torch.Tensor):
     """For elementwise kernels: ``out`` and the operands (broadcast to ``out``'s shape) with
     their dims permuted so that ``out``'s innermost dim comes last, at most 4 dims. Returns
     ``(shape4, [strides4 of out, then of each operand])``; channels-last and transposed
-    outputs then run along rows like contiguous ones."""
+    outputs then run along rows like contiguous ones.
+
+    Leading dims that every tensor steps through as one (a contiguous ``[B, H, W]`` of rows,
+    Sana's channels-last pixels) merge into one, and padding dims go after the leading ones,
+    ``[n0, 1, 1, D]``: row indices then need no division (:func:`row_offsets`)."""
     order = sorted(range(out.dim()), key=lambda d: (-out.stride(d), d))
     shape = [out.shape[d] for d in order]
     strides = []
     for t in (out, *operands):
         full = t.expand(out.shape).stride()
-        strides.append((0,) * (4 - len(order)) + tuple(full[d] for d in order))
-    return shape4(shape), strides
+        strides.append([full[d] for d in order])
+    for i in reversed(range(len(shape) - 2)):  # never into the last dim: it is the kernels' D
+        if all(st[i] == st[i + 1] * shape[i + 1] for st in strides):
+            shape[i:i + 2] = [shape[i] * shape[i + 1]]
+            for st in strides:
+                st[i:i + 2] = [st[i + 1]]
+    pad = 4 - len(shape)
+    shape4_ = tuple(shape[:-1]) + (1,) * pad + (shape[-1],)
+    return shape4_, [tuple(st[:-1]) + (0,) * pad + (st[-1],) for st in strides]

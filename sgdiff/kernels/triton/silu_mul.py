@@ -30,6 +30,7 @@ from sgdiff.kernels.triton.rows import (
     cached_plan,
     innermost_last,
     launch_rows,
+    rows_fit,
     row_tile,
     tile_offsets,
 )
@@ -75,7 +76,8 @@ def _silu_mul_kernel(
 
 def supported_layout(a, b) -> bool:
     """can_use without the device check (the interpreter runs the kernel on CPU tensors)."""
-    if not (a.dtype in DTYPES and b.dtype in DTYPES and 1 <= a.dim() <= 4 and a.numel() > 0):
+    if not (a.dtype in DTYPES and b.dtype in DTYPES and 1 <= a.dim() <= 4 and a.numel() > 0
+            and rows_fit(a, 1)):
         return False
     if b.device != a.device or b.dim() > a.dim():
         return False

@@ -1,0 +1,55 @@
+"""Row addressing of the elementwise Triton kernels (sgdiff.kernels.triton.rows), on the CPU."""
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+pytest.importorskip("triton")
+
+from sgdiff.kernels.triton.rows import innermost_last, rows_fit  # noqa: E402
+
+
+def _addressed(t: torch.Tensor, shape4, strides4) -> torch.Tensor:
+    """The elements a kernel reads of ``t`` (unique values in its storage), row-major over shape4."""
+    return torch.as_strided(t, shape4, strides4, t.storage_offset())
+
+
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4), perm_seed=st.integers(0, 23),
+       broadcast=st.lists(st.booleans(), min_size=4, max_size=4), sliced=st.booleans())
+def test_innermost_last_reads_every_element_in_out_order(shape, perm_seed, broadcast, sliced):
+    n = len(shape)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(perm_seed)).tolist()
+    out = torch.empty([shape[p] for p in perm]).permute(*torch.argsort(torch.tensor(perm)).tolist())
+    base = torch.arange(2 * out.numel() + 7, dtype=torch.float32)
+    operand = base[3:3 + out.numel()].view(out.shape)  # contiguous, at an offset
+    if sliced:  # a chunk of a wider last dim, as a projection's halves are
+        operand = base[: 2 * out.numel()].view(*out.shape[:-1], 2 * out.shape[-1])[..., out.shape[-1]:]
+    bshape = [1 if (b and i < n - 1) else s for i, (s, b) in enumerate(zip(out.shape, broadcast))]
+    vector = base[: torch.Size(bshape).numel()].view(bshape)  # broadcast along some dims
+    shape4, strides = innermost_last(out, operand, vector)
+    assert len(shape4) == 4 and torch.Size(shape4).numel() == out.numel()
+    order = sorted(range(n), key=lambda d: (-out.stride(d), d))
+    for t, st4 in zip((out, operand, vector), strides):
+        src = t if t is not out else base[: out.numel()].as_strided(out.shape, out.stride())
+        want = src.expand(out.shape).permute(*order).reshape(-1)
+        assert torch.equal(_addressed(src, shape4, st4).reshape(-1), want)
+    assert shape4[-1] == out.shape[order[-1]]  # the kernels' D stays the innermost dim
+
+
+def test_rows_that_step_as_one_merge_into_one_dim():
+    # Sana's GLU: channels-last halves of a depthwise convolution, [2, 5600, 32, 32]
+    conv = torch.empty(2, 11200, 32, 32).to(memory_format=torch.channels_last)
+    a, b = conv.chunk(2, dim=1)
+    out = torch.empty_like(a, memory_format=torch.channels_last)
+    bias = torch.empty(5600).view(-1, 1, 1)
+    shape4, strides = innermost_last(out, a, b, bias)
+    assert shape4 == (2048, 1, 1, 5600)  # n1 = n2 = 1: no division per row
+    assert strides == [(5600, 0, 0, 1), (11200, 0, 0, 1), (11200, 0, 0, 1), (0, 0, 0, 1)]
+    # a [B, 1, D] modulation stops the batch and token dims from merging: one division left
+    x, scale = torch.empty(2, 5, 16), torch.empty(2, 96)[:, None, :16]
+    assert innermost_last(torch.empty(2, 5, 16), x, scale)[0] == (2, 5, 1, 16)
+
+
+def test_rows_fit():
+    assert rows_fit(torch.empty(0), 1) and rows_fit(torch.empty(4, 8), 8)
+    big = torch.empty(1).expand(2**31 - 1, 2)  # rows that fit, elements that do not (no storage)
+    assert rows_fit(big, 2) and not rows_fit(big, 1)
