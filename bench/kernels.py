@@ -406,12 +406,39 @@ def write_report(result: dict, out: pathlib.Path) -> None:
         pass
 
 
+def merge_cases(old: dict, new: dict, key: Callable[[dict], tuple], rank: Callable[[tuple], int]) -> dict:
+    """Results ``old`` with the cases of ``new`` (a run of some of them) in place of the same
+    cases (``key``), each case tagged with the commit it ran at, ordered by ``rank`` (stable)."""
+    cases = {key(c): dict(c, commit=c.get("commit", old["commit"])) for c in old["cases"]}
+    cases.update({key(c): dict(c, commit=c.get("commit", new["commit"])) for c in new["cases"]})
+    return dict(new, cases=[cases[k] for k in sorted(cases, key=rank)])
+
+
+def merge_results(old: dict, new: dict) -> dict:
+    """Kernel results: cases are (op, shape, dtype, note), in the order of :data:`CASES`."""
+    family = {op: i for i, op in enumerate(CASES)}
+    family.update(rms_norm_cat_rope=family["rms_norm_rope"], rope_even_odd=family["rope"], rope_complex=family["rope"],
+                  conv_silu=family["conv_epilogue"], conv_silu_mul=family["conv_epilogue"],
+                  cast_copy=family["linear_attention"], linear_attention_out=family["linear_attention"])
+    return merge_cases(old, new, lambda c: (c["op"], tuple(c["shape"]), c["dtype"], c["note"]),
+                       lambda k: family.get(k[0], len(family)))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--ops", default=",".join(CASES))
     parser.add_argument("--quick", action="store_true", help="one shape per op")
+    parser.add_argument("--merge", nargs="+", metavar="KERNELS_JSON",
+                        help="no measuring: merge these results (earliest first) into --out's kernels.json")
     args = parser.parse_args(argv)
+    if args.merge:
+        out = pathlib.Path(args.out)
+        merged = json.loads((out / "kernels.json").read_text())
+        for path in args.merge:
+            merged = merge_results(merged, json.loads(pathlib.Path(path).read_text()))
+        write_report(merged, out)
+        return 0
     from tqdm import tqdm
 
     cases = [c for op in args.ops.split(",") for c in CASES[op](args.quick)]

@@ -31,7 +31,7 @@ from typing import Callable, Dict
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from bench.kernels import _meta  # noqa: E402
+from bench.kernels import _meta, merge_cases  # noqa: E402
 
 VARIANTS = {
     "eager": None,
@@ -196,7 +196,7 @@ def run_model(name: str, size: str, device: torch.device, dtype, variants, repea
     return summarize(row)
 
 
-def run_isolated(name: str, variants, common_args) -> dict:
+def run_isolated(name: str, variants, common_args, on_update: Callable[[dict], None] = lambda row: None) -> dict:
     """:func:`run_model` with each variant in a fresh process of this script; one merged row."""
     row: dict = {}
     for variant in variants:
@@ -204,6 +204,7 @@ def run_isolated(name: str, variants, common_args) -> dict:
             subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve()), "--models", name, "--variants",
                             variant, "--no-isolate", "--out", tmp, *common_args], check=True)
             row.update(json.loads((pathlib.Path(tmp) / "models.json").read_text())["cases"][0])
+        on_update(row)
     return summarize(row)
 
 
@@ -297,7 +298,19 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
                         help="each variant in its own process (default: on a GPU)")
+    parser.add_argument("--merge", nargs="+", metavar="MODELS_JSON",
+                        help="no measuring: merge these results (earliest first) into --out's models.json, "
+                             "a model's case replacing the one before it")
     args = parser.parse_args(argv)
+    if args.merge:
+        out = pathlib.Path(args.out)
+        merged = json.loads((out / "models.json").read_text())
+        for path in args.merge:
+            new = json.loads(pathlib.Path(path).read_text())
+            order = [c["model"] for c in merged["cases"]] + [c["model"] for c in new["cases"]]
+            merged = merge_cases(merged, new, lambda c: c["model"], order.index)
+        write_report(merged, out)
+        return 0
     from tqdm import tqdm
 
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
@@ -318,7 +331,7 @@ def main(argv=None) -> int:
               "--steps", str(args.steps)]
     for name in tqdm(args.models.split(","), desc="models", file=sys.stdout):
         if isolate and len(variants) > 1:
-            rows.append(run_isolated(name, variants, common))
+            rows.append(run_isolated(name, variants, common, save))
         else:
             rows.append(run_model(name, args.size, device, dtype, variants, args.repeats, args.steps, save))
         tqdm.write(json.dumps({k: v for k, v in rows[-1].items() if not isinstance(v, dict)}))

@@ -42,3 +42,46 @@ def test_each_variant_in_a_process_of_its_own(tmp_path):
 
     (row,) = json.loads((tmp_path / "models.json").read_text())["cases"]
     assert row["eager_ms"] > 0 and row["sgdiff_ms"] > 0 and row["sgdiff_lossless_equal"] and row["trajectory_equal"]
+
+
+def _kernel_case(op, us, note="n"):
+    return dict(op=op, shape=[2, 3], dtype="bfloat16", note=note, bitexact=True, mismatches=0, sgdiff_us=us,
+                eager_us=2 * us, inductor_us=us, copy_us=us, wall_sgdiff_launcher_us=1.0, wall_sgdiff_us=1.0,
+                wall_eager_us=1.0)
+
+
+def test_partial_kernel_runs_merge_case_by_case(tmp_path):
+    """A run of some ops replaces those cases only; every case keeps the commit it ran at."""
+    from bench import kernels
+
+    meta = dict(gpu="g", torch="t", triton="tr")
+    old = dict(meta, commit="aaa", cases=[_kernel_case("rope", 1.0), _kernel_case("residual_gate", 2.0),
+                                          _kernel_case("layernorm_modulate", 3.0)])
+    new = dict(meta, commit="bbb", cases=[_kernel_case("residual_gate", 1.5), _kernel_case("modulate", 4.0)])
+    merged = kernels.merge_results(old, new)
+    assert [(c["op"], c["sgdiff_us"], c["commit"]) for c in merged["cases"]] == [
+        ("layernorm_modulate", 3.0, "aaa"), ("residual_gate", 1.5, "bbb"), ("rope", 1.0, "aaa"),
+        ("modulate", 4.0, "bbb")]  # in the order of kernels.CASES
+    (tmp_path / "kernels.json").write_text(__import__("json").dumps(old))
+    (tmp_path / "new.json").write_text(__import__("json").dumps(new))
+    assert kernels.main(["--out", str(tmp_path), "--merge", str(tmp_path / "new.json")]) == 0
+    assert "| bbb |" in (tmp_path / "kernels.md").read_text() and "| aaa |" in (tmp_path / "kernels.md").read_text()
+
+
+def test_a_model_run_replaces_that_models_case(tmp_path):
+    import json
+
+    from bench import models
+
+    row = models.run_model("flux", "tiny", torch.device("cpu"), torch.float32, ["eager", "sgdiff"], repeats=1,
+                           steps=0)
+    meta = dict(gpu="cpu", torch="t", triton="tr")
+    old = dict(meta, commit="aaa", cases=[dict(row, model="flux"), dict(row, model="sana")])
+    new = dict(meta, commit="bbb", cases=[dict(row, model="sana", sgdiff_ms=1.25)])
+    (tmp_path / "models.json").write_text(json.dumps(old))
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    assert models.main(["--out", str(tmp_path), "--merge", str(tmp_path / "new.json")]) == 0
+    cases = json.loads((tmp_path / "models.json").read_text())["cases"]
+    assert [(c["model"], c["commit"], c["sgdiff_ms"]) for c in cases] == [
+        ("flux", "aaa", row["sgdiff_ms"]), ("sana", "bbb", 1.25)]
+    assert "flux aaa, sana bbb" in (tmp_path / "models.md").read_text()
