@@ -31,7 +31,7 @@ from typing import Callable, Dict
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from bench.kernels import _meta, merge_cases  # noqa: E402
+from bench.kernels import _meta  # noqa: E402
 
 VARIANTS = {
     "eager": None,
@@ -219,13 +219,38 @@ def summarize(row: dict) -> dict:
     return row
 
 
+def merge_runs(old: dict, new: dict) -> dict:
+    """Results ``old`` with the run ``new`` folded in variant by variant: a model's case takes the
+    fields of the variants ``new`` measured, each tagged ``<variant>_commit``, and keeps the rest."""
+    def measured(case):
+        return [v for v in VARIANTS if f"{v}_equal" in case]
+
+    cases = {}
+    for c in old["cases"]:
+        cases[c["model"]] = dict(c, **{f"{v}_commit": c.get(f"{v}_commit", c.get("commit", old["commit"]))
+                                       for v in measured(c)})
+    for c in new["cases"]:
+        commit = c.get("commit", new["commit"])
+        row = cases.setdefault(c["model"], {})
+        row.update(c, **{f"{v}_commit": commit for v in measured(c)})
+        row["commit"] = row.get("sgdiff_commit", commit)  # the case's commit: its sgdiff figures'
+    return dict(new, cases=[summarize(row) for row in cases.values()])
+
+
+def _commits(case: dict) -> str:
+    """``model commit``, and any variant measured at another commit."""
+    others = [f"{v} {case[f'{v}_commit']}" for v in VARIANTS
+              if case.get(f"{v}_commit", case.get("commit")) != case.get("commit")]
+    return f"{case['model']} {case.get('commit')}" + (f" ({', '.join(others)})" if others else "")
+
+
 def write_report(result: dict, out: pathlib.Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "models.json").write_text(json.dumps(result, indent=1))
     cols = [v for v in VARIANTS if any(f"{v}_ms" in c for c in result["cases"])]
     lines = [f"# sgdiff on diffusers DiTs ({result['gpu']})",
              f"torch {result['torch']}, triton {result['triton']}, commit "
-             + (", ".join(f"{c['model']} {c['commit']}" for c in result["cases"])
+             + (", ".join(_commits(c) for c in result["cases"])
                 if any("commit" in c for c in result["cases"]) else result["commit"]) + ". "
              "Median step time in ms; '=' marks an output torch.equal to eager, else the max abs diff.", "",
              "| model | " + " | ".join(cols) + " | Euler trajectory (steps) equal |",
@@ -306,9 +331,7 @@ def main(argv=None) -> int:
         out = pathlib.Path(args.out)
         merged = json.loads((out / "models.json").read_text())
         for path in args.merge:
-            new = json.loads(pathlib.Path(path).read_text())
-            order = [c["model"] for c in merged["cases"]] + [c["model"] for c in new["cases"]]
-            merged = merge_cases(merged, new, lambda c: c["model"], order.index)
+            merged = merge_runs(merged, json.loads(pathlib.Path(path).read_text()))
         write_report(merged, out)
         return 0
     from tqdm import tqdm

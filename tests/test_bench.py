@@ -68,7 +68,8 @@ def test_partial_kernel_runs_merge_case_by_case(tmp_path):
     assert "| bbb |" in (tmp_path / "kernels.md").read_text() and "| aaa |" in (tmp_path / "kernels.md").read_text()
 
 
-def test_a_model_run_replaces_that_models_case(tmp_path):
+def test_a_model_run_folds_in_variant_by_variant(tmp_path):
+    """A later run of some variants replaces those variants' figures only, each tagged with its commit."""
     import json
 
     from bench import models
@@ -76,12 +77,19 @@ def test_a_model_run_replaces_that_models_case(tmp_path):
     row = models.run_model("flux", "tiny", torch.device("cpu"), torch.float32, ["eager", "sgdiff"], repeats=1,
                            steps=0)
     meta = dict(gpu="cpu", torch="t", triton="tr")
-    old = dict(meta, commit="aaa", cases=[dict(row, model="flux"), dict(row, model="sana")])
-    new = dict(meta, commit="bbb", cases=[dict(row, model="sana", sgdiff_ms=1.25)])
+    old = dict(meta, commit="aaa", cases=[dict(row, model="flux", commit="aaa"), dict(row, model="sana", commit="aaa")])
+    new_sana = {k: v for k, v in row.items() if not k.startswith("eager_")}
+    new = dict(meta, commit="bbb", cases=[dict(new_sana, model="sana", sgdiff_ms=1.25, commit="bbb")])
+    inductor_only = dict(meta, commit="ccc", cases=[dict(model="flux", inductor_ms=2.5, inductor_equal=False,
+                                                         inductor_max_diff=0.1, inductor_first_call_s=3.0)])
+    for name, run in (("new.json", new), ("ind.json", inductor_only)):
+        (tmp_path / name).write_text(json.dumps(run))
     (tmp_path / "models.json").write_text(json.dumps(old))
-    (tmp_path / "new.json").write_text(json.dumps(new))
-    assert models.main(["--out", str(tmp_path), "--merge", str(tmp_path / "new.json")]) == 0
-    cases = json.loads((tmp_path / "models.json").read_text())["cases"]
-    assert [(c["model"], c["commit"], c["sgdiff_ms"]) for c in cases] == [
-        ("flux", "aaa", row["sgdiff_ms"]), ("sana", "bbb", 1.25)]
-    assert "flux aaa, sana bbb" in (tmp_path / "models.md").read_text()
+    assert models.main(["--out", str(tmp_path), "--merge", str(tmp_path / "new.json"), str(tmp_path / "ind.json")]) == 0
+    flux, sana = json.loads((tmp_path / "models.json").read_text())["cases"]
+    assert (flux["commit"], flux["inductor_commit"], flux["inductor_ms"], flux["sgdiff_ms"]) == \
+        ("aaa", "ccc", 2.5, row["sgdiff_ms"])
+    assert (sana["commit"], sana["sgdiff_ms"], sana["eager_commit"], sana["eager_ms"]) == \
+        ("bbb", 1.25, "aaa", row["eager_ms"])  # eager kept from the earlier run
+    assert sana["sgdiff_lossless_ms"] == 1.25  # the headline recomputed
+    assert "flux aaa (inductor ccc), sana bbb (eager aaa)" in (tmp_path / "models.md").read_text()
