@@ -414,6 +414,15 @@ def merge_cases(old: dict, new: dict, key: Callable[[dict], tuple], rank: Callab
     return dict(new, cases=[cases[k] for k in sorted(cases, key=rank)])
 
 
+def fold_runs(published: pathlib.Path, runs, merge: Callable[[dict, dict], dict], write: Callable) -> None:
+    """Fold the result files ``runs`` (earliest first) into the results ``published`` (a JSON
+    file) with ``merge``, and rewrite its report with ``write(results, folder)``."""
+    merged = json.loads(published.read_text())
+    for path in runs:
+        merged = merge(merged, json.loads(pathlib.Path(path).read_text()))
+    write(merged, published.parent)
+
+
 def merge_results(old: dict, new: dict) -> dict:
     """Kernel results: cases are (op, shape, dtype, note), in the order of :data:`CASES`."""
     family = {op: i for i, op in enumerate(CASES)}
@@ -433,11 +442,7 @@ def main(argv=None) -> int:
                         help="no measuring: merge these results (earliest first) into --out's kernels.json")
     args = parser.parse_args(argv)
     if args.merge:
-        out = pathlib.Path(args.out)
-        merged = json.loads((out / "kernels.json").read_text())
-        for path in args.merge:
-            merged = merge_results(merged, json.loads(pathlib.Path(path).read_text()))
-        write_report(merged, out)
+        fold_runs(pathlib.Path(args.out) / "kernels.json", args.merge, merge_results, write_report)
         return 0
     from tqdm import tqdm
 

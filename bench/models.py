@@ -31,7 +31,7 @@ from typing import Callable, Dict
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from bench.kernels import _meta  # noqa: E402
+from bench.kernels import _meta, fold_runs  # noqa: E402
 
 VARIANTS = {
     "eager": None,
@@ -325,14 +325,10 @@ def main(argv=None) -> int:
                         help="each variant in its own process (default: on a GPU)")
     parser.add_argument("--merge", nargs="+", metavar="MODELS_JSON",
                         help="no measuring: merge these results (earliest first) into --out's models.json, "
-                             "a model's case replacing the one before it")
+                             "variant by variant")
     args = parser.parse_args(argv)
     if args.merge:
-        out = pathlib.Path(args.out)
-        merged = json.loads((out / "models.json").read_text())
-        for path in args.merge:
-            merged = merge_runs(merged, json.loads(pathlib.Path(path).read_text()))
-        write_report(merged, out)
+        fold_runs(pathlib.Path(args.out) / "models.json", args.merge, merge_runs, write_report)
         return 0
     from tqdm import tqdm
 

@@ -211,6 +211,7 @@ def layernorm_modulate(x, weight, bias, eps, scale, shift, scale_plus_one=True):
 SHORT_ROW = THREADS  # rows up to one warp's 4-vectors (head_dim <= 128) take the short-rows kernel
 SHORT_ROWS_PER_PROGRAM = 16
 
+
 def layer_norm_supported_layout(x, weight, bias, eps) -> bool:
     """can_use without the device check: rows of any leading shape, normalized as eager
     normalizes ``x.contiguous()``."""

@@ -24,7 +24,7 @@ from sgdiff.kernels.triton import rope as trope
 from sgdiff.kernels.triton.cuda_math import INTERPRET
 from sgdiff.kernels.triton.launch import LeanKernel
 from sgdiff.kernels.triton.rms_norm import FLT_EPSILON, fused_inv_rms, fused_sum_squares
-from sgdiff.kernels.triton.rows import cached_plan, row_offsets, shape4, strides4
+from sgdiff.kernels.triton.rows import cached_plan, halves, row_offsets, shape4, strides4
 
 HEAD_DIM = 128  # one 4-vector per thread of a warp
 
@@ -78,19 +78,13 @@ def _rms_norm_rope_kernel(
         s0, s1 = tl.split(tl.reshape(sin, (BLOCK_R, D // 2, 2)))
         out = tl.reshape(tl.join(y0 * c0 + (y1 * -1.0) * s0, y1 * c1 + y0 * s1), (BLOCK_R, D))
     else:  # rotate-half: columns j and j + D/2
-        y0, y1 = _halves(y)
-        c0, c1 = _halves(cos)
-        s0, s1 = _halves(sin)
+        y0, y1 = halves(y)
+        c0, c1 = halves(cos)
+        s0, s1 = halves(sin)
         out = tl.reshape(tl.permute(tl.join(y0 * c0 + (y1 * -1.0) * s0, y1 * c1 + y0 * s1), (0, 2, 1)),
                          (BLOCK_R, D))
     o = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None] + d[None, :]
     tl.store(o, out.to(out_ptr.dtype.element_ty), mask=row_ok)
-
-
-@triton.jit
-def _halves(t):
-    """The first and second half of each row of a [R, D] tile."""
-    return tl.split(tl.permute(tl.reshape(t, (t.shape[0], 2, t.shape[1] // 2)), (0, 2, 1)))
 
 
 def supported_layout(x, weight, eps, form, cos, sin, interleaved) -> bool:

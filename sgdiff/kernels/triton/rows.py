@@ -103,6 +103,12 @@ def tile_offsets(rows, d, n1, n2, s0, s1, s2, s3):
 
 
 @triton.jit
+def halves(t):
+    """The first and second halves of the last axis of a [R, W] tile, as [R, W/2] tiles."""
+    return tl.split(tl.permute(tl.reshape(t, (t.shape[0], 2, t.shape[1] // 2)), (0, 2, 1)))
+
+
+@triton.jit
 def halving_sum(v, LEVELS: tl.constexpr):
     """Sum each row of a [R, 2**LEVELS] tile the way a CUDA shuffle-down (or shared-memory)
     tree does: ``for offset in W/2, W/4, ..., 1: v[i] += v[i + offset]``, then ``v[0]``.

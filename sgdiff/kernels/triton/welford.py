@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sgdiff.kernels.triton.rows import halves
+
 THREADS = 128  # ATen: 32 x 4 threads per row
 VEC = 4  # ATen's vec_size for every dtype
 THREADS_C = tl.constexpr(THREADS)  # the same, for use inside @triton.jit code
@@ -106,23 +108,15 @@ def short_rows_welford(x, active):
     # the lane axis each level takes exactly lane 0's path, one combine per pair (tl.reduce's
     # order over this tile is Triton's to choose, and it combines every lane at every level).
     for level in tl.static_range(5):
-        mean_own, mean_oth = _halves(mean)
-        m2_own, m2_oth = _halves(m2)
-        n_own, n_oth = _halves(n)
+        mean_own, mean_oth = halves(mean)
+        m2_own, m2_oth = halves(m2)
+        n_own, n_oth = halves(n)
         mean, m2, n = welford_combine(mean_own, m2_own, n_own, mean_oth, m2_oth, n_oth)
     R: tl.constexpr = mean.shape[0]
     mean, m2, n = tl.reshape(mean, (R,)), tl.reshape(m2, (R,)), tl.reshape(n, (R,))
     empty = tl.zeros(mean.shape, tl.float32)
     mean, m2, n = welford_combine(mean, m2, n, empty, empty, empty)  # warp 0 <- warp 2
     return welford_combine(mean, m2, n, empty, empty, empty)  # warp 0 <- (warp 1 <- warp 3)
-
-
-@triton.jit
-def _halves(v):
-    """The first and second halves of the last axis of a [R, W] tile, as [R, W/2] tiles."""
-    R: tl.constexpr = v.shape[0]
-    W: tl.constexpr = v.shape[1]
-    return tl.split(tl.permute(tl.reshape(v, (R, 2, W // 2)), (0, 2, 1)))
 
 
 @triton.jit
