@@ -24,7 +24,7 @@ from sgdiff.kernels.triton import rope as trope
 from sgdiff.kernels.triton.cuda_math import INTERPRET
 from sgdiff.kernels.triton.launch import LeanKernel
 from sgdiff.kernels.triton.rms_norm import FLT_EPSILON, fused_inv_rms, fused_sum_squares
-from sgdiff.kernels.triton.rows import cached_plan, halves, row_offsets, shape4, strides4
+from sgdiff.kernels.triton.rows import cached_plan, halves, row_index, row_offsets, shape4, strides4
 
 HEAD_DIM = 128  # one 4-vector per thread of a warp
 
@@ -51,12 +51,11 @@ def _rms_norm_rope_kernel(
     row_ok = (rows < n_rows)[:, None]
     d = tl.arange(0, D)
     if TWO:  # the output is cat([x, x1], dim=1) of [n0, n1, n2, D] rows, each normalized
-        i2 = rows % n2
-        i1 = (rows // n2) % n1
-        i0 = rows // n2 // n1
+        i0, i1, i2 = row_index(rows, n1, n2)
         first = (i1 < split)[:, None]
-        x_row = tl.where(first, x_ptr + (i0 * sx0 + i1 * sx1 + i2 * sx2)[:, None],
-                         x1_ptr + (i0 * sy0 + (i1 - split) * sy1 + i2 * sy2)[:, None])
+        i0, i2 = i0.to(tl.int64), i2.to(tl.int64)
+        x_row = tl.where(first, x_ptr + (i0 * sx0 + i1.to(tl.int64) * sx1 + i2 * sx2)[:, None],
+                         x1_ptr + (i0 * sy0 + (i1 - split).to(tl.int64) * sy1 + i2 * sy2)[:, None])
     else:
         x_row = x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None]
     v = tl.load(x_row + d[None, :], mask=row_ok, other=0.0)

@@ -74,16 +74,23 @@ def launch_rows(n_rows: int, d: int, max_block: int = 4096, max_d: int = 1024):
 
 
 @triton.jit
-def row_offsets(rows, n1, n2, s0, s1, s2):
-    """Element offsets of rows ``rows`` (row-major over ``[n0, n1, n2]``) of a 4-D operand.
+def row_index(rows, n1, n2):
+    """The indices ``(i0, i1, i2)`` of rows ``rows`` (row-major over ``[n0, n1, n2]``).
 
-    The row index is split in 32 bits (a 64-bit division is a long software sequence, per
-    row of every operand; launchers keep row counts below 2**31), the offsets summed in 64.
-    ``n1``/``n2`` of 1 are specialized by Triton and their divisions vanish."""
+    Split in 32 bits (a 64-bit division is a long software sequence, per row of every operand;
+    launchers keep row counts below 2**31: :func:`rows_fit`). ``n1``/``n2`` of 1 are
+    specialized by Triton and their divisions vanish."""
     r = rows.to(tl.int32)
-    i2 = r % n2
     rest = r // n2
-    return (rest // n1).to(tl.int64) * s0 + (rest % n1).to(tl.int64) * s1 + i2.to(tl.int64) * s2
+    return rest // n1, rest % n1, r % n2
+
+
+@triton.jit
+def row_offsets(rows, n1, n2, s0, s1, s2):
+    """Element offsets of rows ``rows`` (row-major over ``[n0, n1, n2]``) of a 4-D operand,
+    summed in 64 bits."""
+    i0, i1, i2 = row_index(rows, n1, n2)
+    return i0.to(tl.int64) * s0 + i1.to(tl.int64) * s1 + i2.to(tl.int64) * s2
 
 
 @triton.jit
