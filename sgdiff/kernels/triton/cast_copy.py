@@ -30,17 +30,18 @@ def _cast_copy_kernel(
     BLOCK_I: tl.constexpr,
     BLOCK_J: tl.constexpr,
 ):
-    s = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(0)  # (batch, head), split in 32 bits
+    s0, s1 = (s // n1).to(tl.int64), (s % n1).to(tl.int64)
     i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     j = tl.program_id(2) * BLOCK_J + tl.arange(0, BLOCK_J)
     inside = (i < I_IN)[:, None] & (j < J_IN)[None, :]
-    src = x_ptr + (s // n1) * sx0 + (s % n1) * sx1 + i[:, None] * sx2 + j[None, :] * sx3
+    src = x_ptr + s0 * sx0 + s1 * sx1 + i[:, None] * sx2 + j[None, :] * sx3
     v = tl.load(src, mask=inside, other=0.0)
     if RELU:  # ATen's clamp_min(v, 0) in the input's opmath (float): NaN passes, else max
         f = v.to(tl.float32)
         v = tl.where(f != f, f, tl.maximum(f, 0.0)).to(x_ptr.dtype.element_ty)
     y = tl.where(inside, v.to(out_ptr.dtype.element_ty), value).to(out_ptr.dtype.element_ty)
-    dst = out_ptr + (s // n1) * so0 + (s % n1) * so1 + i[:, None] * so2 + j[None, :] * so3
+    dst = out_ptr + s0 * so0 + s1 * so1 + i[:, None] * so2 + j[None, :] * so3
     tl.store(dst, y, mask=(i < I_OUT)[:, None] & (j < J_OUT)[None, :])
 
 

@@ -56,9 +56,10 @@ def _layernorm_modulate_kernel(
     INTERPRET: tl.constexpr,
     HAS_SCALE: tl.constexpr = True,  # False: the LayerNorm alone (sgdiff::layer_norm)
 ):
-    row = tl.program_id(0).to(tl.int64)
-    bi = row // S
-    si = row % S
+    pid = tl.program_id(0)  # 32-bit: a 64-bit division is a long software sequence
+    row = pid.to(tl.int64)
+    bi = (pid // S).to(tl.int64)
+    si = (pid % S).to(tl.int64)
     x_row = x_ptr + bi * stride_xb + si * stride_xs
     mean, m2, _ = row_welford(x_row, N // VEC_C, ITERS)
     var = tl.math.div_rn(m2, tl.full(m2.shape, N, tl.float32))

@@ -25,10 +25,11 @@ def _linear_attention_out_kernel(
     BLOCK_I: tl.constexpr,
     BLOCK_J: tl.constexpr,
 ):
-    s = tl.program_id(0).to(tl.int64)  # (batch, head)
+    pid = tl.program_id(0)  # (batch, head), split in 32 bits
+    s = pid.to(tl.int64)
     i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     j = tl.program_id(2) * BLOCK_J + tl.arange(0, BLOCK_J)
-    base = h_ptr + (s // n_heads) * sh0 + (s % n_heads) * sh1
+    base = h_ptr + (pid // n_heads).to(tl.int64) * sh0 + (pid % n_heads).to(tl.int64) * sh1
     mask = (i < D)[:, None] & (j < N)[None, :]
     num = tl.load(base + i[:, None] * sh2 + j[None, :] * sh3, mask=mask, other=0.0).to(tl.float32)
     den = tl.load(base + D * sh2 + j * sh3, mask=j < N, other=1.0).to(tl.float32) + eps

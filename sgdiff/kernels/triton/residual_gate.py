@@ -43,9 +43,10 @@ def _residual_gate_kernel(
     BLOCK: tl.constexpr,  # power of two >= D
     INTERPRET: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    bi = row // S
-    si = row % S
+    pid = tl.program_id(0)  # 32-bit: a 64-bit division is a long software sequence
+    row = pid.to(tl.int64)
+    bi = (pid // S).to(tl.int64)
+    si = (pid % S).to(tl.int64)
     d = tl.arange(0, BLOCK)
     mask = d < D
     g = tl.load(gate_ptr + bi * stride_gb + si * stride_gs + d * stride_gd, mask=mask, other=0.0)
