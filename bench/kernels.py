@@ -121,6 +121,15 @@ def residual_gate_cases(quick: bool) -> List[Case]:
 
             cases.append(_case("residual_gate", (B, S, N), stream, f"{model}, {note}", eager,
                                (res, gate, upd, False), _bytes_like(res, upd, res)))  # out is like res
+    # the cross-attention's update divided by rescale_output_factor, ungated (Sana, PixArt) and
+    # gated (PixArt's self-attention), against eager's two or three kernels
+    res, upd = (torch.randn(2, 1024, 2240, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
+    gate = torch.randn(2, 6 * 2240, device="cuda", generator=g).to(torch.bfloat16).chunk(6, dim=1)[2][:, None]
+    cases.append(_case("residual_add", tuple(res.shape), res.dtype, "Sana 1.6B cross-attention: attn / 1.0 + x",
+                       lambda: upd / 1.0 + res, (res, upd, 1.0, True), _bytes_like(res, upd, res)))
+    cases.append(_case("residual_gate", tuple(res.shape), res.dtype, "self-attention: x + g * (attn / 1.0)",
+                       lambda: res + gate * (upd / 1.0), (res, gate, upd, False, True, None, 1.0),
+                       _bytes_like(res, upd, res)))
     return cases
 
 
@@ -426,7 +435,7 @@ def fold_runs(published: pathlib.Path, runs, merge: Callable[[dict, dict], dict]
 def merge_results(old: dict, new: dict) -> dict:
     """Kernel results: cases are (op, shape, dtype, note), in the order of :data:`CASES`."""
     family = {op: i for i, op in enumerate(CASES)}
-    family.update(rms_norm_cat_rope=family["rms_norm_rope"], rope_even_odd=family["rope"], rope_complex=family["rope"],
+    family.update(rms_norm_cat_rope=family["rms_norm_rope"], residual_add=family["residual_gate"], rope_even_odd=family["rope"], rope_complex=family["rope"],
                   conv_silu=family["conv_epilogue"], conv_silu_mul=family["conv_epilogue"],
                   cast_copy=family["linear_attention"], linear_attention_out=family["linear_attention"])
     return merge_cases(old, new, lambda c: (c["op"], tuple(c["shape"]), c["dtype"], c["note"]),

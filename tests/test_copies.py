@@ -48,7 +48,9 @@ def test_only_copies_that_change_nothing_go(name, fn, expected):
     assert dropped(fn, (x, w)) == expected, name
 
 
-@pytest.mark.parametrize("name,drops", [("flux", 2), ("sana", 1)])  # FF dropouts of 1 double block; attn2's
+# Flux: the FF dropouts of its double block. (Sana's and PixArt's dropout copies precede a
+# residual update's `/ rescale_output_factor` or gate, whose op absorbs them.)
+@pytest.mark.parametrize("name,drops", [("flux", 2)])
 def test_real_models_lose_their_dropout_copies_and_keep_their_bits(name, drops, caplog):
     logging.getLogger("diffusers").setLevel(logging.ERROR)
     model, kwargs = zoo.build(name, dtype=torch.bfloat16)

@@ -22,14 +22,15 @@ EXPECTED = {
     "flux": (6, 5, 4, 6, 1, 0),
     "flux2": (6, 5, 4, 6, 3, 0),  # SwiGLU: 2 double-block FFs + the single block's
     # GLUMBConv: conv_inverted + SiLU, conv_depth + its GLU; linear attention: q, k, padded v
-    # and the output (cast back to bf16: an fp32 model has no cast there, see BY_DTYPE)
-    "sana": (3, 2, 0, 0, 2, 4),
+    # and the output (cast back to bf16: an fp32 model has no cast there, see BY_DTYPE);
+    # residual updates: 2 gated and the cross-attention's `attn / rescale_output_factor + x`
+    "sana": (3, 3, 0, 0, 2, 4),
     "sd35": (9, 7, 0, 10, 0, 0),  # 2 layers, layer 0 dual attention: 4L+X, 4L-2+X, -, 4L+2X
-    "pixart": (3, 2, 0, 0, 0, 0),
+    "pixart": (3, 3, 0, 0, 0, 0),  # 2 gated residuals (one divided by rescale_output_factor), 1 rescaled
     "wan": (3, 2, 2, 4, 0, 0),
     "qwenimage": (4, 2, 4, 4, 0, 0),  # see the module docstring
 }
-BY_DTYPE = {("sana", "fp32"): (3, 2, 0, 0, 2, 3)}
+BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3)}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 

@@ -148,6 +148,70 @@ def test_bias_add_with_another_user_stays():
     assert all(bits_equal(a, b) for a, b in zip(run(*args), fn(*args)))
 
 
+ADD = registry.op_def("residual_add").load()
+
+
+@pytest.mark.parametrize("dropout", [False, True])
+@pytest.mark.parametrize("divisor", [1.0, 3.0, 2])
+def test_attention_rescale_folds_in(dropout, divisor):
+    # PixArt: attn1's output is divided by rescale_output_factor inside the processor, then
+    # gated; attn2's (Sana's too) is divided, then added to the stream ungated.
+    def fn(x, h, w, b, g):
+        u = F.linear(h, w, b)
+        u = (u.clone() if dropout else u) / divisor
+        x = x + g[:, None] * u
+        a = F.linear(h, w, b)
+        return (a.clone() if dropout else a) / divisor + x
+
+    args = (torch.randn(2, 12, 8), torch.randn(2, 12, 8), torch.randn(8, 8), torch.randn(8), torch.randn(2, 8))
+    run, gm, result = rewrite(fn, args, families=["residual_gate"])
+    assert result.counts["residual_gate"] == 2 and aten.div.Tensor not in targets(gm)
+    assert count_op(gm, OP) == 1 and count_op(gm, ADD) == 1
+    gated = next(n for n in gm.graph.nodes if n.target == OP)
+    assert gated.args[6] == divisor
+    added = next(n for n in gm.graph.nodes if n.target == ADD)
+    assert added.args[2] == divisor and added.args[3] is True  # the update came first
+    assert bits_equal(run(*args), fn(*args))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_residual_add_keeps_the_operand_order(dtype):
+    fn = lambda x, u: x + u / 4.0  # noqa: E731
+    args = (torch.randn(2, 5, 8, dtype=dtype).transpose(0, 1).contiguous().transpose(0, 1),
+            torch.randn(2, 5, 8, dtype=dtype))  # a strided stream: the order decides eager's layout
+    run, gm, result = rewrite(fn, args, families=["residual_gate"])
+    node = next(n for n in gm.graph.nodes if n.target == ADD)
+    assert node.args[3] is False
+    got, want = run(*args), fn(*args)
+    assert bits_equal(got, want) and got.stride() == want.stride()
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("a tensor divisor", lambda x, u, t: x + u / t),
+    ("subtracted", lambda x, u, t: x - u / 2.0),
+    ("a scaled add", lambda x, u, t: torch.add(x, u / 2.0, alpha=2)),
+    ("a product, not a quotient", lambda x, u, t: x + u * 0.5),
+    ("not a token stream", lambda x, u, t: x[0] + u[0] / 2.0),
+])
+def test_near_misses_of_a_rescaled_residual(name, fn):
+    args = (torch.randn(2, 5, 8), torch.randn(2, 5, 8), torch.randn(8))
+    run, gm, result = rewrite(fn, args, families=["residual_gate"])
+    assert count_op(gm, ADD) == 0, name
+    assert bits_equal(run(*args), fn(*args))
+
+
+def test_a_quotient_with_another_user_stays():
+    def fn(x, u):
+        q = u / 2.0
+        return x + q, q
+
+    args = (torch.randn(2, 5, 8), torch.randn(2, 5, 8))
+    run, gm, result = rewrite(fn, args, families=["residual_gate"])
+    assert count_op(gm, ADD) == 0 and aten.div.Tensor in targets(gm)
+    assert any("another user" in s.reason for s in result.skipped)
+    assert all(bits_equal(a, b) for a, b in zip(run(*args), fn(*args)))
+
+
 def test_rotary_embedding_is_not_a_gated_residual():
     # x * cos + x_rot * sin: a sum of two products on [B, S, H, D], for the rope family
     def fn(x, cos, sin):
@@ -220,3 +284,6 @@ def test_opcheck():
         torch.library.opcheck(residual_gate, (x, torch.randn(16, dtype=dtype), y, True))  # 4 args: residual layout
         for bias in (torch.randn(16, dtype=dtype), torch.randn(16)):  # a linear's bias, maybe promoting
             torch.library.opcheck(residual_gate, (x, torch.randn(2, 1, 16, dtype=dtype), y, False, True, bias))
+        torch.library.opcheck(residual_gate, (x, torch.randn(2, 1, 16, dtype=dtype), y, False, True, None, 1.0))
+        torch.library.opcheck(ADD, (x, y, 3.0, True))
+        torch.library.opcheck(ADD, (x.transpose(0, 1), y.transpose(0, 1), 0.5, False))

@@ -75,9 +75,13 @@ RESIDUAL_GATE = textwrap.dedent(r"""
         b = torch.randn(96, dtype=dt)
         for args in [(r, g, u, False), (r, g[:, 0][:, None], u, False), (r[0], g[0, 0], u[0], False),
                      (r.float(), g.float(), u, False),                  # Wan: fp32 stream, bf16 update
-                     (r, g, u, False, True, b), (r, g, u, False, True, b.float())]:   # a linear's bias
+                     (r, g, u, False, True, b), (r, g, u, False, True, b.float()),   # a linear's bias
+                     (r, g, u, False, True, None, 3.0), (r, g, u, False, True, b, 0.7)]:  # / rescale_output_factor
             assert tk.supported_layout(*args)
             got, want = tk.residual_gate(*args), ref(*args)
+            if len(args) == 7:   # CUDA divides by a CPU scalar as a product with its fp32 reciprocal
+                ub = args[2] + args[5] if args[5] is not None else args[2]
+                want = ref(r, g, (ub.float() * tk.reciprocal(args[6])).to(ub.dtype), False)
             assert got.dtype == want.dtype and got.shape == want.shape
             if got.dtype == torch.float32:   # the interpreter's fp32 is the GPU's: exact
                 assert torch.equal(got, want)
@@ -85,6 +89,14 @@ RESIDUAL_GATE = textwrap.dedent(r"""
                 err = (got.float() - want.float()).abs().max().item()
                 assert err <= 2 ** -6 * want.float().abs().max().item(), err
             cases += 1
+    from sgdiff.kernels.residual_add import residual_add_reference
+    for args in [(r, u.contiguous(), 3.0, True), (r, u.contiguous().float(), 0.7, False)]:   # ungated, rescaled
+        assert tk.residual_add_supported_layout(*args)
+        got, want = tk.residual_add(*args), residual_add_reference(*args)
+        assert got.dtype == want.dtype and (got.float() - want.float()).abs().max().item() <= \
+            2 ** -6 * want.float().abs().max().item()
+        cases += 1
+    assert not tk.residual_add_supported_layout(r, u, 3.0, True)   # a strided update: eager's layout may differ
     got, want = tk.residual_gate(r, g, u, True), ref(r, g, u, True)   # tanh gates (numpy's tanh)
     assert (got.float() - want.float()).abs().max().item() <= 2 ** -6 * want.float().abs().max().item()
     assert not tk.supported_layout(r[:, :1], g, u, False)            # broadcasts past the residual
@@ -304,7 +316,7 @@ ROWWISE = textwrap.dedent(r"""
 """)
 
 
-@pytest.mark.parametrize("script,cases", [(SCRIPT, 64), (RESIDUAL_GATE, 12), (ROWWISE, 154)],
+@pytest.mark.parametrize("script,cases", [(SCRIPT, 64), (RESIDUAL_GATE, 18), (ROWWISE, 154)],
                          ids=["layernorm_modulate", "residual_gate", "rowwise"])
 def test_kernels_under_interpreter(script, cases):
     env = dict(os.environ, TRITON_INTERPRET="1")

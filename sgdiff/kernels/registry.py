@@ -138,7 +138,9 @@ for _name, _contract, _doc in (
      "rms_norm(x, weight, eps, form) * (1 + scale) + shift, each eager rounding kept"),
     ("residual_gate", Contract.BITEXACT,
      "residual + gate * update (tanh(gate) with tanh_gate), in eager's promoted dtypes and the "
-     "residual's layout (contiguous with residual_layout=False)"),
+     "residual's layout (contiguous with residual_layout=False); the update maybe + a bias, / a divisor"),
+    ("residual_add", Contract.BITEXACT,
+     "update / divisor + residual (or residual + update / divisor), in eager's promoted dtype and layout"),
     ("rope", Contract.BITEXACT,
      "(x.float() * cos + rotate(x).float() * sin).to(x.dtype), interleaved pairs or rotate-half"),
     ("rope_complex", Contract.BITEXACT,
@@ -175,7 +177,8 @@ for _name, _contract, _doc in (
     register_kernel(KernelSpec(_name, "reference", _contract, f"sgdiff.kernels.{_name}:{_name}_reference"))
 del _name, _contract, _doc
 
-for _name, _module in (("residual_gate", "residual_gate"), ("rope", "rope"), ("rope_even_odd", "rope"),
+for _name, _module in (("residual_gate", "residual_gate"), ("residual_add", "residual_gate"), ("rope", "rope"),
+                      ("rope_even_odd", "rope"),
                       ("rms_norm", "rms_norm"), ("silu_mul", "silu_mul"), ("gelu_tanh_cat", "gelu_tanh_cat"),
                       ("rms_norm_rope", "rms_norm_rope"), ("rms_norm_cat_rope", "rms_norm_rope"),
                       ("rope_complex", "rope"), ("conv_silu", "conv_silu"), ("conv_silu_mul", "conv_silu"),

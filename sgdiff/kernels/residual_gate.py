@@ -8,7 +8,9 @@ Eager chain (Flux, SD3, Sana, PixArt, Wan, QwenImage; Lumina-style ``tanh`` gate
 
 with ``update`` first ``update + update_bias`` (rounded to its promoted dtype) where a linear's
 bias was added after its GEMM: ATen runs a linear on a strided 3-D input (Sana's transposed
-token stream, its linear attention's output) as ``bmm`` and then adds the bias.
+token stream, its linear attention's output) as ``bmm`` and then adds the bias; and then
+``update / update_divisor``, an attention processor's ``/ attn.rescale_output_factor`` (PixArt),
+which ATen computes on CUDA as ``update * (1 / divisor)`` in fp32, rounded to update's dtype.
 
 ``gate`` and ``update`` broadcast to ``residual`` ([B,1,D] or per-token [B,S,D] gates); mixed
 dtypes promote as in eager (Wan: fp32 residual and gate, bf16 update). IEEE addition and
@@ -38,9 +40,12 @@ def residual_gate_reference(
     tanh_gate: bool,
     residual_layout: bool = True,
     update_bias: Optional[torch.Tensor] = None,
+    update_divisor: Optional[float] = None,
 ) -> torch.Tensor:
     if update_bias is not None:
         update = aten.add.Tensor(update, update_bias)
+    if update_divisor is not None:
+        update = aten.div.Tensor(update, update_divisor)
     g = aten.tanh.default(gate) if tanh_gate else gate
     y = aten.add.Tensor(residual, aten.mul.Tensor(g, update))
     return in_layout_of(y, residual) if residual_layout else y.contiguous()

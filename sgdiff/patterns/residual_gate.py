@@ -33,21 +33,33 @@ aten = torch.ops.aten
 class ResidualGateKey:
     tanh: bool  # the gate goes through tanh first
     bias: bool  # the update is ``update + bias``, a 1-D bias added after a linear's GEMM
+    divisor: bool  # the update is divided by a number (``/ attn.rescale_output_factor``)
 
     @property
     def name(self) -> str:
-        return "residual_gate" + ("_tanh" if self.tanh else "") + ("_bias" if self.bias else "")
+        return ("residual_gate" + ("_tanh" if self.tanh else "") + ("_bias" if self.bias else "")
+                + ("_div" if self.divisor else ""))
 
     @property
-    def priority(self) -> int:  # the longer chain first: with its bias, before the plain one can take it
-        return 2 * self.bias + self.tanh
+    def priority(self) -> int:  # the longer chain first, before a shorter one takes its root
+        return 4 * self.divisor + 2 * self.bias + self.tanh
+
+
+def _divided(update):
+    """``update / number``, maybe through an eval-mode Dropout's copy first."""
+    divisor = Arg("update_divisor", check=parts.is_number)
+    return AnyOf(Op(aten.div.Tensor, Op(aten.clone.default, update()), divisor),
+                 Op(aten.div.Tensor, update(), divisor))
 
 
 def _update(key: ResidualGateKey):
-    if not key.bias:
-        return Arg("update")
-    return Op(aten.add.Tensor, Arg("update", check=parts.is_multi_dim), Arg("update_bias", check=parts.is_vector),
-              alpha=Lit(1), commutative=True)
+    def update():
+        if not key.bias:
+            return Arg("update")
+        return Op(aten.add.Tensor, Arg("update", check=parts.is_multi_dim),
+                  Arg("update_bias", check=parts.is_vector), alpha=Lit(1), commutative=True)
+
+    return _divided(update) if key.divisor else update()
 
 
 def chain(key: ResidualGateKey):
@@ -69,6 +81,9 @@ def replacement(key: ResidualGateKey):
 
     def args(m: Match):
         # residual_layout=False only where eager's output is contiguous but the residual is not
+        if key.divisor:
+            return (m["residual"], gate(m), m["update"], key.tanh, _layout_of_residual(m), m.get("update_bias"),
+                    m["update_divisor"])
         if key.bias:
             return (m["residual"], gate(m), m["update"], key.tanh, _layout_of_residual(m), m["update_bias"])
         layout = () if _layout_of_residual(m) else (False,)
@@ -86,8 +101,9 @@ def check(m: Match) -> Optional[str]:
         return "the chain broadcasts the output beyond the residual's shape"
     if not out.is_contiguous() and like_layout_reason(out, residual):
         return "the chain's output is neither contiguous nor in the residual's layout"
-    gate = m["gate_views"][0] if m.get("gate_views") else m["gate"]
-    operands = [("gate", gate), ("update", m["update"])]
+    operands = [("update", m["update"])]
+    if m.get("gate") is not None:
+        operands.append(("gate", m["gate_views"][0] if m.get("gate_views") else m["gate"]))
     if m.get("update_bias") is not None:
         operands.append(("the update's bias", m["update_bias"]))
     for name, operand in operands:
@@ -102,7 +118,19 @@ def _layout_of_residual(m: Match) -> bool:
     return tensor_meta(m.root).is_contiguous() == tensor_meta(m["residual"]).is_contiguous()
 
 
+def residual_add_chain():
+    """``update / number + residual`` (Sana's and PixArt's cross-attention), either order."""
+    residual = Arg("residual", check=lambda v: parts.is_token_stream(v) and not parts.is_product(v))
+    return Op(aten.add.Tensor, _divided(lambda: Arg("update")), residual, alpha=Lit(1), commutative=True)
+
+
+def residual_add_args(m: Match):
+    return m["residual"], m["update"], m["update_divisor"], m.root.args[1] is m["residual"]
+
+
 def patterns() -> List[ChainPattern]:
+    keys = [ResidualGateKey(tanh, bias, divisor) for tanh in (True, False) for bias in (True, False)
+            for divisor in (True, False)]
     return [
         ChainPattern(
             family="residual_gate",
@@ -113,5 +141,6 @@ def patterns() -> List[ChainPattern]:
             check=check,
             priority=key.priority,
         )
-        for key in (ResidualGateKey(tanh, bias) for tanh in (True, False) for bias in (True, False))
-    ]
+        for key in keys
+    ] + [ChainPattern(family="residual_gate", name="residual_add", chain=residual_add_chain(), op="residual_add",
+                      replacement=residual_add_args, check=check)]

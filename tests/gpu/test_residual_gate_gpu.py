@@ -39,8 +39,9 @@ def test_real_shapes_bitexact(shape, stream, update, per_token):
        dtypes=st.sampled_from([(torch.bfloat16,) * 3, (torch.float16,) * 3, (torch.float32,) * 3,
                                (torch.float32, torch.float32, torch.bfloat16)]),
        gate_form=st.sampled_from(["row", "per_token", "vector", "transposed_residual"]),
-       tanh=st.booleans(), bias=st.sampled_from([None, "same", "fp32"]))
-def test_any_layout_is_exact_or_falls_back(B, S, D, dtypes, gate_form, tanh, bias):
+       tanh=st.booleans(), bias=st.sampled_from([None, "same", "fp32"]),
+       divisor=st.sampled_from([None, 1.0, 3.0, 0.7, 2]))
+def test_any_layout_is_exact_or_falls_back(B, S, D, dtypes, gate_form, tanh, bias, divisor):
     rd, gd, ud = dtypes
     res = torch.randn(B, S, D, device="cuda").to(rd)
     if gate_form == "transposed_residual":
@@ -50,8 +51,33 @@ def test_any_layout_is_exact_or_falls_back(B, S, D, dtypes, gate_form, tanh, bia
             "transposed_residual": lambda: torch.randn(B, 1, D, device="cuda")}[gate_form]().to(gd)
     upd = torch.randn(B, S, D, device="cuda").to(ud)
     b = None if bias is None else torch.randn(D, device="cuda").to(ud if bias == "same" else torch.float32)
-    want = res + (torch.tanh(gate) if tanh else gate) * (upd if b is None else upd + b)
-    got = OP(res, gate, upd, tanh, True, b)
+    u = upd if b is None else upd + b
+    want = res + (torch.tanh(gate) if tanh else gate) * (u if divisor is None else u / divisor)
+    got = OP(res, gate, upd, tanh, True, b, divisor)
+    assert torch.equal(got, want) and got.stride() == want.stride()
+    assert not dispatch.disabled(), dispatch.disabled()
+
+
+ADD = registry.op_def("residual_add").load()
+
+
+@settings(max_examples=int(os.environ.get("SGDIFF_GPU_EXAMPLES", "40")), deadline=None)
+@given(B=st.integers(1, 3), S=st.integers(1, 300), D=st.sampled_from([16, 1152, 2240, 3072]),
+       dtypes=st.sampled_from([(torch.bfloat16,) * 2, (torch.float16,) * 2, (torch.float32,) * 2,
+                               (torch.float32, torch.bfloat16)]),
+       divisor=st.sampled_from([1.0, 3.0, 0.7, 8, 1e-3]), update_first=st.booleans(),
+       layout=st.sampled_from(["contiguous", "transposed_residual", "transposed_update"]))
+def test_rescaled_residual_is_exact_or_falls_back(B, S, D, dtypes, divisor, update_first, layout):
+    """Sana's and PixArt's cross-attention: attn / rescale_output_factor + x, as eager computes it
+    (a product with the divisor's fp32 reciprocal), in eager's layout."""
+    res = torch.randn(B, S, D, device="cuda").to(dtypes[0])
+    upd = (torch.randn(B, S, D, device="cuda") * 4).to(dtypes[1])
+    if layout == "transposed_residual":
+        res = res.transpose(0, 1).contiguous().transpose(0, 1)
+    elif layout == "transposed_update":
+        upd = upd.transpose(0, 1).contiguous().transpose(0, 1)
+    want = upd / divisor + res if update_first else res + upd / divisor
+    got = ADD(res, upd, divisor, update_first)
     assert torch.equal(got, want) and got.stride() == want.stride()
     assert not dispatch.disabled(), dispatch.disabled()
 

@@ -3,9 +3,13 @@
 Eager chain and its rounding steps::
 
     u = update + bias      # with update_bias: fp32 sum, rounded to promote(update, bias)
+    u = u * (1 / divisor)  # with update_divisor: ATen's division by a CPU scalar (a reciprocal
+                           # taken on the host in fp32, then an fp32 product), rounded to u's dtype
     g = tanh(gate)         # with tanh_gate: fp32 tanhf, rounded to gate.dtype
     y = g * update         # fp32 product, rounded to promote(gate, update)
     y = residual + y       # fp32 sum, rounded to promote(residual, y)
+
+sgdiff::residual_add is the same kernel with no gate: ``residual + update / divisor``.
 
 One program writes one row of ``residual`` ([B, S, D], contiguous); ``gate``, ``update`` and
 the bias are read through broadcast strides, so ``[B, 1, D]`` gates and chunk views need no copy.
@@ -13,6 +17,9 @@ A ``tanh`` gate (rounded to gate.dtype first, as eager stores it) uses libdevice
 CUDA's own (:mod:`sgdiff.kernels.triton.cuda_math`).
 """
 from __future__ import annotations
+
+import functools
+import math
 
 import torch
 import triton
@@ -36,10 +43,13 @@ def _residual_gate_kernel(
     stride_gb, stride_gs, stride_gd,
     stride_ub, stride_us, stride_ud,
     stride_bb, stride_bs, stride_bd,
+    inv_divisor,  # fp32 1 / divisor, as ATen computes it on the host (unused unless DIVIDE)
     UPDATE_DTYPE: tl.constexpr,  # promote(update, bias)
     PRODUCT_DTYPE: tl.constexpr,  # promote(gate, update + bias)
     TANH: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    DIVIDE: tl.constexpr,
+    GATED: tl.constexpr,  # False: residual + update (sgdiff::residual_add; gate_ptr unused)
     BLOCK: tl.constexpr,  # power of two >= D
     INTERPRET: tl.constexpr,
 ):
@@ -49,24 +59,31 @@ def _residual_gate_kernel(
     si = (pid % S).to(tl.int64)
     d = tl.arange(0, BLOCK)
     mask = d < D
-    g = tl.load(gate_ptr + bi * stride_gb + si * stride_gs + d * stride_gd, mask=mask, other=0.0)
     u = tl.load(upd_ptr + bi * stride_ub + si * stride_us + d * stride_ud, mask=mask, other=0.0)
     if HAS_BIAS:  # ATen's add after the bmm of a linear
         ub = tl.load(bias_ptr + bi * stride_bb + si * stride_bs + d * stride_bd, mask=mask, other=0.0)
         u = (u.to(tl.float32) + ub.to(tl.float32)).to(UPDATE_DTYPE)
-    if TANH:
-        g = tanhf(g.to(tl.float32), INTERPRET).to(gate_ptr.dtype.element_ty)
-    y = (g.to(tl.float32) * u.to(tl.float32)).to(PRODUCT_DTYPE)
+    if DIVIDE:  # ATen's division by a CPU scalar: the product with its fp32 reciprocal
+        u = (u.to(tl.float32) * inv_divisor).to(UPDATE_DTYPE)
+    if GATED:
+        g = tl.load(gate_ptr + bi * stride_gb + si * stride_gs + d * stride_gd, mask=mask, other=0.0)
+        if TANH:
+            g = tanhf(g.to(tl.float32), INTERPRET).to(gate_ptr.dtype.element_ty)
+        y = (g.to(tl.float32) * u.to(tl.float32)).to(PRODUCT_DTYPE)
+    else:
+        y = u
     r = tl.load(res_ptr + row * D + d, mask=mask, other=0.0)
     out = r.to(tl.float32) + y.to(tl.float32)
     tl.store(out_ptr + row * D + d, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def can_use(residual, gate, update, tanh_gate, residual_layout=True, update_bias=None) -> bool:
-    return residual.is_cuda and supported_layout(residual, gate, update, tanh_gate, residual_layout, update_bias)
+def can_use(residual, gate, update, tanh_gate, residual_layout=True, update_bias=None, update_divisor=None) -> bool:
+    return residual.is_cuda and supported_layout(residual, gate, update, tanh_gate, residual_layout, update_bias,
+                                                 update_divisor)
 
 
-def supported_layout(residual, gate, update, tanh_gate, residual_layout=True, update_bias=None) -> bool:
+def supported_layout(residual, gate, update, tanh_gate, residual_layout=True, update_bias=None,
+                     update_divisor=None) -> bool:
     """can_use without the device check (the interpreter runs the kernel on CPU tensors).
 
     The residual must be contiguous, where its layout and the contiguous one coincide, so
@@ -76,7 +93,7 @@ def supported_layout(residual, gate, update, tanh_gate, residual_layout=True, up
         return False
     if residual.shape[-1] > 16384:
         return False
-    operands = (residual, gate, update) + ((update_bias,) if update_bias is not None else ())
+    operands = [t for t in (residual, gate, update, update_bias) if t is not None]
     for t in operands:
         if t.dtype not in DTYPES or t.device != residual.device or t.dim() > residual.dim():
             return False
@@ -87,29 +104,64 @@ def supported_layout(residual, gate, update, tanh_gate, residual_layout=True, up
     return tuple(out_shape) == tuple(residual.shape)  # (promotions of DTYPES stay in DTYPES)
 
 
+def residual_add_can_use(residual, update, update_divisor, update_first) -> bool:
+    return residual.is_cuda and residual_add_supported_layout(residual, update, update_divisor, update_first)
+
+
+def residual_add_supported_layout(residual, update, update_divisor, update_first) -> bool:
+    """Both contiguous: eager's output is then contiguous whatever the operand order."""
+    return update.is_contiguous() and supported_layout(residual, None, update, False)
+
+
+def reciprocal(divisor: float) -> float:
+    """``1 / divisor`` as ATen's CUDA division by a CPU scalar takes it: the divisor rounded to
+    fp32, then an fp32 division on the host. Taken here in fp64 and rounded once to fp32, which
+    gives the same number (a division's double rounding through fp64 is exact)."""
+    return _reciprocal(divisor, math.copysign(1.0, divisor))  # -0.0 == 0.0 to a cache: key the sign too
+
+
+@functools.lru_cache(maxsize=64)
+def _reciprocal(divisor: float, sign: float) -> float:
+    d = torch.tensor(divisor, dtype=torch.float64).to(torch.float32).double()
+    return float((torch.ones((), dtype=torch.float64) / d).to(torch.float32))
+
+
 @cached_plan
 def _plan(residual, gate, update, update_bias):
     shape = (1, *residual.shape) if residual.dim() == 2 else tuple(residual.shape)
     B, S, D = shape
     bias_strides = update_bias.expand(shape).stride() if update_bias is not None else (0, 0, 0)
+    gate_strides = gate.expand(shape).stride() if gate is not None else (0, 0, 0)
     updated = torch.promote_types(update.dtype, update_bias.dtype) if update_bias is not None else update.dtype
-    product = torch.promote_types(gate.dtype, updated)
-    ints = (S, D, *gate.expand(shape).stride(), *update.expand(shape).stride(), *bias_strides)
+    product = torch.promote_types(gate.dtype, updated) if gate is not None else updated
+    ints = (S, D, *gate_strides, *update.expand(shape).stride(), *bias_strides)
     return shape, (B * S,), ints, updated, product, torch.promote_types(residual.dtype, product), \
         triton.next_power_of_2(D)
 
 
-def residual_gate(residual, gate, update, tanh_gate, residual_layout=True, update_bias=None):
-    """Launch; the caller has checked :func:`can_use`."""
+def _launch(residual, gate, update, tanh_gate, update_bias, update_divisor):
     shape, grid, ints, updated, product, out_dtype, block = _plan(residual, gate, update, update_bias)
     out = torch.empty(shape, dtype=out_dtype, device=residual.device)
     _residual_gate_kernel[grid](
-        residual, gate, update, update_bias if update_bias is not None else update, out, *ints,
+        residual, gate if gate is not None else update, update, update_bias if update_bias is not None else update,
+        out, *ints, reciprocal(update_divisor) if update_divisor is not None else 1.0,
         UPDATE_DTYPE=TL_DTYPE[updated], PRODUCT_DTYPE=TL_DTYPE[product], TANH=bool(tanh_gate),
-        HAS_BIAS=update_bias is not None, BLOCK=block, INTERPRET=INTERPRET,
-        num_warps=4 if block <= 4096 else 8, enable_fp_fusion=False, **libdevice_options(),
+        HAS_BIAS=update_bias is not None, DIVIDE=update_divisor is not None, GATED=gate is not None,
+        BLOCK=block, INTERPRET=INTERPRET, num_warps=4 if block <= 4096 else 8, enable_fp_fusion=False,
+        **libdevice_options(),
     )
     return out.view(residual.shape)
 
 
+def residual_gate(residual, gate, update, tanh_gate, residual_layout=True, update_bias=None, update_divisor=None):
+    """Launch; the caller has checked :func:`can_use`."""
+    return _launch(residual, gate, update, tanh_gate, update_bias, update_divisor)
+
+
+def residual_add(residual, update, update_divisor, update_first):
+    """Launch; the caller has checked :func:`residual_add_can_use`."""
+    return _launch(residual, None, update, False, None, update_divisor)
+
+
 residual_gate.can_use = can_use
+residual_add.can_use = residual_add_can_use
