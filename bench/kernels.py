@@ -96,6 +96,13 @@ def layernorm_modulate_cases(quick: bool) -> List[Case]:
                 cases.append(_case("layernorm_modulate", (B, S, N), dtype,
                                    f"{model}, {form} params" + (", affine LN" if affine else ""),
                                    eager, args, x))
+    # Wan 2.1 1.3B as its blocks write it: an fp32 chain between casts, fp32 table + temb parameters
+    x = (torch.randn(1, 32760, 1536, device="cuda", generator=g) * 2 + 0.5).to(torch.bfloat16)
+    scale, shift = _modulated_params(1, 32760, 1536, torch.float32, "table", g)
+    cases.append(_case("layernorm_modulate", tuple(x.shape), x.dtype,
+                       "Wan 2.1 1.3B: (norm(x.float()) * (1 + scale) + shift).type_as(x)",
+                       lambda: (F.layer_norm(x.float(), (1536,), eps=1e-6) * (1 + scale) + shift).type_as(x),
+                       (x, None, None, 1e-6, scale, shift, True, torch.float32, x.dtype), x))
     return cases
 
 
@@ -130,6 +137,13 @@ def residual_gate_cases(quick: bool) -> List[Case]:
     cases.append(_case("residual_gate", tuple(res.shape), res.dtype, "self-attention: x + g * (attn / 1.0)",
                        lambda: res + gate * (upd / 1.0), (res, gate, upd, False, True, None, 1.0),
                        _bytes_like(res, upd, res)))
+    # Wan 2.1 1.3B's blocks: (x.float() + y.float() * gate).type_as(x), gate an fp32 chunk
+    res, upd = (torch.randn(1, 32760, 1536, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
+    gate = torch.randn(1, 6, 1536, device="cuda", generator=g).chunk(6, dim=1)[2]
+    cases.append(_case("residual_gate", tuple(res.shape), res.dtype,
+                       "Wan 2.1 1.3B: (x.float() + y.float() * gate).type_as(x)",
+                       lambda: (res.float() + upd.float() * gate).type_as(res),
+                       (res, gate, upd, False, True, None, None, res.dtype), _bytes_like(res, upd, res)))
     return cases
 
 
@@ -317,8 +331,13 @@ def layer_norm_cases(quick: bool) -> List[Case]:
     g = torch.Generator(device="cuda").manual_seed(10)
     x = torch.randn(1, 4608, 24 * 128, device="cuda", generator=g).to(torch.bfloat16).unflatten(-1, (24, 128))
     w, b = (torch.randn(128, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
+    h = torch.randn(1, 32760, 1536, device="cuda", generator=g).to(torch.bfloat16)
+    w32, b32 = (torch.randn(1536, device="cuda", generator=g) for _ in range(2))
     return [_case("layer_norm", tuple(x.shape), x.dtype, "q per head, affine (F.layer_norm over head_dim)",
-                  lambda: F.layer_norm(x, (128,), w, b, 1e-6), (x, w, b, 1e-6), _bytes_like(x, x))]
+                  lambda: F.layer_norm(x, (128,), w, b, 1e-6), (x, w, b, 1e-6), _bytes_like(x, x)),
+            _case("layer_norm", tuple(h.shape), h.dtype, "Wan 2.1 1.3B cross-attention FP32LayerNorm, affine",
+                  lambda: F.layer_norm(h.float(), (1536,), w32, b32, 1e-6).type_as(h),
+                  (h, w32, b32, 1e-6, torch.float32, h.dtype), h)]
 
 
 CASES: Dict[str, Callable[[bool], List[Case]]] = {

@@ -27,10 +27,11 @@ EXPECTED = {
     "sana": (3, 3, 0, 0, 2, 4),
     "sd35": (9, 7, 0, 10, 0, 0),  # 2 layers, layer 0 dual attention: 4L+X, 4L-2+X, -, 4L+2X
     "pixart": (3, 3, 0, 0, 0, 0),  # 2 gated residuals (one divided by rescale_output_factor), 1 rescaled
-    "wan": (3, 2, 2, 4, 0, 0),
+    # Wan's cross-attention norm is an FP32LayerNorm: cast, LayerNorm, cast back (bf16 only)
+    "wan": (4, 2, 2, 4, 0, 0),
     "qwenimage": (4, 2, 4, 4, 0, 0),  # see the module docstring
 }
-BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3)}
+BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3), ("wan", "fp32"): (3, 2, 2, 4, 0, 0)}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 

@@ -94,7 +94,68 @@ def test_every_spelling_is_one_bitexact_site(form, shift, swap_mul, swap_add, af
     assert count_op(gm, OP) == 1
     assert aten.native_layer_norm.default not in targets(gm)
     assert aten.mul.Tensor not in targets(gm)
+    node = next(n for n in gm.graph.nodes if n.target == OP)
+    if upcast and dtype != torch.float32:  # Wan's casts go into the op: it reads x and writes x's dtype
+        assert node.args[0].op == "placeholder" and node.args[7:] == (torch.float32, dtype), node.args
+    else:
+        assert len(node.args) == 7
     assert bits_equal(gm(*args), fn(*args))
+
+
+LAYER_NORM = registry.op_def("layer_norm").load()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("affine", [True, False])
+def test_fp32_layernorm_and_its_casts_are_one_site(dtype, affine):
+    # diffusers' FP32LayerNorm (Wan's cross-attention norm):
+    # F.layer_norm(x.float(), ..., w.float(), b.float(), eps).to(x.dtype)
+    def fn(x, w, b):
+        return F.layer_norm(x.float(), x.shape[-1:], w.float() if affine else None, b.float() if affine else None,
+                            1e-6).to(x.dtype)
+
+    args = (torch.randn(2, 5, 16, dtype=dtype), torch.randn(16), torch.randn(16))
+    gm, result = rewrite(fn, args)
+    assert result.counts["modulate"] == 1 and count_op(gm, LAYER_NORM) == 1
+    node = next(n for n in gm.graph.nodes if n.target == LAYER_NORM)
+    assert node.args[0].op == "placeholder" and node.args[4:] == (torch.float32, dtype)
+    assert aten.native_layer_norm.default not in targets(gm) and aten._to_copy.default not in targets(gm)
+    assert bits_equal(gm(*args), fn(*args))
+
+
+@pytest.mark.parametrize("name,fn,sites", [
+    ("no cast at all (ATen's LayerNorm stays)", lambda x: F.layer_norm(x, x.shape[-1:]), 0),
+    ("an upcast but no cast back", lambda x: F.layer_norm(x.float(), x.shape[-1:]), 0),
+    ("the fp32 result has another user", lambda x: (lambda y: (y.to(x.dtype), y))(F.layer_norm(x.float(), x.shape[-1:])), 0),
+    ("a narrowing cast before the norm is kept", lambda x: F.layer_norm(x.half(), x.shape[-1:]).float(), 1),
+    ("a cast to another device is no cast to fold", lambda x: F.layer_norm(x.float(), x.shape[-1:]).to("meta"), 0),
+])
+def test_near_misses_of_an_fp32_layernorm(name, fn, sites):
+    args = (torch.randn(2, 5, 16, dtype=torch.bfloat16),)
+    gm, result = rewrite(fn, args)
+    assert result.counts["modulate"] == sites, name
+    if sites:  # the op reads the cast, not x: x_dtype would claim a widening
+        node = next(n for n in gm.graph.nodes if n.target == LAYER_NORM)
+        assert node.args[0].target == aten._to_copy.default and node.args[4] is None, node.args
+    if name.startswith("a cast to another device"):
+        return
+    got, want = gm(*args), fn(*args)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert bits_equal(g, w), name
+
+
+def test_modulate_result_with_another_user_keeps_its_cast():
+    def fn(x, s, b):
+        y = F.layer_norm(x.float(), x.shape[-1:]) * (1 + s) + b
+        return y.type_as(x), y
+
+    args = (torch.randn(2, 5, 16, dtype=torch.bfloat16), torch.randn(2, 1, 16), torch.randn(2, 1, 16))
+    gm, result = rewrite(fn, args)
+    assert result.counts["modulate"] == 1
+    node = next(n for n in gm.graph.nodes if n.target == OP)
+    assert node.args[0].op == "placeholder" and node.args[7:] == (torch.float32, None), node.args
+    assert count_op(gm, aten._to_copy.default) == 1  # the cast back, for its own user
+    assert all(bits_equal(g, w) for g, w in zip(gm(*args), fn(*args)))
 
 
 def test_affine_layernorm_keeps_its_weight_and_bias():

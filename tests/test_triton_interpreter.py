@@ -50,6 +50,25 @@ SCRIPT = textwrap.dedent(r"""
             assert (got.float() - want.float()).abs().max().item() <= rtol * want.float().abs().max().item()
             cases += 1
     assert not tk.layer_norm_supported_layout(torch.randn(2, 3, 66), None, None, 1e-6)   # N % 4 != 0
+    # Wan's casts around an fp32 norm: bf16 x read as the fp32 it is cast to, the result cast back
+    xb = torch.randn(2, 5, 1540, dtype=torch.bfloat16)[..., :1536] * 3 + 1
+    sc, sh = torch.randn(2, 6, 1536).chunk(6, dim=1)[:2]
+    wf, bf = torch.randn(1536), torch.randn(1536)
+    for fn, ref_fn, args in [
+            (tk.layernorm_modulate, ref, (xb, None, None, 1e-6, sc, sh, True, torch.float32, torch.bfloat16)),
+            (tk.layernorm_modulate, ref, (xb, None, None, 1e-6, sc, sh, True, torch.float32, None)),
+            (tk.layer_norm, layer_norm_reference, (xb, wf, bf, 1e-6, torch.float32, torch.bfloat16)),
+            (tk.layer_norm, layer_norm_reference, (xb[:, :, :128], wf[:128], None, 1e-6, torch.float32, torch.bfloat16))]:
+        supported = tk.supported_layout if fn is tk.layernorm_modulate else tk.layer_norm_supported_layout
+        assert supported(*args)
+        got, want = fn(*args), ref_fn(*args)
+        assert got.shape == want.shape and got.dtype == want.dtype and got.is_contiguous()
+        rtol = 2e-5 if want.dtype == torch.float32 else 3e-2
+        assert (got.float() - want.float()).abs().max().item() <= rtol * want.float().abs().max().item()
+        cases += 1
+    assert not tk.supported_layout(xb, None, None, 1e-6, sc, sh, True, torch.float16, None)      # a narrowing cast
+    assert not tk.supported_layout(xb, None, None, 1e-6, sc.bfloat16(), sh.bfloat16(), True, torch.float32, None)
+    assert not tk.layer_norm_supported_layout(xb, wf.bfloat16(), None, 1e-6, torch.float32, None)  # params not fp32
     # layouts eager would normalize with another ATen kernel are refused
     x = torch.randn(2, 3, 66)
     s = torch.randn(2, 1, 66)
@@ -76,7 +95,8 @@ RESIDUAL_GATE = textwrap.dedent(r"""
         for args in [(r, g, u, False), (r, g[:, 0][:, None], u, False), (r[0], g[0, 0], u[0], False),
                      (r.float(), g.float(), u, False),                  # Wan: fp32 stream, bf16 update
                      (r, g, u, False, True, b), (r, g, u, False, True, b.float()),   # a linear's bias
-                     (r, g, u, False, True, None, 3.0), (r, g, u, False, True, b, 0.7)]:  # / rescale_output_factor
+                     (r, g, u, False, True, None, 3.0), (r, g, u, False, True, b, 0.7),   # / rescale_output_factor
+                     (r, g.float(), u, False, True, None, None, torch.bfloat16)]:  # Wan: (x.float() + y * g).type_as(x)
             assert tk.supported_layout(*args)
             got, want = tk.residual_gate(*args), ref(*args)
             if len(args) == 7:   # CUDA divides by a CPU scalar as a product with its fp32 reciprocal
@@ -316,7 +336,7 @@ ROWWISE = textwrap.dedent(r"""
 """)
 
 
-@pytest.mark.parametrize("script,cases", [(SCRIPT, 64), (RESIDUAL_GATE, 18), (ROWWISE, 154)],
+@pytest.mark.parametrize("script,cases", [(SCRIPT, 68), (RESIDUAL_GATE, 20), (ROWWISE, 154)],
                          ids=["layernorm_modulate", "residual_gate", "rowwise"])
 def test_kernels_under_interpreter(script, cases):
     env = dict(os.environ, TRITON_INTERPRET="1")

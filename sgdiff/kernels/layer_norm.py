@@ -3,6 +3,11 @@
 Eager chain: ``F.layer_norm(x, (D,), weight, bias, eps)``, one ATen kernel
 (``native_layer_norm``), rounded once to ``x``'s dtype; its output is contiguous whatever
 ``x``'s layout. The reference implementation is that call.
+
+``x_dtype`` and ``out_dtype`` carry the casts around an fp32 LayerNorm, as diffusers'
+``FP32LayerNorm`` and Wan's blocks write it: ``F.layer_norm(x.float(), ...).to(x.dtype)``
+normalizes ``x.to(x_dtype)`` and casts the result to ``out_dtype``; a kernel reads and writes
+the narrow tensors and keeps the fp32 ones in registers.
 """
 from __future__ import annotations
 
@@ -20,8 +25,16 @@ def layer_norm_reference(
     weight: Optional[torch.Tensor],
     bias: Optional[torch.Tensor],
     eps: float,
+    x_dtype: Optional[torch.dtype] = None,
+    out_dtype: Optional[torch.dtype] = None,
 ) -> torch.Tensor:
-    return aten.native_layer_norm.default(x, [x.shape[-1]], weight, bias, eps)[0].contiguous()
+    y = aten.native_layer_norm.default(cast(x, x_dtype), [x.shape[-1]], weight, bias, eps)[0].contiguous()
+    return cast(y, out_dtype)
+
+
+def cast(x: torch.Tensor, dtype: Optional[torch.dtype]) -> torch.Tensor:
+    """``x.to(dtype)`` as eager's ``_to_copy`` (layout kept); x itself for None."""
+    return x if dtype is None else aten._to_copy.default(x, dtype=dtype)
 
 
 layer_norm = dispatch.define_op("layer_norm", layer_norm_reference)

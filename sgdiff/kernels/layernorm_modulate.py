@@ -8,6 +8,8 @@ Eager chain (as diffusers writes it, e.g. Flux ``AdaLayerNormZero``, Sana, PixAr
 
 ``scale`` and ``shift`` are any tensors that broadcast to ``x`` ([B,1,D], [B,S,D], [D], ...);
 ``shift`` may be absent; with ``scale_plus_one=False`` the factor is ``scale`` itself.
+``x_dtype``/``out_dtype``: ``x.to(x_dtype)`` is normalized and the result cast to
+``out_dtype``, as in Wan's ``(norm(x.float()) * (1 + scale) + shift).type_as(x)``.
 The reference implementation below *is* that chain, op for op, so it is bitwise equal to
 eager on every device; accelerated implementations are checked against it.
 """
@@ -18,7 +20,7 @@ from typing import Optional
 import torch
 
 from sgdiff.kernels import dispatch
-from sgdiff.kernels.layer_norm import layer_norm_reference
+from sgdiff.kernels.layer_norm import cast, layer_norm_reference
 from sgdiff.kernels.modulate import modulation
 
 
@@ -30,8 +32,11 @@ def layernorm_modulate_reference(
     scale: torch.Tensor,
     shift: Optional[torch.Tensor],
     scale_plus_one: bool = True,
+    x_dtype: Optional[torch.dtype] = None,
+    out_dtype: Optional[torch.dtype] = None,
 ) -> torch.Tensor:
-    return modulation(layer_norm_reference(x, weight, bias, eps), scale, shift, scale_plus_one)
+    y = modulation(layer_norm_reference(x, weight, bias, eps, x_dtype), scale, shift, scale_plus_one)
+    return cast(y, out_dtype)
 
 
 layernorm_modulate = dispatch.define_op("layernorm_modulate", layernorm_modulate_reference)

@@ -117,7 +117,8 @@ def kernel_specs(op: str) -> List[KernelSpec]:
 
 register_op(OpDef(
     "layernorm_modulate", Contract.BITEXACT, "sgdiff.kernels.layernorm_modulate",
-    "layer_norm(x, [D], weight, bias, eps) * (scale + 1) + shift, each eager rounding kept",
+    "layer_norm(x.to(x_dtype), [D], weight, bias, eps) * (scale + 1) + shift, each eager rounding kept, "
+    "cast to out_dtype",
 ))
 register_kernel(KernelSpec(
     "layernorm_modulate", "reference", Contract.BITEXACT,
@@ -138,7 +139,8 @@ for _name, _contract, _doc in (
      "rms_norm(x, weight, eps, form) * (1 + scale) + shift, each eager rounding kept"),
     ("residual_gate", Contract.BITEXACT,
      "residual + gate * update (tanh(gate) with tanh_gate), in eager's promoted dtypes and the "
-     "residual's layout (contiguous with residual_layout=False); the update maybe + a bias, / a divisor"),
+     "residual's layout (contiguous with residual_layout=False); the update maybe + a bias, / a divisor; "
+     "the sum maybe cast to out_dtype"),
     ("residual_add", Contract.BITEXACT,
      "update / divisor + residual (or residual + update / divisor), in eager's promoted dtype and layout"),
     ("rope", Contract.BITEXACT,
@@ -150,7 +152,7 @@ for _name, _contract, _doc in (
     ("rms_norm", Contract.BITEXACT,
      "RMSNorm over the last dim: F.rms_norm composite or fused, or diffusers' RMSNorm"),
     ("layer_norm", Contract.BITEXACT,
-     "native_layer_norm over the last dim"),
+     "native_layer_norm(x.to(x_dtype)) over the last dim, cast to out_dtype"),
     ("silu_mul", Contract.BITEXACT,
      "silu(a) * b"),
     ("rms_norm_rope", Contract.BITEXACT,

@@ -19,7 +19,9 @@ but the layout it gives the output is: eager's output keeps the residual's layou
 (:mod:`sgdiff.kernels.layout`) when the residual comes first, as in Sana, whose first token
 stream is a transposed view, and is contiguous when the product comes first, as in PixArt.
 The output has the residual's layout, or with ``residual_layout=False`` is contiguous (the
-two coincide for a contiguous residual). The reference implementation *is* the chain.
+two coincide for a contiguous residual). ``out_dtype`` is a cast of the sum (Wan's
+``(x.float() + y * gate).type_as(x)``), kept in registers by a kernel. The reference
+implementation *is* the chain.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import torch
 from typing import Optional
 
 from sgdiff.kernels import dispatch
+from sgdiff.kernels.layer_norm import cast
 from sgdiff.kernels.layout import in_layout_of
 
 aten = torch.ops.aten
@@ -41,6 +44,7 @@ def residual_gate_reference(
     residual_layout: bool = True,
     update_bias: Optional[torch.Tensor] = None,
     update_divisor: Optional[float] = None,
+    out_dtype: Optional[torch.dtype] = None,
 ) -> torch.Tensor:
     if update_bias is not None:
         update = aten.add.Tensor(update, update_bias)
@@ -48,7 +52,7 @@ def residual_gate_reference(
         update = aten.div.Tensor(update, update_divisor)
     g = aten.tanh.default(gate) if tanh_gate else gate
     y = aten.add.Tensor(residual, aten.mul.Tensor(g, update))
-    return in_layout_of(y, residual) if residual_layout else y.contiguous()
+    return cast(in_layout_of(y, residual) if residual_layout else y.contiguous(), out_dtype)
 
 
 residual_gate = dispatch.define_op("residual_gate", residual_gate_reference)

@@ -8,9 +8,12 @@ QwenImage; RMSNorm in LTX-Video, Lumina2, HiDream)::
 in either operand order, with ``norm`` a LayerNorm (``layernorm_modulate``), an RMSNorm in any
 of its eager forms (``rmsnorm_modulate``) or absent (``modulate``); ``scale``/``shift`` as
 ``[B,1,D]`` chunks, ``scale[:, None]``, ``(1 + scale)[:, None, :]``, per-token ``[B,S,D]``; with or
-without ``shift``. Upcasts such as Wan's ``(norm(x.float()) * (1 + scale) + shift).type_as(x)``
-leave the casts around an fp32 chain, which matches like any other. Variants come from
-:class:`ModulateKey`; a chain with a norm is preferred to the bare modulation it contains.
+without ``shift``. Around a LayerNorm chain in fp32, Wan's
+``(norm(x.float()) * (1 + scale) + shift).type_as(x)``, the op takes the casts in: it reads the
+bf16 ``x`` (widening it is exact) and writes the bf16 result, and the fp32 tensors between
+never reach memory; so does ``layer_norm_cast``, diffusers' ``FP32LayerNorm`` without a
+modulation (Wan's cross-attention norm). Variants come from :class:`ModulateKey`; a chain with
+a norm is preferred to the bare modulation it contains.
 """
 from __future__ import annotations
 
@@ -45,12 +48,18 @@ class ModulateKey:
 
 
 def chain(key: ModulateKey):
-    normed = {"layer_norm": parts.layer_norm, "rms_norm": lambda: parts.rms_norm(shared=True),
+    normed = {"layer_norm": lambda: parts.layer_norm(upcast=True), "rms_norm": lambda: parts.rms_norm(shared=True),
               "none": lambda: Arg("x")}[key.norm]()
     scaled = Op(aten.mul.Tensor, normed, parts.plus_one(), commutative=True)
-    if not key.shift:
-        return scaled
-    return Op(aten.add.Tensor, scaled, Arg("shift"), alpha=Lit(1), commutative=True)
+    if key.shift:
+        scaled = Op(aten.add.Tensor, scaled, Arg("shift"), alpha=Lit(1), commutative=True)
+    return parts.out_cast(scaled) if key.norm == "layer_norm" else scaled
+
+
+def _casts(m: Match):
+    """(x as the op reads it, x_dtype, out_dtype) of a LayerNorm chain with Wan's casts."""
+    x_dtype = parts.exact_upcast(m, "x")
+    return parts.operand(m, "x", x_dtype is not None), x_dtype, parts.cast_dtype(m, "out_cast")
 
 
 def _scale(m: Match):
@@ -60,7 +69,11 @@ def _scale(m: Match):
 
 def replacement(key: ModulateKey):
     if key.norm == "layer_norm":
-        return lambda m: (m["x"], m["weight"], m["bias"], m["eps"], _scale(m), m.get("shift"), True)
+        def args(m: Match):
+            x, x_dtype, out_dtype = _casts(m)
+            return (x, m["weight"], m["bias"], m["eps"], _scale(m), m.get("shift"), True) + \
+                ((x_dtype, out_dtype) if x_dtype or out_dtype else ())
+        return args
     if key.norm == "rms_norm":
         return lambda m: (m["x"], m.get("weight"), m["eps"], parts.rms_norm_form(m)[0], _scale(m), m.get("shift"))
     return lambda m: (m["x"], _scale(m), m.get("shift"))
@@ -97,8 +110,24 @@ def _param_after_views(m: Match, name: str):
     return m[name]
 
 
+def layer_norm_cast_chain():
+    """``F.layer_norm(x.float(), ...).to(dtype)`` (diffusers' ``FP32LayerNorm``): the out cast
+    is required, so a plain LayerNorm (ATen's kernel is as good) is never a site."""
+    return parts.out_cast(parts.layer_norm(upcast=True), required=True)
+
+
+def layer_norm_cast_args(m: Match):
+    x, x_dtype, out_dtype = _casts(m)
+    return x, m["weight"], m["bias"], m["eps"], x_dtype, out_dtype
+
+
+def layer_norm_cast_check(m: Match) -> Optional[str]:
+    return parts.norm_chain_reason(m, parts.layer_norm_reason)
+
+
 def patterns() -> List[ChainPattern]:
-    out = []
+    out = [ChainPattern(family="modulate", name="layer_norm_cast", chain=layer_norm_cast_chain(), op="layer_norm",
+                        replacement=layer_norm_cast_args, check=layer_norm_cast_check)]
     for norm in NORMS:
         for shift in (True, False):
             key = ModulateKey(norm, shift)

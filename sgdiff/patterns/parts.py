@@ -6,7 +6,7 @@ from typing import Any, Callable, Optional, Tuple
 import torch
 from torch import fx
 
-from sgdiff.fxpasses.matcher import AnyOf, Arg, Expr, Lit, Match, Op, Views, getitem
+from sgdiff.fxpasses.matcher import AnyOf, Arg, Expr, Lit, Match, Op, Views, When, getitem
 from sgdiff.patterns.base import same_size, tensor_meta, val
 
 aten = torch.ops.aten
@@ -17,12 +17,14 @@ HALF = (torch.float16, torch.bfloat16)
 
 
 def layer_norm(x: str = "x", weight: str = "weight", bias: str = "bias", eps: str = "eps",
-               x_check: Optional[Callable[[Any], bool]] = None) -> Expr:
-    """``F.layer_norm(x, shape, weight, bias, eps)`` in both of its ATen spellings.
+               x_check: Optional[Callable[[Any], bool]] = None, upcast: bool = False) -> Expr:
+    """``F.layer_norm(x, shape, weight, bias, eps)`` in both of its ATen spellings; with
+    ``upcast``, of ``x`` or of a cast of it (:func:`maybe_upcast`: ``norm(x.float())``).
 
     The norm output may feed several chains (one LayerNorm, two modulates), so it is shared.
     """
-    args = dict(input=Arg(x, check=x_check), normalized_shape=Arg("normalized_shape"),
+    source = maybe_upcast(x, x_check) if upcast else Arg(x, check=x_check)
+    args = dict(input=source, normalized_shape=Arg("normalized_shape"),
                 weight=Arg(weight), bias=Arg(bias), eps=Arg(eps))
     return AnyOf(
         getitem(Op(aten.native_layer_norm.default, **args, shared=True), 0, shared=True, name="norm"),
@@ -74,6 +76,44 @@ def cast_dtype(m: Match, name: str) -> Optional[torch.dtype]:
     """The dtype the cast bound to ``name`` rounds to, None where the chain has no such cast."""
     node = m.get(name)
     return None if node is None else node.kwargs.get("dtype")
+
+
+def maybe_upcast(name: str, check: Optional[Callable[[Any], bool]] = None) -> Expr:
+    """An operand, or a cast of it (``x.float()``) bound to ``<name>_upcast``; the cast may have
+    other users. Which of the two the op reads is :func:`operand`'s choice."""
+    return AnyOf(cast(Arg(name, check=check), f"{name}_upcast", shared=True), Arg(name, check=check))
+
+
+def exact_upcast(m: Match, name: str) -> Optional[torch.dtype]:
+    """The fp32 that ``name``'s cast widens a bf16/fp16 tensor to (on its device), where it has
+    such a cast: a kernel can read the narrow tensor and widen it exactly; else None."""
+    node = m.get(f"{name}_upcast")
+    src, out = tensor_meta(m.get(name)), tensor_meta(node)
+    if node is None or src is None or out is None:
+        return None
+    return torch.float32 if src.dtype in HALF and out.dtype == torch.float32 and out.device == src.device else None
+
+
+def operand(m: Match, name: str, fold: bool) -> Any:
+    """The node an op reads for ``name``: the tensor under its cast where ``fold``, else the
+    value eager's chain read (the cast, if there is one)."""
+    return m[name] if fold or f"{name}_upcast" not in m else m[f"{name}_upcast"]
+
+
+def out_cast(inner: Expr, required: bool = False) -> Expr:
+    """``inner.to(dtype)`` (Wan's ``.type_as(x)``) where the cast is the chain's only reader and
+    keeps the device: the op then writes the cast's dtype (bound as ``out_cast``); unless
+    ``required``, also ``inner`` alone."""
+    casted = When(cast(inner, "out_cast"), _sole_cast)
+    return casted if required else AnyOf(casted, inner)
+
+
+def _sole_cast(node: Any) -> bool:
+    if not is_call(node, (aten._to_copy.default,)) or not isinstance(node.args[0], fx.Node):
+        return False
+    src, out = tensor_meta(node.args[0]), tensor_meta(node)
+    return (len(node.args[0].users) == 1 and src is not None and out is not None
+            and out.device == src.device and out.dtype.is_floating_point)
 
 
 def is_number(v: Any) -> bool:

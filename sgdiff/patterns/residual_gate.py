@@ -9,7 +9,9 @@ in every operand order, with ``gate`` a ``[B,1,D]`` chunk, ``gate.unsqueeze(1)``
 the ``aten.clone`` of an eval-mode Dropout, which the op makes unnecessary, and the ``+ bias``
 that ATen adds after the ``bmm`` of a linear whose input is a strided 3-D view (Sana's linear
 attention's output projection), which the op folds in. Wan's
-``(x.float() + y * gate).type_as(x)`` leaves its casts around the fp32 chain.
+``(x.float() + y.float() * gate).type_as(x)`` the op takes in with its casts: it reads bf16
+``x`` and ``y`` where widening them in registers gives eager's promoted dtypes
+(:func:`folded_operands`), and writes the bf16 sum, so the fp32 copies never reach memory.
 
 The residual is the block's token stream, ``[B, S, D]``, and never a product: a sum of two
 products (``x * cos + x_rot * sin``, on ``[B, S, H, D]``) is a rotary embedding, and a
@@ -55,7 +57,7 @@ def _divided(update):
 def _update(key: ResidualGateKey):
     def update():
         if not key.bias:
-            return Arg("update")
+            return parts.maybe_upcast("update") if not key.divisor else Arg("update")
         return Op(aten.add.Tensor, Arg("update", check=parts.is_multi_dim),
                   Arg("update_bias", check=parts.is_vector), alpha=Lit(1), commutative=True)
 
@@ -66,28 +68,59 @@ def chain(key: ResidualGateKey):
     if key.tanh:  # tanh commutes with the views between it and the product: replay them
         gate = Views(Op(aten.tanh.default, Arg("gate"), shared=True), "gate_views")
     else:
-        gate = Arg("gate")
+        gate = parts.maybe_upcast("gate")
     # a copied update first: either operand could be the Dropout's copy
     product = AnyOf(Op(aten.mul.Tensor, gate, Op(aten.clone.default, _update(key)), commutative=True),
                     Op(aten.mul.Tensor, gate, _update(key), commutative=True))
-    residual = Arg("residual", check=lambda v: parts.is_token_stream(v) and not parts.is_product(v))
-    return Op(aten.add.Tensor, residual, product, alpha=Lit(1), commutative=True)
+    residual = parts.maybe_upcast("residual", check=lambda v: parts.is_token_stream(v) and not parts.is_product(v))
+    return parts.out_cast(Op(aten.add.Tensor, residual, product, alpha=Lit(1), commutative=True))
+
+
+FOLDABLE = ("residual", "gate", "update")
+
+
+def folded_operands(m: Match) -> dict:
+    """For each operand under a widening cast, whether the op may read the narrow tensor: it
+    may where eager's promoted dtypes (update + bias, the product, the sum) stay what they
+    are with the cast, as the kernel widens what it reads and computes in those dtypes. The
+    largest operands are tried first: where two casts cannot both go, the small one stays."""
+    dtypes = {name: tensor_meta(parts.operand(m, name, False)).dtype for name in FOLDABLE if m.get(name) is not None}
+    want = _promoted(m, dtypes)
+    folded = {}
+    for name in sorted(dtypes, key=lambda n: -tensor_meta(m[n]).numel()):
+        if parts.exact_upcast(m, name) is None:
+            continue
+        trial = dict(dtypes, **{name: tensor_meta(m[name]).dtype})
+        if _promoted(m, trial) == want:
+            dtypes, folded[name] = trial, True
+    return folded
+
+
+def _promoted(m: Match, dtypes: dict) -> tuple:
+    promote = torch.promote_types
+    bias = tensor_meta(m.get("update_bias"))
+    updated = promote(dtypes["update"], bias.dtype) if bias is not None else dtypes["update"]
+    product = promote(dtypes["gate"], updated) if "gate" in dtypes else updated
+    # the update is rounded to its own dtype only where a bias or a divisor changes it
+    rounded = updated if bias is not None or m.get("update_divisor") is not None else None
+    return rounded, product, promote(dtypes["residual"], product)
 
 
 def replacement(key: ResidualGateKey):
     def gate(m: Match):
         views = m.get("gate_views")
-        return ReplayViews(views, m["gate"]) if views else m["gate"]
+        return ReplayViews(views, m["gate"]) if views else parts.operand(m, "gate", folded_operands(m).get("gate", False))
 
     def args(m: Match):
+        folded = folded_operands(m)
+        residual, update = (parts.operand(m, name, folded.get(name, False)) for name in ("residual", "update"))
         # residual_layout=False only where eager's output is contiguous but the residual is not
-        if key.divisor:
-            return (m["residual"], gate(m), m["update"], key.tanh, _layout_of_residual(m), m.get("update_bias"),
-                    m["update_divisor"])
-        if key.bias:
-            return (m["residual"], gate(m), m["update"], key.tanh, _layout_of_residual(m), m["update_bias"])
-        layout = () if _layout_of_residual(m) else (False,)
-        return (m["residual"], gate(m), m["update"], key.tanh) + layout
+        full = (residual, gate(m), update, key.tanh, _layout_of_residual(m), m.get("update_bias"),
+                m.get("update_divisor"), parts.cast_dtype(m, "out_cast"))
+        defaults = (True, None, None, None)  # the op's, for the trailing arguments
+        while len(full) > 4 and full[-1] == defaults[len(full) - 5]:
+            full = full[:-1]
+        return full
 
     return args
 

@@ -44,14 +44,37 @@ def test_real_shapes_bitexact(shape, dtype, affine):
     assert torch.equal(bits(got), bits(want)), f"{int((got != want).sum())} of {got.numel()} differ"
 
 
+@pytest.mark.parametrize("shape", [(2, 1024, 2240), (1, 32760, 1536), (1, 32760, 5120)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_wan_casts_bitexact(shape, dtype):
+    """Wan: (norm1(x.float()) * (1 + scale) + shift).type_as(x) with fp32 table + temb
+    parameters, and the cross-attention's FP32LayerNorm, norm2(x.float()).type_as(x): the op
+    reads x and writes x's dtype, bitwise as the fp32 chain and its casts."""
+    B, S, N = shape
+    x = torch.randn(shape, device="cuda").to(dtype) * 3 + 1
+    table, temb = torch.randn(1, 6, N, device="cuda") / N ** 0.5, torch.randn(B, 6, N, device="cuda").to(dtype)
+    shift, scale = (table + temb.float()).chunk(6, dim=1)[:2]
+    args = (x, None, None, 1e-6, scale, shift, True, torch.float32, dtype)
+    assert tk.can_use(*args)
+    want = (F.layer_norm(x.float(), (N,), eps=1e-6) * (1 + scale) + shift).type_as(x)
+    got = OP(*args)
+    assert got.dtype == dtype and torch.equal(bits(got), bits(want)), f"{int((got != want).sum())} differ"
+    w, b = torch.randn(N, device="cuda"), torch.randn(N, device="cuda")
+    want = F.layer_norm(x.float(), (N,), w, b, 1e-6).type_as(x)
+    got = registry.op_def("layer_norm").load()(x, w, b, 1e-6, torch.float32, dtype)
+    assert torch.equal(bits(got), bits(want))
+    assert not dispatch.disabled(), dispatch.disabled()
+
+
 layouts = st.sampled_from(["contiguous", "chunk_view", "transposed", "misaligned", "per_token", "vector"])
 
 
 @settings(max_examples=int(os.environ.get("SGDIFF_GPU_EXAMPLES", "60")), deadline=None)
 @given(B=st.integers(1, 3), S=st.integers(1, 300), N=st.integers(2, 2800),  # N % 4 != 0 takes ATen's other kernel: sgdiff must fall back
        dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]), layout=layouts,
-       shift=st.booleans(), affine=st.booleans(), eps=st.sampled_from([1e-6, 1e-5]))
-def test_any_layout_is_exact_or_falls_back(B, S, N, dtype, layout, shift, affine, eps):
+       shift=st.booleans(), affine=st.booleans(), eps=st.sampled_from([1e-6, 1e-5]), casts=st.booleans())
+def test_any_layout_is_exact_or_falls_back(B, S, N, dtype, layout, shift, affine, eps, casts):
+    """With ``casts`` (a bf16/fp16 x): Wan's fp32 chain, ``(norm(x.float()) ...).type_as(x)``."""
     g = torch.Generator(device="cuda").manual_seed(B * 1000 + S)
     x = (torch.randn(B, S, N + 1, device="cuda", generator=g) * 2).to(dtype)
     if layout == "transposed":
@@ -63,12 +86,18 @@ def test_any_layout_is_exact_or_falls_back(B, S, N, dtype, layout, shift, affine
     else:
         x = x[..., :N].contiguous()
     pshape = (B, S, 2 * N) if layout == "per_token" else (B, 1, 2 * N) if layout != "vector" else (2 * N,)
-    params = torch.randn(pshape, device="cuda", generator=g).to(dtype)
+    casts = casts and dtype != torch.float32
+    pdtype = torch.float32 if casts else dtype
+    params = torch.randn(pshape, device="cuda", generator=g).to(pdtype)
     sc, sh = params.chunk(2, dim=-1)
-    w = torch.randn(N, device="cuda", generator=g).to(dtype) if affine else None
-    b = torch.randn(N, device="cuda", generator=g).to(dtype) if affine else None
-    got = OP(x, w, b, eps, sc, sh if shift else None, True)
-    want = eager(x, w, b, eps, sc, sh if shift else None)
+    w = torch.randn(N, device="cuda", generator=g).to(pdtype) if affine else None
+    b = torch.randn(N, device="cuda", generator=g).to(pdtype) if affine else None
+    if casts:
+        got = OP(x, w, b, eps, sc, sh if shift else None, True, torch.float32, dtype)
+        want = eager(x.float(), w, b, eps, sc, sh if shift else None).to(dtype)
+    else:
+        got = OP(x, w, b, eps, sc, sh if shift else None, True)
+        want = eager(x, w, b, eps, sc, sh if shift else None)
     assert torch.equal(bits(got), bits(want))
     assert not dispatch.disabled(), dispatch.disabled()
 
@@ -133,19 +162,24 @@ def test_capture_of_an_unverified_signature_runs_the_reference():
 @settings(max_examples=int(os.environ.get("SGDIFF_GPU_EXAMPLES", "60")), deadline=None)
 @given(B=st.integers(1, 2), S=st.integers(1, 300), H=st.integers(1, 24), D=st.sampled_from([64, 72, 128, 256]),
        dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]),
-       layout=st.sampled_from(["contiguous", "heads_first", "qkv_chunk"]), affine=st.booleans())
-def test_per_head_layer_norm(B, S, H, D, dtype, layout, affine):
+       layout=st.sampled_from(["contiguous", "heads_first", "qkv_chunk"]), affine=st.booleans(),
+       casts=st.booleans())
+def test_per_head_layer_norm(B, S, H, D, dtype, layout, affine, casts):
     """sgdiff::layer_norm (QK LayerNorm over head_dim): bitwise F.layer_norm on every layout, the
-    strided ones copied contiguous first as eager does."""
+    strided ones copied contiguous first as eager does; with ``casts`` an FP32LayerNorm,
+    ``F.layer_norm(x.float(), ..., w32, b32).to(x.dtype)``."""
+    casts = casts and dtype != torch.float32
     if layout == "qkv_chunk":
         x = torch.randn(B, S, 3 * H * D, device="cuda").to(dtype)[..., H * D:2 * H * D].unflatten(-1, (H, D))
     else:
         x = torch.randn(B, S, H, D, device="cuda").to(dtype)
     if layout == "heads_first":
         x = x.transpose(1, 2)
-    w, b = (torch.randn(D, device="cuda").to(dtype), torch.randn(D, device="cuda").to(dtype)) if affine else (None, None)
-    want = F.layer_norm(x, (D,), w, b, 1e-6)
-    assert tk.layer_norm_can_use(x, w, b, 1e-6)
-    got = registry.op_def("layer_norm").load()(x, w, b, 1e-6)
+    pdtype = torch.float32 if casts else dtype
+    w, b = (torch.randn(D, device="cuda").to(pdtype), torch.randn(D, device="cuda").to(pdtype)) if affine else (None, None)
+    cast_args = (torch.float32, dtype) if casts else (None, None)
+    want = F.layer_norm(x.to(pdtype), (D,), w, b, 1e-6).to(dtype)
+    assert tk.layer_norm_can_use(x, w, b, 1e-6, *cast_args)
+    got = registry.op_def("layer_norm").load()(x, w, b, 1e-6, *cast_args)
     assert torch.equal(bits(got), bits(want)) and got.is_contiguous()
     assert not dispatch.disabled(), dispatch.disabled()

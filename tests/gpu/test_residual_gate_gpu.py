@@ -58,6 +58,24 @@ def test_any_layout_is_exact_or_falls_back(B, S, D, dtypes, gate_form, tanh, bia
     assert not dispatch.disabled(), dispatch.disabled()
 
 
+@settings(max_examples=int(os.environ.get("SGDIFF_GPU_EXAMPLES", "40")), deadline=None)
+@given(B=st.integers(1, 3), S=st.integers(1, 200), D=st.sampled_from([16, 1536, 2240, 3000, 5120]),
+       dtype=st.sampled_from([torch.bfloat16, torch.float16]), per_token=st.booleans(),
+       gate_dtype=st.sampled_from([torch.float32, "narrow"]))
+def test_wan_casts_are_exact(B, S, D, dtype, per_token, gate_dtype):
+    """Wan: (x.float() + y.float() * gate).type_as(x) read and written narrow: the op takes the
+    bf16/fp16 stream and update, widens them in registers and writes the cast sum."""
+    gate_dtype = dtype if gate_dtype == "narrow" else gate_dtype
+    x, y = (torch.randn(B, S, D, device="cuda").to(dtype) for _ in range(2))
+    gate = torch.randn(B, S if per_token else 1, D, device="cuda").to(gate_dtype)
+    want = (x.float() + y.float() * gate).type_as(x)
+    # a narrow gate times a narrow update would round to bf16: the update's cast then stays
+    update = y if gate_dtype == torch.float32 else y.float()
+    got = OP(x, gate, update, False, True, None, None, dtype)
+    assert got.dtype == dtype and torch.equal(got, want)
+    assert not dispatch.disabled(), dispatch.disabled()
+
+
 ADD = registry.op_def("residual_add").load()
 
 

@@ -1,6 +1,8 @@
 """Triton sgdiff::layernorm_modulate, bitwise equal to eager on CUDA.
 
-Eager chain and its rounding steps (dtype T = bf16, fp16 or fp32 throughout)::
+Eager chain and its rounding steps (dtype T = bf16, fp16 or fp32 throughout; with
+``x_dtype``/``out_dtype`` a bf16/fp16 x is read as the fp32 T it is cast to, and the
+result cast to ``out_dtype`` when stored, as Wan's ``(norm(x.float()) ... ).type_as(x)``)::
 
     y = layer_norm(x, [N], w, b, eps)   # ATen vectorized kernel: Welford stats (welford.py),
                                         # y = rstd * (x - mean) [fma(w, ., b) when affine]
@@ -21,7 +23,7 @@ import triton.language as tl
 
 from sgdiff.kernels.triton.cuda_math import INTERPRET, rsqrtf
 from sgdiff.kernels.triton.launch import LeanKernel
-from sgdiff.kernels.triton.rows import DTYPES, cached_plan
+from sgdiff.kernels.triton.rows import DTYPES, TL_DTYPE, cached_plan
 from sgdiff.kernels.triton.welford import (
     THREADS,
     THREADS_C,
@@ -53,6 +55,7 @@ def _layernorm_modulate_kernel(
     HAS_BIAS: tl.constexpr,
     HAS_SHIFT: tl.constexpr,
     PLUS_ONE: tl.constexpr,  # factor is (scale + 1) rather than scale
+    DTYPE: tl.constexpr,  # T, the dtype eager's chain rounds to (out_ptr's may differ: a cast)
     INTERPRET: tl.constexpr,
     HAS_SCALE: tl.constexpr = True,  # False: the LayerNorm alone (sgdiff::layer_norm)
 ):
@@ -68,16 +71,16 @@ def _layernorm_modulate_kernel(
     for k in tl.static_range(ITERS):
         _modulate_tile(k, x_row, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr, row, bi, si, N, mean, rstd,
                        stride_scb, stride_scs, stride_scn, stride_shb, stride_shs, stride_shn,
-                       HAS_WEIGHT, HAS_BIAS, HAS_SHIFT, PLUS_ONE, HAS_SCALE)
+                       HAS_WEIGHT, HAS_BIAS, HAS_SHIFT, PLUS_ONE, HAS_SCALE, DTYPE)
 
 
 @triton.jit
 def _modulate_tile(k, x_row, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr, row, bi, si, N, mean, rstd,
                    stride_scb, stride_scs, stride_scn, stride_shb, stride_shs, stride_shn,
                    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SHIFT: tl.constexpr,
-                   PLUS_ONE: tl.constexpr, HAS_SCALE: tl.constexpr):
+                   PLUS_ONE: tl.constexpr, HAS_SCALE: tl.constexpr, DTYPE: tl.constexpr):
     """Normalize and modulate the k-th [128, 4] tile of the row, rounding as eager does."""
-    dtype = out_ptr.dtype.element_ty
+    dtype = DTYPE
     t = tl.arange(0, THREADS_C)
     lane = tl.arange(0, VEC_C)
     col = (t + k * THREADS_C)[:, None] * VEC_C + lane[None, :]  # [128, 4]
@@ -94,7 +97,7 @@ def _modulate_tile(k, x_row, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr, row, b
         sh = tl.load(shift_ptr + bi * stride_shb + si * stride_shs + col * stride_shn,
                      mask=mask, other=0.0).to(tl.float32)
         y = (y.to(tl.float32) + sh).to(dtype)
-    tl.store(out_ptr + row * N + col, y, mask=mask)
+    tl.store(out_ptr + row * N + col, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -123,10 +126,10 @@ def _layer_norm_short_rows_kernel(
     ROWS: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    DTYPE: tl.constexpr,  # the dtype eager's LayerNorm rounds to (out_ptr's may differ: a cast)
     INTERPRET: tl.constexpr,
 ):
     """LayerNorm of ROWS short rows (head_dim) per program, each in its own warp's lanes."""
-    dtype = out_ptr.dtype.element_ty
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     t = tl.arange(0, 32)  # one warp's lanes
     lane = tl.arange(0, VEC_C)
@@ -139,39 +142,43 @@ def _layer_norm_short_rows_kernel(
     var = tl.math.div_rn(m2, tl.full(m2.shape, N, tl.float32))
     rstd = rsqrtf(var + eps, INTERPRET)
     y = _normalize(x, mean[:, None, None], rstd[:, None, None], w_ptr, b_ptr, col, mask, HAS_WEIGHT, HAS_BIAS)
-    tl.store(out_ptr + offs, y.to(dtype), mask=mask)
+    tl.store(out_ptr + offs, y.to(DTYPE).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 
 
-def can_use(x, weight, bias, eps, scale, shift, scale_plus_one=True) -> bool:
+def can_use(x, weight, bias, eps, scale, shift, scale_plus_one=True, x_dtype=None, out_dtype=None) -> bool:
     """Inputs on which eager takes ATen's vectorized LayerNorm and every operand is one dtype."""
-    return x.is_cuda and supported_layout(x, weight, bias, eps, scale, shift, scale_plus_one)
+    return x.is_cuda and supported_layout(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype)
 
 
-def supported_layout(x, weight, bias, eps, scale, shift, scale_plus_one=True) -> bool:
+def supported_layout(x, weight, bias, eps, scale, shift, scale_plus_one=True, x_dtype=None, out_dtype=None) -> bool:
     """can_use without the device check (the interpreter runs the kernel on CPU tensors)."""
-    if not _norm_ok(x, weight, bias):
+    if not _norm_ok(x, weight, bias, x_dtype, out_dtype):
         return False
     for p in (scale, shift):
-        if p is not None and (p.dtype != x.dtype or p.device != x.device or p.dim() > x.dim()):
+        if p is not None and (p.dtype != (x_dtype or x.dtype) or p.device != x.device or p.dim() > x.dim()):
             return False
     return scale is not None
 
 
-def _norm_ok(x, weight, bias, device=None) -> bool:
-    """Rows (2-D or 3-D x) on which eager takes ATen's vectorized LayerNorm, parameters in x's
-    dtype on ``device`` (x's own unless x stands in for a copy)."""
-    if not (x.dtype in DTYPES and 2 <= x.dim() <= 3 and x.numel() > 0):
+def _norm_ok(x, weight, bias, x_dtype=None, out_dtype=None, device=None) -> bool:
+    """Rows (2-D or 3-D x) on which eager takes ATen's vectorized LayerNorm, parameters in the
+    dtype it normalizes in on ``device`` (x's own unless x stands in for a copy). ``x_dtype``
+    may only widen a bf16/fp16 x to fp32 (exact: the kernel reads x and widens it itself)."""
+    if not (x.dtype in DTYPES and 2 <= x.dim() <= 3 and x.numel() > 0 and out_dtype in (None, *DTYPES)):
+        return False
+    if x_dtype is not None and not (x_dtype == torch.float32 or x_dtype == x.dtype):
         return False
     n = x.shape[-1]
     if n % VEC or n > 2**24 or x.stride(-1) != 1:
         return False
-    # eager normalizes x.contiguous(): a copy (aligned) when x is strided, else x itself
-    if x.is_contiguous() and not aligned_vec4(x):
+    # eager normalizes x.contiguous(): a copy (aligned) when x is strided, else x itself (or
+    # the fresh tensor of its cast)
+    if x.is_contiguous() and x_dtype in (None, x.dtype) and not aligned_vec4(x):
         return False
     for p in (weight, bias):
-        if p is not None and (p.dtype != x.dtype or p.dim() != 1 or p.stride(0) != 1
+        if p is not None and (p.dtype != (x_dtype or x.dtype) or p.dim() != 1 or p.stride(0) != 1
                               or not aligned_vec4(p) or p.device != (device or x.device)):
             return False
     return True
@@ -188,23 +195,24 @@ def _plan(x, scale, shift):
         triton.cdiv(N // VEC, THREADS)
 
 
-def _launch(x, weight, bias, eps, scale, shift, scale_plus_one):
+def _launch(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype):
     shape, grid, ints, iters = _plan(x, scale, shift)
-    out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    dtype = x_dtype or x.dtype
+    out = torch.empty(shape, dtype=out_dtype or dtype, device=x.device)
     scale_arg = scale if scale is not None else x
     _layernorm_modulate_kernel[grid](
         x, weight if weight is not None else x, bias if bias is not None else x,
         scale_arg, shift if shift is not None else scale_arg, out, *ints, eps,
         ITERS=iters, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-        HAS_SHIFT=shift is not None, PLUS_ONE=scale_plus_one, INTERPRET=INTERPRET, HAS_SCALE=scale is not None,
-        num_warps=4, enable_fp_fusion=False,
+        HAS_SHIFT=shift is not None, PLUS_ONE=scale_plus_one, DTYPE=TL_DTYPE[dtype], INTERPRET=INTERPRET,
+        HAS_SCALE=scale is not None, num_warps=4, enable_fp_fusion=False,
     )
     return out.view(x.shape)
 
 
-def layernorm_modulate(x, weight, bias, eps, scale, shift, scale_plus_one=True):
+def layernorm_modulate(x, weight, bias, eps, scale, shift, scale_plus_one=True, x_dtype=None, out_dtype=None):
     """Launch; the caller has checked :func:`can_use`."""
-    return _launch(x, weight, bias, eps, scale, shift, scale_plus_one)
+    return _launch(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype)
 
 
 # --- sgdiff::layer_norm: the same kernel without the modulation ---------------------------
@@ -213,32 +221,33 @@ SHORT_ROW = THREADS  # rows up to one warp's 4-vectors (head_dim <= 128) take th
 SHORT_ROWS_PER_PROGRAM = 16
 
 
-def layer_norm_supported_layout(x, weight, bias, eps) -> bool:
+def layer_norm_supported_layout(x, weight, bias, eps, x_dtype=None, out_dtype=None) -> bool:
     """can_use without the device check: rows of any leading shape, normalized as eager
     normalizes ``x.contiguous()``."""
     if not (x.dim() >= 1 and x.numel() > 0 and isinstance(eps, float)):
         return False
     shape = (x.numel() // x.shape[-1], x.shape[-1])
     rows = x.view(shape) if x.is_contiguous() else torch.empty(shape, dtype=x.dtype, device="meta")  # eager's copy
-    return _norm_ok(rows, weight, bias, x.device)
+    return _norm_ok(rows, weight, bias, x_dtype, out_dtype, x.device)
 
 
-def layer_norm_can_use(x, weight, bias, eps) -> bool:
-    return x.is_cuda and layer_norm_supported_layout(x, weight, bias, eps)
+def layer_norm_can_use(x, weight, bias, eps, x_dtype=None, out_dtype=None) -> bool:
+    return x.is_cuda and layer_norm_supported_layout(x, weight, bias, eps, x_dtype, out_dtype)
 
 
-def layer_norm(x, weight, bias, eps):
+def layer_norm(x, weight, bias, eps, x_dtype=None, out_dtype=None):
     """Launch; the caller has checked :func:`layer_norm_can_use`. A strided ``x`` is copied
-    contiguous first, as eager's kernel does."""
+    contiguous first, as eager's kernel does (in x's dtype: widening it later is exact)."""
     rows = x.contiguous().view(-1, x.shape[-1])
     M, N = rows.shape
     if N > SHORT_ROW:
-        return _launch(rows, weight, bias, eps, None, None, False).view(x.shape)
-    out = torch.empty_like(rows)
+        return _launch(rows, weight, bias, eps, None, None, False, x_dtype, out_dtype).view(x.shape)
+    dtype = x_dtype or x.dtype
+    out = torch.empty(rows.shape, dtype=out_dtype or dtype, device=x.device)
     _layer_norm_short_rows_kernel[(triton.cdiv(M, SHORT_ROWS_PER_PROGRAM),)](
         rows, weight if weight is not None else rows, bias if bias is not None else rows, out, M, N, eps,
         ROWS=SHORT_ROWS_PER_PROGRAM, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-        INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False,
+        DTYPE=TL_DTYPE[dtype], INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False,
     )
     return out.view(x.shape)
 

@@ -8,6 +8,7 @@ Eager chain and its rounding steps::
     g = tanh(gate)         # with tanh_gate: fp32 tanhf, rounded to gate.dtype
     y = g * update         # fp32 product, rounded to promote(gate, update)
     y = residual + y       # fp32 sum, rounded to promote(residual, y)
+    y = y.to(out_dtype)    # with out_dtype: Wan's .type_as(x), from the registers
 
 sgdiff::residual_add is the same kernel with no gate: ``residual + update / divisor``.
 
@@ -46,6 +47,7 @@ def _residual_gate_kernel(
     inv_divisor,  # fp32 1 / divisor, as ATen computes it on the host (unused unless DIVIDE)
     UPDATE_DTYPE: tl.constexpr,  # promote(update, bias)
     PRODUCT_DTYPE: tl.constexpr,  # promote(gate, update + bias)
+    SUM_DTYPE: tl.constexpr,  # promote(residual, product); out_ptr's dtype may differ (a cast)
     TANH: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     DIVIDE: tl.constexpr,
@@ -74,16 +76,17 @@ def _residual_gate_kernel(
         y = u
     r = tl.load(res_ptr + row * D + d, mask=mask, other=0.0)
     out = r.to(tl.float32) + y.to(tl.float32)
-    tl.store(out_ptr + row * D + d, out.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + row * D + d, out.to(SUM_DTYPE).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def can_use(residual, gate, update, tanh_gate, residual_layout=True, update_bias=None, update_divisor=None) -> bool:
+def can_use(residual, gate, update, tanh_gate, residual_layout=True, update_bias=None, update_divisor=None,
+            out_dtype=None) -> bool:
     return residual.is_cuda and supported_layout(residual, gate, update, tanh_gate, residual_layout, update_bias,
-                                                 update_divisor)
+                                                 update_divisor, out_dtype)
 
 
 def supported_layout(residual, gate, update, tanh_gate, residual_layout=True, update_bias=None,
-                     update_divisor=None) -> bool:
+                     update_divisor=None, out_dtype=None) -> bool:
     """can_use without the device check (the interpreter runs the kernel on CPU tensors).
 
     The residual must be contiguous, where its layout and the contiguous one coincide, so
@@ -91,7 +94,7 @@ def supported_layout(residual, gate, update, tanh_gate, residual_layout=True, up
     """
     if not (2 <= residual.dim() <= 3 and residual.is_contiguous() and residual.numel() > 0):
         return False
-    if residual.shape[-1] > 16384:
+    if residual.shape[-1] > 16384 or out_dtype not in (None, *DTYPES):
         return False
     operands = [t for t in (residual, gate, update, update_bias) if t is not None]
     for t in operands:
@@ -139,13 +142,14 @@ def _plan(residual, gate, update, update_bias):
         triton.next_power_of_2(D)
 
 
-def _launch(residual, gate, update, tanh_gate, update_bias, update_divisor):
-    shape, grid, ints, updated, product, out_dtype, block = _plan(residual, gate, update, update_bias)
-    out = torch.empty(shape, dtype=out_dtype, device=residual.device)
+def _launch(residual, gate, update, tanh_gate, update_bias, update_divisor, out_dtype=None):
+    shape, grid, ints, updated, product, total, block = _plan(residual, gate, update, update_bias)
+    out = torch.empty(shape, dtype=out_dtype or total, device=residual.device)
     _residual_gate_kernel[grid](
         residual, gate if gate is not None else update, update, update_bias if update_bias is not None else update,
         out, *ints, reciprocal(update_divisor) if update_divisor is not None else 1.0,
-        UPDATE_DTYPE=TL_DTYPE[updated], PRODUCT_DTYPE=TL_DTYPE[product], TANH=bool(tanh_gate),
+        UPDATE_DTYPE=TL_DTYPE[updated], PRODUCT_DTYPE=TL_DTYPE[product], SUM_DTYPE=TL_DTYPE[total],
+        TANH=bool(tanh_gate),
         HAS_BIAS=update_bias is not None, DIVIDE=update_divisor is not None, GATED=gate is not None,
         BLOCK=block, INTERPRET=INTERPRET, num_warps=4 if block <= 4096 else 8, enable_fp_fusion=False,
         **libdevice_options(),
@@ -153,9 +157,10 @@ def _launch(residual, gate, update, tanh_gate, update_bias, update_divisor):
     return out.view(residual.shape)
 
 
-def residual_gate(residual, gate, update, tanh_gate, residual_layout=True, update_bias=None, update_divisor=None):
+def residual_gate(residual, gate, update, tanh_gate, residual_layout=True, update_bias=None, update_divisor=None,
+                  out_dtype=None):
     """Launch; the caller has checked :func:`can_use`."""
-    return _launch(residual, gate, update, tanh_gate, update_bias, update_divisor)
+    return _launch(residual, gate, update, tanh_gate, update_bias, update_divisor, out_dtype)
 
 
 def residual_add(residual, update, update_divisor, update_first):
