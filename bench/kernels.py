@@ -101,7 +101,8 @@ def layernorm_modulate_cases(quick: bool) -> List[Case]:
     scale, shift = _modulated_params(1, 32760, 1536, torch.float32, "table", g)
     cases.append(_case("layernorm_modulate", tuple(x.shape), x.dtype,
                        "Wan 2.1 1.3B: (norm(x.float()) * (1 + scale) + shift).type_as(x)",
-                       lambda: (F.layer_norm(x.float(), (1536,), eps=1e-6) * (1 + scale) + shift).type_as(x),
+                       lambda x=x, scale=scale, shift=shift: (F.layer_norm(x.float(), (1536,), eps=1e-6) * (1 + scale)
+                                                              + shift).type_as(x),
                        (x, None, None, 1e-6, scale, shift, True, torch.float32, x.dtype), x))
     return cases
 
@@ -133,16 +134,18 @@ def residual_gate_cases(quick: bool) -> List[Case]:
     res, upd = (torch.randn(2, 1024, 2240, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
     gate = torch.randn(2, 6 * 2240, device="cuda", generator=g).to(torch.bfloat16).chunk(6, dim=1)[2][:, None]
     cases.append(_case("residual_add", tuple(res.shape), res.dtype, "Sana 1.6B cross-attention: attn / 1.0 + x",
-                       lambda: upd / 1.0 + res, (res, upd, 1.0, True), _bytes_like(res, upd, res)))
+                       lambda res=res, upd=upd: upd / 1.0 + res, (res, upd, 1.0, True), _bytes_like(res, upd, res)))
     cases.append(_case("residual_gate", tuple(res.shape), res.dtype, "self-attention: x + g * (attn / 1.0)",
-                       lambda: res + gate * (upd / 1.0), (res, gate, upd, False, True, None, 1.0),
+                       lambda res=res, gate=gate, upd=upd: res + gate * (upd / 1.0),
+                       (res, gate, upd, False, True, None, 1.0),
                        _bytes_like(res, upd, res)))
     # Wan 2.1 1.3B's blocks: (x.float() + y.float() * gate).type_as(x), gate an fp32 chunk
+    # (the lambdas bind their tensors now: the names are taken again below)
     res, upd = (torch.randn(1, 32760, 1536, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
     gate = torch.randn(1, 6, 1536, device="cuda", generator=g).chunk(6, dim=1)[2]
     cases.append(_case("residual_gate", tuple(res.shape), res.dtype,
                        "Wan 2.1 1.3B: (x.float() + y.float() * gate).type_as(x)",
-                       lambda: (res.float() + upd.float() * gate).type_as(res),
+                       lambda res=res, gate=gate, upd=upd: (res.float() + upd.float() * gate).type_as(res),
                        (res, gate, upd, False, True, None, None, res.dtype), _bytes_like(res, upd, res)))
     return cases
 
