@@ -38,6 +38,20 @@ class ChainPattern:
             raise ValueError("a ChainPattern needs a family, a name and an op")
 
 
+def without_defaults(required: Tuple[Any, ...], optional: Tuple[Tuple[str, Any, Any], ...]) -> Tuple[Any, ...]:
+    """An op's positional arguments: ``required``, then the ``(name, value, default)`` of the
+    optional ones up to the last that is not its default (a graph then reads as the chain
+    would without the option)."""
+    values = [value for _, value, _ in optional]
+    while values and _is_default(values[-1], optional[len(values) - 1][2]):
+        values.pop()
+    return tuple(required) + tuple(values)
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    return value is default or (not isinstance(value, fx.Node) and type(value) is type(default) and value == default)
+
+
 # --- helpers for checks: everything comes from node.meta["val"] ------------------------
 
 def val(x: Any) -> Any:

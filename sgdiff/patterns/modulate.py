@@ -24,7 +24,7 @@ import torch
 
 from sgdiff.fxpasses.matcher import Arg, Lit, Match, Op, ReplayViews
 from sgdiff.patterns import parts
-from sgdiff.patterns.base import ChainPattern, broadcast_reason, same_shape, tensor_meta
+from sgdiff.patterns.base import ChainPattern, broadcast_reason, same_shape, tensor_meta, without_defaults
 
 aten = torch.ops.aten
 
@@ -71,8 +71,8 @@ def replacement(key: ModulateKey):
     if key.norm == "layer_norm":
         def args(m: Match):
             x, x_dtype, out_dtype = _casts(m)
-            return (x, m["weight"], m["bias"], m["eps"], _scale(m), m.get("shift"), True) + \
-                ((x_dtype, out_dtype) if x_dtype or out_dtype else ())
+            return without_defaults((x, m["weight"], m["bias"], m["eps"], _scale(m), m.get("shift"), True),
+                                    (("x_dtype", x_dtype, None), ("out_dtype", out_dtype, None)))
         return args
     if key.norm == "rms_norm":
         return lambda m: (m["x"], m.get("weight"), m["eps"], parts.rms_norm_form(m)[0], _scale(m), m.get("shift"))

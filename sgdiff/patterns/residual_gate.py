@@ -26,7 +26,8 @@ import torch
 
 from sgdiff.fxpasses.matcher import AnyOf, Arg, Lit, Match, Op, ReplayViews, Views
 from sgdiff.patterns import parts
-from sgdiff.patterns.base import ChainPattern, broadcast_reason, like_layout_reason, same_shape, tensor_meta
+from sgdiff.patterns.base import (ChainPattern, broadcast_reason, like_layout_reason, same_shape, tensor_meta,
+                                  without_defaults)
 
 aten = torch.ops.aten
 
@@ -107,20 +108,15 @@ def _promoted(m: Match, dtypes: dict) -> tuple:
 
 
 def replacement(key: ResidualGateKey):
-    def gate(m: Match):
-        views = m.get("gate_views")
-        return ReplayViews(views, m["gate"]) if views else parts.operand(m, "gate", folded_operands(m).get("gate", False))
-
     def args(m: Match):
         folded = folded_operands(m)
-        residual, update = (parts.operand(m, name, folded.get(name, False)) for name in ("residual", "update"))
+        residual, gate, update = (parts.operand(m, name, folded.get(name, False)) for name in FOLDABLE)
+        if m.get("gate_views"):  # a tanh gate: its views replayed on the gate
+            gate = ReplayViews(m["gate_views"], m["gate"])
         # residual_layout=False only where eager's output is contiguous but the residual is not
-        full = (residual, gate(m), update, key.tanh, _layout_of_residual(m), m.get("update_bias"),
-                m.get("update_divisor"), parts.cast_dtype(m, "out_cast"))
-        defaults = (True, None, None, None)  # the op's, for the trailing arguments
-        while len(full) > 4 and full[-1] == defaults[len(full) - 5]:
-            full = full[:-1]
-        return full
+        return without_defaults((residual, gate, update, key.tanh), (
+            ("residual_layout", _layout_of_residual(m), True), ("update_bias", m.get("update_bias"), None),
+            ("update_divisor", m.get("update_divisor"), None), ("out_dtype", parts.cast_dtype(m, "out_cast"), None)))
 
     return args
 
