@@ -18,6 +18,7 @@ one process, and 28 ms in a process of its own.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import pathlib
@@ -46,6 +47,7 @@ PROFILED = ("eager", "inductor", "sgdiff")  # where the GPU time of a step goes
 PAIRED = ("aot_eager", "sgdiff")  # also timed with eager's steps interleaved, in one process
 
 
+@functools.lru_cache(maxsize=None)
 def sgdiff_kernel_names() -> tuple:
     """The names sgdiff's Triton kernels launch under (a profiler event's name), read from the
     modules of ``sgdiff.kernels.triton`` so that a new kernel is counted without a list to keep."""

@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 
 from sgdiff.kernels import dispatch
+from sgdiff.kernels.layout import cast
 
 aten = torch.ops.aten
 
@@ -30,11 +31,6 @@ def layer_norm_reference(
 ) -> torch.Tensor:
     y = aten.native_layer_norm.default(cast(x, x_dtype), [x.shape[-1]], weight, bias, eps)[0].contiguous()
     return cast(y, out_dtype)
-
-
-def cast(x: torch.Tensor, dtype: Optional[torch.dtype]) -> torch.Tensor:
-    """``x.to(dtype)`` as eager's ``_to_copy`` (layout kept); x itself for None."""
-    return x if dtype is None else aten._to_copy.default(x, dtype=dtype)
 
 
 layer_norm = dispatch.define_op("layer_norm", layer_norm_reference)

@@ -20,7 +20,8 @@ from typing import Optional
 import torch
 
 from sgdiff.kernels import dispatch
-from sgdiff.kernels.layer_norm import cast, layer_norm_reference
+from sgdiff.kernels.layer_norm import layer_norm_reference
+from sgdiff.kernels.layout import cast
 from sgdiff.kernels.modulate import modulation
 
 

@@ -15,9 +15,15 @@ Patterns check that the eager chain produced the layout the op promises; referen
 """
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import torch
+
+
+def cast(x: torch.Tensor, dtype: Optional[torch.dtype]) -> torch.Tensor:
+    """``x.to(dtype)`` as eager's ``_to_copy`` runs it (x's layout kept); x itself for None: the
+    cast a chain ends or starts with (Wan's ``.float()`` and ``.type_as(x)``)."""
+    return x if dtype is None else torch.ops.aten._to_copy.default(x, dtype=dtype)
 
 
 def contiguous_strides(shape: Sequence[int]) -> List[int]:

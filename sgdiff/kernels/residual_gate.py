@@ -25,13 +25,12 @@ implementation *is* the chain.
 """
 from __future__ import annotations
 
-import torch
-
 from typing import Optional
 
+import torch
+
 from sgdiff.kernels import dispatch
-from sgdiff.kernels.layer_norm import cast
-from sgdiff.kernels.layout import in_layout_of
+from sgdiff.kernels.layout import cast, in_layout_of
 
 aten = torch.ops.aten
 

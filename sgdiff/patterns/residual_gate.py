@@ -65,6 +65,10 @@ def _update(key: ResidualGateKey):
     return _divided(update) if key.divisor else update()
 
 
+def _is_residual(v) -> bool:
+    return parts.is_token_stream(v) and not parts.is_product(v)
+
+
 def chain(key: ResidualGateKey):
     if key.tanh:  # tanh commutes with the views between it and the product: replay them
         gate = Views(Op(aten.tanh.default, Arg("gate"), shared=True), "gate_views")
@@ -73,7 +77,7 @@ def chain(key: ResidualGateKey):
     # a copied update first: either operand could be the Dropout's copy
     product = AnyOf(Op(aten.mul.Tensor, gate, Op(aten.clone.default, _update(key)), commutative=True),
                     Op(aten.mul.Tensor, gate, _update(key), commutative=True))
-    residual = parts.maybe_upcast("residual", check=lambda v: parts.is_token_stream(v) and not parts.is_product(v))
+    residual = parts.maybe_upcast("residual", check=_is_residual)
     return parts.out_cast(Op(aten.add.Tensor, residual, product, alpha=Lit(1), commutative=True))
 
 
@@ -149,7 +153,7 @@ def _layout_of_residual(m: Match) -> bool:
 
 def residual_add_chain():
     """``update / number + residual`` (Sana's and PixArt's cross-attention), either order."""
-    residual = Arg("residual", check=lambda v: parts.is_token_stream(v) and not parts.is_product(v))
+    residual = Arg("residual", check=_is_residual)
     return Op(aten.add.Tensor, _divided(lambda: Arg("update")), residual, alpha=Lit(1), commutative=True)
 
 
