@@ -19,16 +19,30 @@ def fake_kernel(*args):
     return out + 1 if mode["value"] == "wrong" else out
 
 
+def fake_bind(*bound_args):
+    """As a Triton module's bind: the launch for this signature, host work done once."""
+    calls["bind"] = calls.get("bind", 0) + 1
+    shape = bound_args[0].shape
+
+    def launch(*args):
+        assert args[0].shape == shape  # a call site's signature holds
+        calls["bound"] = calls.get("bound", 0) + 1
+        return fake_kernel(*args)
+
+    return launch
+
+
 def fake_can_use(residual, *args):
     calls["can_use"] += 1
     return residual.dim() == 3
 
 
-fake_kernel.can_use = fake_can_use
+fake_kernel.can_use, fake_kernel.bind = fake_can_use, fake_bind
 
 
 @pytest.fixture
 def cpu_kernel():
+    calls.clear()
     calls.update(can_use=0, kernel=0)
     mode["value"] = "exact"
     spec = registry.register_kernel(registry.KernelSpec(
@@ -92,3 +106,78 @@ def test_without_verification_nothing_is_settled(cpu_kernel):
     assert calls == {"can_use": 2, "kernel": 2} and not dispatch._verified
     dispatch.run("residual_gate", *args())  # verification back on: verified at first sight
     assert len(dispatch._verified) == 1
+
+
+def test_a_call_site_settles_per_alignment_then_runs_the_bound_launch(cpu_kernel, monkeypatch):
+    site = dispatch.SiteLauncher("residual_gate", (0, 1, 2))
+    signatures = []
+    monkeypatch.setattr(dispatch, "signature", lambda a, _s=dispatch.signature: signatures.append(1) or _s(a))
+    a = args()
+    assert torch.equal(site(*a), residual_gate_reference(*a))  # chosen and verified by run
+    assert calls == {"can_use": 1, "kernel": 1, "bind": 1} and len(signatures) == 2
+    for _ in range(3):
+        b = args()
+        assert torch.equal(site(*b), residual_gate_reference(*b))
+    assert calls == {"can_use": 1, "kernel": 4, "bind": 1, "bound": 3} and len(signatures) == 2  # no signature
+    # another alignment (a storage offset of one element) is another signature: chosen and verified
+    r = torch.randn(2 * 4 * 8 + 1)[1:].view(2, 4, 8)
+    c = (r, *args()[1:])
+    assert torch.equal(site(*c), residual_gate_reference(*c))
+    assert calls["can_use"] == 2 and calls["bind"] == 2 and len(dispatch._verified) == 2
+
+
+def test_a_call_site_forgets_what_a_disabled_kernel_settled(cpu_kernel, caplog):
+    site = dispatch.SiteLauncher("residual_gate", (0, 1, 2))
+    site(*args())
+    site(*args())
+    assert calls["bound"] == 1
+    mode["value"] = "raise"  # the bound launch raises: disabled, the reference answers
+    a = args()
+    with caplog.at_level("WARNING", logger="sgdiff"):
+        assert torch.equal(site(*a), residual_gate_reference(*a))
+    assert "raised RuntimeError: launch failed" in dispatch.disabled()[("residual_gate", "fake")]
+    mode["value"] = "exact"
+    kernel_calls = calls["kernel"]
+    for _ in range(2):
+        a = args()
+        assert torch.equal(site(*a), residual_gate_reference(*a))
+    assert calls["kernel"] == kernel_calls  # the site settled the reference now
+
+
+def test_a_call_site_forgets_after_a_reset(cpu_kernel):
+    site = dispatch.SiteLauncher("residual_gate", (0, 1, 2))
+    site(*args())
+    dispatch.reset()  # (as disabling any implementation does) nothing settled survives
+    site(*args())
+    assert calls["can_use"] == 2 and calls["bind"] == 2
+
+
+def test_during_a_capture_or_without_verification_a_site_settles_nothing(cpu_kernel):
+    site = dispatch.SiteLauncher("residual_gate", (0, 1, 2))
+    with dispatch.verification(False):
+        site(*args())
+        site(*args())
+    assert calls == {"can_use": 2, "kernel": 2} and not site._settled
+
+
+def test_lowering_gives_each_static_site_its_own_launcher(cpu_kernel):
+    from sgdiff.fxpasses.lowering import lower_to_launchers
+    from tests.capture import rewrite
+
+    def fn(x, y, g):
+        x = x + g * y
+        return x + g * (y * 2)
+
+    a = (torch.randn(2, 4, 8), torch.randn(2, 4, 8), torch.randn(2, 1, 8))
+    for dynamic in (False, True):
+        run, gm, result = rewrite(fn, a, families=["residual_gate"], dynamic=dynamic)
+        assert result.counts["residual_gate"] == 2
+        assert lower_to_launchers(gm) == 2
+        sites = [n.target for n in gm.graph.nodes if n.op == "call_function" and n.target.__name__.startswith("sgdiff_")]
+        assert len(sites) == 2
+        if dynamic:  # symbolic sizes: a signature can change between calls, the op's launcher serves
+            assert all(t is dispatch.launcher("residual_gate") for t in sites)
+        else:
+            assert all(isinstance(t, dispatch.SiteLauncher) for t in sites) and sites[0] is not sites[1]
+        for _ in range(2):
+            assert torch.equal(run(*a), fn(*a))

@@ -1,11 +1,13 @@
 """Lower sgdiff op calls in an executed graph to direct calls.
 
 A custom op call goes through the dispatcher (tens of µs of host time per call); the graph a
-backend runs does not need it. Each ``torch.ops.sgdiff.<op>`` node is retargeted to the op's
-plain Python launcher (:func:`sgdiff.kernels.dispatch.launcher`), which picks the same
-implementation the op would, or, where the op has nothing but its reference on that device and
-dtype, to the reference itself: the eager chain, at the eager chain's cost. Graphs meant for
-export keep the ops.
+backend runs does not need it. Each ``torch.ops.sgdiff.<op>`` node is retargeted to a plain
+Python launcher that picks the same implementation the op would: with static shapes one of
+the site's own (:class:`sgdiff.kernels.dispatch.SiteLauncher`, which settles per pointer
+alignment and then skips the signature and the host arithmetic), else the op's
+(:func:`sgdiff.kernels.dispatch.launcher`); or, where the op has nothing but its reference on
+that device and dtype, the reference itself: the eager chain, at the eager chain's cost.
+Graphs meant for export keep the ops.
 """
 from __future__ import annotations
 
@@ -33,8 +35,27 @@ def lower_to_launchers(gm: fx.GraphModule) -> int:
             if isinstance(x, torch.Tensor) and not dispatch.accelerated(op, x.device.type, x.dtype):
                 node.target = dispatch.reference(op)
             else:
-                node.target = dispatch.launcher(op)
+                tensors = _static_tensor_positions(node)
+                node.target = dispatch.launcher(op) if tensors is None else dispatch.SiteLauncher(op, tensors)
             lowered += 1
     if lowered:
         gm.recompile()
     return lowered
+
+
+def _static_tensor_positions(node: fx.Node):
+    """Positions of the node's tensor arguments, or None where a signature can vary between
+    calls beyond alignment (a symbolic size or stride, an argument without metadata)."""
+    positions = []
+    for i, arg in enumerate(node.args):
+        if isinstance(arg, (list, tuple)) and any(isinstance(a, fx.Node) for a in arg):
+            return None
+        if not isinstance(arg, fx.Node):
+            continue
+        v = arg.meta.get("val")
+        if not isinstance(v, torch.Tensor):
+            return None
+        if any(isinstance(s, torch.SymInt) for s in (*v.shape, *v.stride())):
+            return None
+        positions.append(i)
+    return tuple(positions)

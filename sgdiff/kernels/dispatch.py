@@ -30,6 +30,7 @@ log = logging.getLogger("sgdiff")
 
 _disabled: Dict[Tuple[str, str], str] = {}  # (op, backend) -> reason
 _verified: Set[tuple] = set()  # (op, backend, signature)
+_epoch = [0]  # bumped whenever settled choices are forgotten: call sites forget theirs too
 _verify = contextvars.ContextVar("sgdiff_verify", default=True)
 
 
@@ -39,6 +40,7 @@ def disable(op: str, backend: str, reason: str) -> None:
         _disabled[(op, backend)] = reason
         _plans.clear()
         _chosen.clear()
+        _epoch[0] += 1
         log.warning("sgdiff: %s implementation of %s disabled, falling back: %s", backend, op, reason)
 
 
@@ -52,6 +54,7 @@ def reset() -> None:
     _verified.clear()
     _plans.clear()
     _chosen.clear()
+    _epoch[0] += 1
 
 
 @contextlib.contextmanager
@@ -130,6 +133,56 @@ def launcher(op: str) -> Callable:
 
     launch.__name__ = launch.__qualname__ = "sgdiff_" + op.replace("::", "_")
     return launch
+
+
+class SiteLauncher:
+    """The launcher of one call site of a compiled graph.
+
+    With static shapes a site's inputs keep their shapes, strides, dtypes and device from call
+    to call (the compiled graph's guards hold them for its inputs, and ATen's rules derive the
+    rest), and its non-tensor arguments are the graph's constants: of an input's signature
+    only the pointers' alignment can change. So a site settles, per alignment, what a call
+    runs: the chosen implementation's launch bound to the signature (``impl.bind(*args)``,
+    which does the host arithmetic once), or the implementation itself. Choosing and
+    verifying stay :func:`run`'s; a site only remembers what :func:`run` settled, and forgets
+    it when an implementation is disabled or the registry changes.
+    """
+
+    def __init__(self, op: str, tensors: Tuple[int, ...]):
+        self.op = op
+        self.tensors = tensors  # positions of the tensor arguments
+        self.__name__ = self.__qualname__ = "sgdiff_site_" + op.replace("::", "_")
+        self._settled: Dict[tuple, tuple] = {}  # alignment -> (backend, callable)
+        self._epoch = None
+
+    def __call__(self, *args):
+        if self._epoch != (_epoch[0], registry.generation()):
+            self._settled.clear()
+            self._epoch = (_epoch[0], registry.generation())
+        key = tuple([args[i].data_ptr() & 15 for i in self.tensors])
+        settled = self._settled.get(key)
+        if settled is None:
+            return self._settle(key, args)
+        backend, fn = settled
+        if backend == "reference":
+            return fn(*args)
+        try:
+            return fn(*args)
+        except Exception as exc:  # as in run: a kernel must never break the model
+            disable(self.op, backend, f"raised {type(exc).__name__}: {exc}")
+            return run(self.op, *args)
+
+    def _settle(self, key: tuple, args: tuple):
+        out = run(self.op, *args)
+        chosen = _chosen.get((self.op, signature(args), registry.generation()))
+        if chosen is not None:  # settled by run (not during a capture, nor with verification off)
+            spec, impl = chosen
+            bind = getattr(impl, "bind", None) if spec.backend != "reference" else None
+            try:
+                self._settled[key] = (spec.backend, bind(*args) if bind is not None else impl)
+            except Exception as exc:
+                disable(self.op, spec.backend, f"could not bind: {type(exc).__name__}: {exc}")
+        return out
 
 
 def _plan(op: str, device: torch.device, dtype: torch.dtype) -> list:

@@ -56,3 +56,30 @@ def test_direct_launch_costs_less_host_time():
         kernel._direct = True
     print(f"host time per launch: direct {direct:.1f} us, Triton's own {own:.1f} us")
     assert direct < own
+
+
+def test_a_call_site_runs_its_bound_launch_exactly_and_for_less_host_time():
+    from sgdiff.kernels import dispatch
+
+    dispatch.reset()
+    site, launcher = dispatch.SiteLauncher("residual_gate", (0, 1, 2)), dispatch.launcher("residual_gate")
+    for offset in (0, 1, 8, 0, 1):  # each alignment settled once, then bound
+        args = _inputs(offset)
+        assert torch.equal(site(*args), residual_gate_reference(*args))
+    assert len(site._settled) == 2 and all(backend == "triton" for backend, _ in site._settled.values())
+    assert not dispatch.disabled()
+
+    def host_us(fn, args, calls=500):
+        fn(*args)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn(*args)
+        elapsed = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        return elapsed * 1e6 / calls
+
+    args = _inputs(0)
+    bound, general = min(host_us(site, args) for _ in range(3)), min(host_us(launcher, args) for _ in range(3))
+    print(f"host time per call: call site {bound:.1f} us, op launcher {general:.1f} us")
+    assert bound < general

@@ -70,12 +70,23 @@ def _plan(x, pad, contiguous):
     return shape, strides, grid, ints, dict(BLOCK_I=block_i, BLOCK_J=block_j)
 
 
+def bind(x, dtype, relu, pad, value, contiguous):
+    """:func:`cast_copy` for inputs of this signature, its host arithmetic done."""
+    shape, strides, grid, ints, blocks = _plan(x, tuple(pad), bool(contiguous))
+    kernel = _cast_copy_kernel.bound(grid, RELU=bool(relu), **blocks, num_warps=4)
+    value = float(value)
+
+    def launch(x, *_):
+        out = torch.empty_strided(shape, strides, dtype=dtype, device=x.device)
+        kernel(x, out, *ints, value)
+        return out
+
+    return launch
+
+
 def cast_copy(x, dtype, relu, pad, value, contiguous):
     """Launch; the caller has checked :func:`can_use`."""
-    shape, strides, grid, ints, blocks = _plan(x, tuple(pad), bool(contiguous))
-    out = torch.empty_strided(shape, strides, dtype=dtype, device=x.device)
-    _cast_copy_kernel[grid](x, out, *ints, float(value), RELU=bool(relu), **blocks, num_warps=4)
-    return out
+    return bind(x, dtype, relu, pad, value, contiguous)(x)
 
 
-cast_copy.can_use = can_use
+cast_copy.can_use, cast_copy.bind = can_use, bind

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -67,22 +67,30 @@ class LeanKernel:
     def __getitem__(self, grid):
         return functools.partial(self._launch, tuple(grid))
 
+    def bound(self, grid, **kwargs: Any) -> "BoundLaunch":
+        """``self[grid]`` with these keyword arguments, for calls whose other arguments keep
+        their dtypes, alignments and values (:class:`BoundLaunch`)."""
+        return BoundLaunch(self, tuple(grid), kwargs)
+
     def _launch(self, grid: Tuple[int, ...], *args: Any, **kwargs: Any):
-        if not self._direct or _hooked():
+        entry = self._entry(grid, args, kwargs)
+        if entry is None:
             return self.fn[grid](*args, **kwargs)
-        device = current_device()
-        key = (device, grid, *[(a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a for a in args],
+        run, g0, g1, g2, function, metadata, tail = entry
+        run(g0, g1, g2, raw_stream(current_device()), function, metadata, None, None, None, *args, *tail)
+
+    def _entry(self, grid: Tuple[int, ...], args: tuple, kwargs: dict) -> Optional[tuple]:
+        """What a direct launch of these arguments needs, or None where it launches Triton's way."""
+        if not self._direct or _hooked():
+            return None
+        key = (current_device(), grid,
+               *[(a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a for a in args],
                *kwargs.items())
         try:
             entry = self._launches.get(key)
         except TypeError:  # an unhashable argument: nothing to key on
-            return self.fn[grid](*args, **kwargs)
-        if entry is None:
-            entry = self._prepare(key, grid, args, kwargs)
-            if entry is None:
-                return self.fn[grid](*args, **kwargs)
-        run, g0, g1, g2, function, metadata, tail = entry
-        run(g0, g1, g2, raw_stream(device), function, metadata, None, None, None, *args, *tail)
+            return None
+        return entry if entry is not None else self._prepare(key, grid, args, kwargs)
 
     def _prepare(self, key: tuple, grid, args: tuple, kwargs: dict):
         """Compile through Triton (no launch) and keep what a direct launch needs."""
@@ -99,3 +107,26 @@ class LeanKernel:
             return None
         self._launches[key] = entry
         return entry
+
+
+class BoundLaunch:
+    """A launch of one kernel on one grid whose arguments keep, call after call, their dtypes,
+    their 16-byte alignment and the values of the non-tensor ones: one call site of a compiled
+    graph (:class:`sgdiff.kernels.dispatch.SiteLauncher`). The first call looks its compiled
+    kernel up as :class:`LeanKernel` does; later calls launch it without building the key."""
+
+    __slots__ = ("kernel", "grid", "kwargs", "entry", "device")
+
+    def __init__(self, kernel: LeanKernel, grid: Tuple[int, ...], kwargs: dict):
+        self.kernel, self.grid, self.kwargs = kernel, grid, kwargs
+        self.entry, self.device = None, None
+
+    def __call__(self, *args: Any):
+        entry = self.entry
+        if entry is None or current_device() != self.device or _hooked():
+            entry = self.kernel._entry(self.grid, args, self.kwargs)
+            if entry is None:
+                return self.kernel.fn[self.grid](*args, **self.kwargs)
+            self.entry, self.device = entry, current_device()
+        run, g0, g1, g2, function, metadata, tail = entry
+        run(g0, g1, g2, raw_stream(self.device), function, metadata, None, None, None, *args, *tail)

@@ -195,24 +195,35 @@ def _plan(x, scale, shift):
         triton.cdiv(N // VEC, THREADS)
 
 
-def _launch(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype):
+def _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype):
+    """The launch for inputs of this signature: ``launch(x, weight, bias, scale, shift)``."""
     shape, grid, ints, iters = _plan(x, scale, shift)
     dtype = x_dtype or x.dtype
-    out = torch.empty(shape, dtype=out_dtype or dtype, device=x.device)
-    scale_arg = scale if scale is not None else x
-    _layernorm_modulate_kernel[grid](
-        x, weight if weight is not None else x, bias if bias is not None else x,
-        scale_arg, shift if shift is not None else scale_arg, out, *ints, eps,
-        ITERS=iters, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+    out_dtype, view = out_dtype or dtype, x.shape
+    kernel = _layernorm_modulate_kernel.bound(
+        grid, ITERS=iters, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
         HAS_SHIFT=shift is not None, PLUS_ONE=scale_plus_one, DTYPE=TL_DTYPE[dtype], INTERPRET=INTERPRET,
-        HAS_SCALE=scale is not None, num_warps=4, enable_fp_fusion=False,
-    )
-    return out.view(x.shape)
+        HAS_SCALE=scale is not None, num_warps=4, enable_fp_fusion=False)
+
+    def launch(x, weight, bias, scale, shift):
+        out = torch.empty(shape, dtype=out_dtype, device=x.device)
+        scale_arg = scale if scale is not None else x
+        kernel(x, weight if weight is not None else x, bias if bias is not None else x,
+               scale_arg, shift if shift is not None else scale_arg, out, *ints, eps)
+        return out.view(view)
+
+    return launch
+
+
+def bind(x, weight, bias, eps, scale, shift, scale_plus_one=True, x_dtype=None, out_dtype=None):
+    """:func:`layernorm_modulate` for inputs of this signature, its host arithmetic done."""
+    launch = _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype)
+    return lambda x, weight, bias, eps, scale, shift, *_: launch(x, weight, bias, scale, shift)
 
 
 def layernorm_modulate(x, weight, bias, eps, scale, shift, scale_plus_one=True, x_dtype=None, out_dtype=None):
     """Launch; the caller has checked :func:`can_use`."""
-    return _launch(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype)
+    return _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype)(x, weight, bias, scale, shift)
 
 
 # --- sgdiff::layer_norm: the same kernel without the modulation ---------------------------
@@ -235,22 +246,35 @@ def layer_norm_can_use(x, weight, bias, eps, x_dtype=None, out_dtype=None) -> bo
     return x.is_cuda and layer_norm_supported_layout(x, weight, bias, eps, x_dtype, out_dtype)
 
 
-def layer_norm(x, weight, bias, eps, x_dtype=None, out_dtype=None):
-    """Launch; the caller has checked :func:`layer_norm_can_use`. A strided ``x`` is copied
-    contiguous first, as eager's kernel does (in x's dtype: widening it later is exact)."""
-    rows = x.contiguous().view(-1, x.shape[-1])
-    M, N = rows.shape
+def layer_norm_bind(x, weight, bias, eps, x_dtype=None, out_dtype=None):
+    """:func:`layer_norm` for inputs of this signature, its host arithmetic done. A strided
+    ``x`` is copied contiguous first, as eager's kernel does (in x's dtype: widening it later
+    is exact)."""
+    shape, view = (x.numel() // x.shape[-1], x.shape[-1]), x.shape
+    M, N = shape
     if N > SHORT_ROW:
-        return _launch(rows, weight, bias, eps, None, None, False, x_dtype, out_dtype).view(x.shape)
+        rows = torch.empty(shape, dtype=x.dtype, device="meta")  # the geometry of x.contiguous() as rows
+        launch = _bind(rows, weight, bias, eps, None, None, False, x_dtype, out_dtype)
+        return lambda x, weight, bias, *_: launch(x.contiguous().view(shape), weight, bias, None, None).view(view)
     dtype = x_dtype or x.dtype
-    out = torch.empty(rows.shape, dtype=out_dtype or dtype, device=x.device)
-    _layer_norm_short_rows_kernel[(triton.cdiv(M, SHORT_ROWS_PER_PROGRAM),)](
-        rows, weight if weight is not None else rows, bias if bias is not None else rows, out, M, N, eps,
-        ROWS=SHORT_ROWS_PER_PROGRAM, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-        DTYPE=TL_DTYPE[dtype], INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False,
-    )
-    return out.view(x.shape)
+    out_dtype = out_dtype or dtype
+    kernel = _layer_norm_short_rows_kernel.bound(
+        (triton.cdiv(M, SHORT_ROWS_PER_PROGRAM),), ROWS=SHORT_ROWS_PER_PROGRAM, HAS_WEIGHT=weight is not None,
+        HAS_BIAS=bias is not None, DTYPE=TL_DTYPE[dtype], INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False)
+
+    def launch(x, weight, bias, *_):
+        rows = x.contiguous().view(shape)
+        out = torch.empty(shape, dtype=out_dtype, device=x.device)
+        kernel(rows, weight if weight is not None else rows, bias if bias is not None else rows, out, M, N, eps)
+        return out.view(view)
+
+    return launch
 
 
-layernorm_modulate.can_use = can_use
-layer_norm.can_use = layer_norm_can_use
+def layer_norm(x, weight, bias, eps, x_dtype=None, out_dtype=None):
+    """Launch; the caller has checked :func:`layer_norm_can_use`."""
+    return layer_norm_bind(x, weight, bias, eps, x_dtype, out_dtype)(x, weight, bias)
+
+
+layernorm_modulate.can_use, layernorm_modulate.bind = can_use, bind
+layer_norm.can_use, layer_norm.bind = layer_norm_can_use, layer_norm_bind

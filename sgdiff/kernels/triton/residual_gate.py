@@ -142,31 +142,53 @@ def _plan(residual, gate, update, update_bias):
         triton.next_power_of_2(D)
 
 
-def _launch(residual, gate, update, tanh_gate, update_bias, update_divisor, out_dtype=None):
+def _bind(residual, gate, update, tanh_gate, update_bias, update_divisor, out_dtype=None):
+    """The launch for inputs of this signature: ``launch(residual, gate, update, bias)``."""
     shape, grid, ints, updated, product, total, block = _plan(residual, gate, update, update_bias)
-    out = torch.empty(shape, dtype=out_dtype or total, device=residual.device)
-    _residual_gate_kernel[grid](
-        residual, gate if gate is not None else update, update, update_bias if update_bias is not None else update,
-        out, *ints, reciprocal(update_divisor) if update_divisor is not None else 1.0,
-        UPDATE_DTYPE=TL_DTYPE[updated], PRODUCT_DTYPE=TL_DTYPE[product], SUM_DTYPE=TL_DTYPE[total],
-        TANH=bool(tanh_gate),
-        HAS_BIAS=update_bias is not None, DIVIDE=update_divisor is not None, GATED=gate is not None,
-        BLOCK=block, INTERPRET=INTERPRET, num_warps=4 if block <= 4096 else 8, enable_fp_fusion=False,
-        **libdevice_options(),
-    )
-    return out.view(residual.shape)
+    dtype, view = out_dtype or total, residual.shape
+    inv = reciprocal(update_divisor) if update_divisor is not None else 1.0
+    kernel = _residual_gate_kernel.bound(
+        grid, UPDATE_DTYPE=TL_DTYPE[updated], PRODUCT_DTYPE=TL_DTYPE[product], SUM_DTYPE=TL_DTYPE[total],
+        TANH=bool(tanh_gate), HAS_BIAS=update_bias is not None, DIVIDE=update_divisor is not None,
+        GATED=gate is not None, BLOCK=block, INTERPRET=INTERPRET, num_warps=4 if block <= 4096 else 8,
+        enable_fp_fusion=False, **libdevice_options())
+
+    def launch(residual, gate, update, bias):
+        out = torch.empty(shape, dtype=dtype, device=residual.device)
+        kernel(residual, gate if gate is not None else update, update, bias if bias is not None else update,
+               out, *ints, inv)
+        return out.view(view)
+
+    return launch
+
+
+def bind(residual, gate, update, tanh_gate, residual_layout=True, update_bias=None, update_divisor=None,
+         out_dtype=None):
+    """:func:`residual_gate` for inputs of this signature, its host arithmetic done."""
+    launch = _bind(residual, gate, update, tanh_gate, update_bias, update_divisor, out_dtype)
+
+    def bound(residual, gate, update, tanh_gate, residual_layout=True, update_bias=None, *_):
+        return launch(residual, gate, update, update_bias)
+
+    return bound
 
 
 def residual_gate(residual, gate, update, tanh_gate, residual_layout=True, update_bias=None, update_divisor=None,
                   out_dtype=None):
     """Launch; the caller has checked :func:`can_use`."""
-    return _launch(residual, gate, update, tanh_gate, update_bias, update_divisor, out_dtype)
+    return _bind(residual, gate, update, tanh_gate, update_bias, update_divisor, out_dtype)(
+        residual, gate, update, update_bias)
+
+
+def residual_add_bind(residual, update, update_divisor, update_first):
+    launch = _bind(residual, None, update, False, None, update_divisor)
+    return lambda residual, update, *_: launch(residual, None, update, None)
 
 
 def residual_add(residual, update, update_divisor, update_first):
     """Launch; the caller has checked :func:`residual_add_can_use`."""
-    return _launch(residual, None, update, False, None, update_divisor)
+    return residual_add_bind(residual, update, update_divisor, update_first)(residual, update)
 
 
-residual_gate.can_use = can_use
-residual_add.can_use = residual_add_can_use
+residual_gate.can_use, residual_gate.bind = can_use, bind
+residual_add.can_use, residual_add.bind = residual_add_can_use, residual_add_bind
