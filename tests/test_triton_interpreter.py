@@ -258,8 +258,8 @@ ROWWISE = textwrap.dedent(r"""
         y, bias = torch.randn(2, 8, 5, 6, dtype=dt).to(memory_format=torch.channels_last), torch.randn(8, dtype=dt) * 4
         yb = y + bias.view(-1, 1, 1)
         hidden, gate = yb.chunk(2, 1)
-        check(tsilu.bias_silu_mul(y, bias), silu_mul_reference(gate, hidden), False, tol=2 ** -4)  # 3 roundings
-        check(tsilu.bias_silu(y, bias), F.silu(yb), False)   # in place, into y
+        check(tsilu.bias_silu_mul_bind(y, bias)(y, bias), silu_mul_reference(gate, hidden), False, tol=2 ** -4)  # 3 roundings
+        check(tsilu.bias_silu_bind(y, bias)(y, bias), F.silu(yb), False)   # in place, into y
         # cast_copy: Sana's linear-attention operands, read through their views (nothing rounds)
         proj = torch.randn(2, 37, 3 * 8, dtype=dt)
         proj[0, 0, :2] = float("nan")

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.layout import contiguous_strides, like_strides
-from sgdiff.kernels.triton.launch import LeanKernel
+from sgdiff.kernels.triton.launch import LeanKernel, one_input_one_output
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan
 
 
@@ -74,14 +74,7 @@ def bind(x, dtype, relu, pad, value, contiguous):
     """:func:`cast_copy` for inputs of this signature, its host arithmetic done."""
     shape, strides, grid, ints, blocks = _plan(x, tuple(pad), bool(contiguous))
     kernel = _cast_copy_kernel.bound(grid, RELU=bool(relu), **blocks, num_warps=4)
-    value = float(value)
-
-    def launch(x, *_):
-        out = torch.empty_strided(shape, strides, dtype=dtype, device=x.device)
-        kernel(x, out, *ints, value)
-        return out
-
-    return launch
+    return one_input_one_output(kernel, shape, strides, dtype, *ints, float(value))
 
 
 def cast_copy(x, dtype, relu, pad, value, contiguous):

@@ -15,7 +15,7 @@ import torch
 from sgdiff.kernels.conv_silu import conv_silu_reference, convolution
 from sgdiff.kernels.conv_silu_mul import conv_silu_mul_reference
 from sgdiff.kernels.triton.rows import DTYPES
-from sgdiff.kernels.triton.silu_mul import bias_silu, bias_silu_mul
+from sgdiff.kernels.triton.silu_mul import bias_silu_bind, bias_silu_mul_bind
 
 
 def supported_layout(x, weight, bias, stride, padding, dilation, groups, halves: bool = False) -> bool:
@@ -39,20 +39,43 @@ def can_use(x, weight, bias, stride, padding, dilation, groups, halves: bool = F
             and on_cudnn(x, weight, bias, stride, padding, dilation, groups))
 
 
+def _conv_epilogue_bind(reference, bind_epilogue):
+    """A launch of cuDNN's bias-free convolution and then the epilogue, the epilogue bound at
+    the first call (it needs the convolution's output, whose geometry the signature fixes).
+    (Whether cuDNN is enabled is a process setting, not part of the input: with it off, the
+    chain runs.)"""
+    epilogue = []
+
+    def launch(x, weight, bias, stride, padding, dilation, groups):
+        if not torch._C._get_cudnn_enabled():
+            return reference(x, weight, bias, stride, padding, dilation, groups)
+        y = convolution(x, weight, None, stride, padding, dilation, groups)
+        if not epilogue:
+            epilogue.append(bind_epilogue(y, bias))
+        return epilogue[0](y, bias)
+
+    return launch
+
+
+def conv_silu_bind(*args):
+    """:func:`conv_silu` for inputs of this signature."""
+    return _conv_epilogue_bind(conv_silu_reference, bias_silu_bind)
+
+
+def conv_silu_mul_bind(*args):
+    """:func:`conv_silu_mul` for inputs of this signature."""
+    return _conv_epilogue_bind(conv_silu_mul_reference, bias_silu_mul_bind)
+
+
 def conv_silu(x, weight, bias, stride, padding, dilation, groups):
-    """Launch; the caller has checked :func:`can_use`. (Whether cuDNN is enabled is a process
-    setting, not part of the input: with it off, the chain runs.)"""
-    if not torch._C._get_cudnn_enabled():
-        return conv_silu_reference(x, weight, bias, stride, padding, dilation, groups)
-    return bias_silu(convolution(x, weight, None, stride, padding, dilation, groups), bias)
+    """Launch; the caller has checked :func:`can_use`."""
+    return conv_silu_bind()(x, weight, bias, stride, padding, dilation, groups)
 
 
 def conv_silu_mul(x, weight, bias, stride, padding, dilation, groups):
     """Launch; the caller has checked :func:`can_use` with ``halves``."""
-    if not torch._C._get_cudnn_enabled():
-        return conv_silu_mul_reference(x, weight, bias, stride, padding, dilation, groups)
-    return bias_silu_mul(convolution(x, weight, None, stride, padding, dilation, groups), bias)
+    return conv_silu_mul_bind()(x, weight, bias, stride, padding, dilation, groups)
 
 
-conv_silu.can_use = can_use
-conv_silu_mul.can_use = functools.partial(can_use, halves=True)
+conv_silu.can_use, conv_silu.bind = can_use, conv_silu_bind
+conv_silu_mul.can_use, conv_silu_mul.bind = functools.partial(can_use, halves=True), conv_silu_mul_bind

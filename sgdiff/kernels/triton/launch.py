@@ -130,3 +130,14 @@ class BoundLaunch:
             self.entry, self.device = entry, current_device()
         run, g0, g1, g2, function, metadata, tail = entry
         run(g0, g1, g2, raw_stream(self.device), function, metadata, None, None, None, *args, *tail)
+
+
+def one_input_one_output(kernel: BoundLaunch, shape, strides, dtype, *tail):
+    """``launch(x, ...)`` of a kernel that reads ``x`` and writes a fresh tensor of this
+    geometry: ``kernel(x, out, *tail)``."""
+    def launch(x, *_):
+        out = torch.empty_strided(shape, strides, dtype=dtype, device=x.device)
+        kernel(x, out, *tail)
+        return out
+
+    return launch

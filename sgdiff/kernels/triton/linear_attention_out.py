@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgdiff.kernels.triton.launch import LeanKernel
+from sgdiff.kernels.triton.launch import LeanKernel, one_input_one_output
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan
 
 
@@ -61,14 +61,7 @@ def bind(h, eps, dtype):
     """:func:`linear_attention_out` for inputs of this signature, its host arithmetic done."""
     shape, strides, grid, ints, blocks = _plan(h)
     kernel = _linear_attention_out_kernel.bound(grid, **blocks, num_warps=4, enable_fp_fusion=False)
-    eps = float(eps)
-
-    def launch(h, *_):
-        out = torch.empty_strided(shape, strides, dtype=dtype, device=h.device)
-        kernel(h, out, *ints, eps)
-        return out
-
-    return launch
+    return one_input_one_output(kernel, shape, strides, dtype, *ints, float(eps))
 
 
 def linear_attention_out(h, eps, dtype):

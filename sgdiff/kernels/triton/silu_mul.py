@@ -103,22 +103,32 @@ def _plan(a, b, a_bias, b_bias):
     return out.stride(), grid, ints, dict(BLOCK_R=block_r, BLOCK_D=block_d)
 
 
-def _launch(a, b, a_bias, b_bias, out=None):
+def _bind(a, b, a_bias, b_bias):
+    """The launch for inputs of this signature: ``launch(a, b, a_bias, b_bias, out=None)``."""
     out_strides, grid, ints, blocks = _plan(a, b, a_bias, b_bias)
-    if out is None:
-        dtype = a.dtype if b is None else torch.promote_types(a.dtype, b.dtype)
-        out = torch.empty_strided(a.shape, out_strides, dtype=dtype, device=a.device)
-    _silu_mul_kernel[grid](
-        a, a if b is None else b, out, a if a_bias is None else a_bias, a if b_bias is None else b_bias, *ints,
-        SILU_DTYPE=TL_DTYPE[a.dtype], HAS_B=b is not None, HAS_BIAS=a_bias is not None, **blocks,
-        INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False, **libdevice_options(),
-    )
-    return out
+    shape, dtype = a.shape, a.dtype if b is None else torch.promote_types(a.dtype, b.dtype)
+    kernel = _silu_mul_kernel.bound(
+        grid, SILU_DTYPE=TL_DTYPE[a.dtype], HAS_B=b is not None, HAS_BIAS=a_bias is not None, **blocks,
+        INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False, **libdevice_options())
+
+    def launch(a, b, a_bias, b_bias, out=None):
+        if out is None:
+            out = torch.empty_strided(shape, out_strides, dtype=dtype, device=a.device)
+        kernel(a, a if b is None else b, out, a if a_bias is None else a_bias, a if b_bias is None else b_bias, *ints)
+        return out
+
+    return launch
+
+
+def bind(a, b):
+    """:func:`silu_mul` for inputs of this signature, its host arithmetic done."""
+    launch = _bind(a, b, None, None)
+    return lambda a, b: launch(a, b, None, None)
 
 
 def silu_mul(a, b):
     """Launch; the caller has checked :func:`can_use`."""
-    return _launch(a, b, None, None)
+    return _bind(a, b, None, None)(a, b, None, None)
 
 
 # --- the epilogue of a biased convolution -----------------------------------------------
@@ -128,16 +138,24 @@ def channel_bias(bias, ndim: int):
     return bias.view(-1, *(1,) * (ndim - 2))
 
 
-def bias_silu(y, bias):
-    """``silu(y + bias)`` over a bias-free convolution output ``y``, written into ``y``."""
-    return _launch(y, None, channel_bias(bias, y.dim()), None, out=y)
+def bias_silu_bind(y, bias):
+    """``silu(y + bias)`` over a bias-free convolution output ``y``, written into ``y``:
+    ``launch(y, bias)`` for outputs and biases of this signature."""
+    launch = _bind(y, None, channel_bias(bias, y.dim()), None)
+    return lambda y, bias: launch(y, None, channel_bias(bias, y.dim()), None, out=y)
 
 
-def bias_silu_mul(y, bias):
-    """``a, g = (y + bias).chunk(2, 1); a * silu(g)`` over a bias-free convolution output ``y``."""
+def bias_silu_mul_bind(y, bias):
+    """``a, g = (y + bias).chunk(2, 1); a * silu(g)`` over a bias-free convolution output ``y``:
+    ``launch(y, bias)`` for outputs and biases of this signature."""
     half = y.shape[1] // 2
-    a_part, g_part = y.narrow(1, 0, half), y.narrow(1, half, half)
-    return _launch(g_part, a_part, channel_bias(bias[half:], y.dim()), channel_bias(bias[:half], y.dim()))
+
+    def operands(y, bias):
+        return (y.narrow(1, half, half), y.narrow(1, 0, half), channel_bias(bias[half:], y.dim()),
+                channel_bias(bias[:half], y.dim()))
+
+    launch = _bind(*operands(y, bias))
+    return lambda y, bias: launch(*operands(y, bias))
 
 
-silu_mul.can_use = can_use
+silu_mul.can_use, silu_mul.bind = can_use, bind
