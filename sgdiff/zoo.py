@@ -134,6 +134,12 @@ def _randn(*shape, g) -> torch.Tensor:
 
 def _place(model, kwargs, dtype, device):
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    # as `from_pretrained(..., torch_dtype=dtype)` loads it: the modules the model names (Wan's
+    # norms, modulation tables, time embedder, RoPE) keep fp32 weights
+    keep = getattr(model, "_keep_in_fp32_modules", None) or ()
+    for name, t in (*model.named_parameters(), *model.named_buffers()):
+        if t.is_floating_point() and any(k in name.split(".") for k in keep):
+            t.data = t.data.float()
 
     def move(v):
         if isinstance(v, torch.Tensor):
