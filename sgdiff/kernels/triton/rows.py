@@ -111,17 +111,8 @@ def tile_offsets(rows, d, n1, n2, s0, s1, s2, s3):
 
 @triton.jit
 def halves(t):
-    """The first and second halves of the last axis of a [R, W] fp32 tile, as [R, W/2] tiles.
-
-    Each half is an integer sum over an axis of size 2 of its bit patterns and 0: a shuffle
-    between the lanes that hold columns j and j + W/2, as in :func:`halving_sum`, where a
-    permute and split would move the tile through shared memory. Integers, because a float
-    sum could turn -0.0 into +0.0 (a reduction may start from +0.0) or touch a NaN."""
-    bits = tl.reshape(t.to(tl.int32, bitcast=True), (t.shape[0], 2, t.shape[1] // 2))
-    first = (tl.arange(0, 2) == 0)[None, :, None]
-    own = tl.sum(tl.where(first, bits, 0), axis=1)
-    other = tl.sum(tl.where(first, 0, bits), axis=1)
-    return own.to(tl.float32, bitcast=True), other.to(tl.float32, bitcast=True)
+    """The first and second halves of the last axis of a [R, W] tile, as [R, W/2] tiles."""
+    return tl.split(tl.permute(tl.reshape(t, (t.shape[0], 2, t.shape[1] // 2)), (0, 2, 1)))
 
 
 @triton.jit
