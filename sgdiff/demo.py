@@ -68,6 +68,9 @@ def main(argv=None) -> int:
           + ("" if equal else f" (max abs diff {(eager_out.float() - sgdiff_out.float()).abs().max():.3g})"))
     print(f"first call (compile) {first_call:.1f} s; median step: eager {eager_ms:.2f} ms, "
           f"sgdiff {sgdiff_ms:.2f} ms ({eager_ms / sgdiff_ms:.2f}x)")
+    if device.type != "cuda":
+        print("(on the CPU every op runs its reference, the eager chain itself: the rewrite is checked, "
+              "not sped up; the Triton kernels run on CUDA)")
     if device.type == "cuda":  # CUDA graphs take the host out of the step
         graphed = torch.compile(model, backend="sgdiff", mode="reduce-overhead")
         with torch.no_grad():
