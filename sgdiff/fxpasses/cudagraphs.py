@@ -52,9 +52,10 @@ class CudaGraphRunner:
         self.calls += 1
         if self.calls <= WARMUP:
             return self.fn(*args)
-        self.meta = {i: _meta(args[i]) for i, p in enumerate(self.addresses) if p is None}
-        self.buffers = {i: torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
-                        for i, a in enumerate(args) if self.addresses[i] is None}
+        moving = [i for i, p in enumerate(self.addresses) if p is None]
+        self.meta = {i: _meta(args[i]) for i in moving}
+        self.buffers = {i: torch.empty_strided(args[i].shape, args[i].stride(), dtype=args[i].dtype,
+                                               device=args[i].device) for i in moving}
         self.fixed = [i for i, p in enumerate(self.addresses) if p is not None]
         self.fixed_addresses = [self.addresses[i] for i in self.fixed]
         static = [self.buffers.get(i, a) for i, a in enumerate(args)]
@@ -88,7 +89,6 @@ class CudaGraphRunner:
             if _meta(args[i]) != self.meta[i]:
                 log.info("sgdiff: input %d differs from the captured one; running without the CUDA graph", i)
                 return self.fn(*args)
-        for i, buf in self.buffers.items():
             buf.copy_(args[i])
         self.graph.replay()
         return [o.clone() if isinstance(o, torch.Tensor) else o for o in self.outputs]

@@ -19,9 +19,7 @@ CUDA's own (:mod:`sgdiff.kernels.triton.cuda_math`).
 """
 from __future__ import annotations
 
-import functools
-import math
-
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -118,15 +116,9 @@ def residual_add_supported_layout(residual, update, update_divisor, update_first
 
 def reciprocal(divisor: float) -> float:
     """``1 / divisor`` as ATen's CUDA division by a CPU scalar takes it: the divisor rounded to
-    fp32, then an fp32 division on the host. Taken here in fp64 and rounded once to fp32, which
-    gives the same number (a division's double rounding through fp64 is exact)."""
-    return _reciprocal(divisor, math.copysign(1.0, divisor))  # -0.0 == 0.0 to a cache: key the sign too
-
-
-@functools.lru_cache(maxsize=64)
-def _reciprocal(divisor: float, sign: float) -> float:
-    d = torch.tensor(divisor, dtype=torch.float64).to(torch.float32).double()
-    return float((torch.ones((), dtype=torch.float64) / d).to(torch.float32))
+    fp32, then an fp32 division on the host (numpy's is IEEE, as the host's)."""
+    with np.errstate(divide="ignore", over="ignore"):
+        return float(np.float32(1.0) / np.float32(divisor))
 
 
 @cached_plan
