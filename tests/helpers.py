@@ -38,3 +38,17 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
                 torch.bfloat16: torch.int16, torch.float64: torch.int64}[a.dtype]
         return torch.equal(a.contiguous().view(view), b.contiguous().view(view))
     return torch.equal(a, b)
+
+
+#: linear_gelu_tanh's contract (the registry's doc): the share of max |out| any element may be off
+LINEAR_GELU_SHARE = {torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}
+
+
+def assert_linear_gelu_contract(got, want, share):
+    """At most 2 ulps off eager where |out| >= 0.1, and ``share`` of max |out| anywhere."""
+    mant = 7 if want.dtype == torch.bfloat16 else 10
+    got, want = got.float(), want.float()
+    ulp = torch.exp2(torch.floor(torch.log2(want.abs().clamp_min(1e-30))) - mant)
+    large = want.abs() >= 0.1
+    assert ((got - want).abs()[large] <= 2 * ulp[large]).all()
+    assert (got - want).abs().max() <= share * want.abs().max()

@@ -7,7 +7,7 @@ from hypothesis import given, strategies as st
 
 from sgdiff.kernels import registry
 from tests.capture import rewrite
-from tests.helpers import bits_equal, count_op, targets
+from tests.helpers import LINEAR_GELU_SHARE as SHARE, assert_linear_gelu_contract, bits_equal, count_op, targets
 
 aten = torch.ops.aten
 SILU_MUL = registry.op_def("silu_mul").load()
@@ -174,19 +174,50 @@ def test_linear_gelu_is_close_not_lossless(dtype, bias):
         assert bits_equal(got, want)
 
 
-@pytest.mark.parametrize("dtype,share", [(torch.bfloat16, 2 ** -7), (torch.float16, 2 ** -10)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", [(64, 32, 128), (333, 96, 384), (1024, 256, 1024)])  # K, N as in tiny/full FFs
-def test_linear_gelu_tolerance(dtype, share, shape):
+def test_linear_gelu_tolerance(dtype, shape):
     # the contract written in the registry: measured here against eager's two roundings
     S, K, N = shape
     x, w, b = gelu_args(dtype, S=S, K=K, N=N)
-    want = ff_gelu()(x, w, b).float()
-    got = LINEAR_GELU(x, w, b).float()
-    mant = 7 if dtype == torch.bfloat16 else 10
-    ulp = torch.exp2(torch.floor(torch.log2(want.abs().clamp_min(1e-30))) - mant)
-    large = want.abs() >= 0.1
-    assert ((got - want).abs()[large] <= 2 * ulp[large]).all()
-    assert (got - want).abs().max() <= share * want.abs().max()
+    assert_linear_gelu_contract(LINEAR_GELU(x, w, b), ff_gelu()(x, w, b), SHARE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("layout", ["transposed", "2d", "no_bias"])
+def test_cublaslt_linear_gelu_plumbing(dtype, layout):
+    """The cuBLASLt implementation's plumbing, run here through ATen's CPU ``_addmm_activation``
+    (tests/gpu checks cuBLASLt against the op's contract): any layout of x gives the bits of its
+    contiguous rows, a missing bias those of a zero bias, and the output is contiguous, of the
+    reference's shape and dtype."""
+    from sgdiff.kernels import cublaslt
+
+    x, w, b = gelu_args(dtype, S=33, K=64, N=96)
+    x = {"transposed": x.transpose(0, 1), "2d": x[0]}.get(layout, x)
+    b = None if layout == "no_bias" else b
+    got = cublaslt.linear_gelu_tanh(x, w, b)
+    want = LINEAR_GELU(x, w, b)
+    assert got.shape == want.shape and got.is_contiguous() and got.dtype == dtype
+    rows = cublaslt.linear_gelu_tanh(x.contiguous().view(-1, 64), w, torch.zeros_like(w[:, 0]) if b is None else b)
+    assert bits_equal(got, rows.view(got.shape))
+    if dtype == torch.bfloat16 and layout != "transposed":  # eager rounds a strided x's GEMM apart
+        assert_linear_gelu_contract(got, F.gelu(F.linear(x, w, b), approximate="tanh"), SHARE[dtype])
+
+
+def test_cublaslt_linear_gelu_serves_half_precision_on_cuda_only():
+    from sgdiff.kernels import cublaslt
+
+    spec = next(s for s in registry.kernel_specs("linear_gelu_tanh") if s.backend == "cublaslt")
+    assert spec.supports("cuda", "bfloat16") and spec.supports("cuda", "float16")
+    assert not spec.supports("cuda", "float32") and not spec.supports("cpu", "bfloat16")
+    x, w, b = gelu_args(torch.bfloat16)
+    assert cublaslt.supported_layout(x, w, b) and cublaslt.supported_layout(x, w, None)
+    assert not cublaslt.can_use(x, w, b)  # on the CPU
+    assert not cublaslt.supported_layout(x.float(), w.float(), b.float())  # fp32: the reference is eager
+    assert not cublaslt.supported_layout(x, w.half(), b)
+    assert not cublaslt.supported_layout(x, w, b[:-1])
+    assert not cublaslt.supported_layout(x[..., :-1], w, b)
+    assert not cublaslt.supported_layout(x[:0], w, b)
 
 
 def test_gelu_without_tanh_is_not_matched():

@@ -181,3 +181,37 @@ def test_lowering_gives_each_static_site_its_own_launcher(cpu_kernel):
             assert all(isinstance(t, dispatch.SiteLauncher) for t in sites) and sites[0] is not sites[1]
         for _ in range(2):
             assert torch.equal(run(*a), fn(*a))
+
+
+def fake_close_kernel(x, weight, bias):
+    calls["close"] = calls.get("close", 0) + 1
+    from sgdiff.kernels.linear_gelu_tanh import linear_gelu_tanh_reference
+    return linear_gelu_tanh_reference(x, weight, bias) + 1e-3  # close, never bit-exact
+
+
+def fake_close_can_use(*args):
+    calls["close_can_use"] = calls.get("close_can_use", 0) + 1
+    return True
+
+
+fake_close_kernel.can_use = fake_close_can_use
+
+
+def test_a_close_kernel_is_settled_without_verification():
+    """A ``close`` op's kernel has no bits to match: its first accepted signature is settled
+    as it is (no reference run, nothing disabled), and later calls skip ``can_use``."""
+    calls.clear()
+    spec = registry.register_kernel(registry.KernelSpec(
+        "linear_gelu_tanh", "fake", Contract.CLOSE, "tests.test_dispatch:fake_close_kernel",
+        devices=frozenset({"cpu"}), priority=100))
+    dispatch.reset()
+    try:
+        for _ in range(3):
+            x, w, b = torch.randn(2, 5, 8), torch.randn(12, 8), torch.randn(12)
+            from sgdiff.kernels.linear_gelu_tanh import linear_gelu_tanh_reference
+            assert torch.equal(dispatch.run("linear_gelu_tanh", x, w, b), linear_gelu_tanh_reference(x, w, b) + 1e-3)
+        assert calls == {"close": 3, "close_can_use": 1}
+        assert not dispatch.disabled() and not dispatch._verified
+    finally:
+        registry._SPECS["linear_gelu_tanh"].remove(spec)
+        dispatch.reset()

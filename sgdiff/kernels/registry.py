@@ -173,11 +173,18 @@ for _name, _contract, _doc in (
      "gelu_tanh(x @ weight.T + bias) in one fp32 pass, one rounding to x.dtype. fp32: bitwise "
      "equal to eager. fp16/bf16 (measured, tests/test_activation.py): a third of the elements "
      "differ from eager's two roundings, by at most 2 ulps where |out| >= 0.1 and at most "
-     "2^-10 (fp16) / 2^-7 (bf16) of max |out| anywhere"),
+     "2^-10 (fp16) / 2^-7 (bf16) of max |out| anywhere. On CUDA: cuBLASLt's GELU_BIAS epilogue "
+     "(tests/gpu/test_linear_gelu_gpu.py checks the same bounds)"),
 ):
     register_op(OpDef(_name, _contract, f"sgdiff.kernels.{_name}", _doc))
     register_kernel(KernelSpec(_name, "reference", _contract, f"sgdiff.kernels.{_name}:{_name}_reference"))
 del _name, _contract, _doc
+
+# The feed-forward GEMM and its GELU as one cuBLASLt call (close: one fp32 pass).
+register_kernel(KernelSpec(
+    "linear_gelu_tanh", "cublaslt", Contract.CLOSE, "sgdiff.kernels.cublaslt:linear_gelu_tanh",
+    devices=frozenset({"cuda"}), dtypes=frozenset({"float16", "bfloat16"}), priority=10,
+))
 
 for _name, _module in (("residual_gate", "residual_gate"), ("residual_add", "residual_gate"), ("rope", "rope"),
                       ("rope_even_odd", "rope"),
