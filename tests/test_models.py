@@ -65,3 +65,27 @@ def test_compiled_model_is_bitwise_equal_to_eager(case):
     finally:
         torch._dynamo.reset()
     assert bits_equal(got, eager)
+
+
+# extra-high adds the close rewrites: each projection + GELU-tanh (feed-forwards, caption and
+# text projections) becomes linear_gelu_tanh, beside the lossless activation sites
+EXTRA_HIGH_ACTIVATION = {"flux": 3, "wan": 2, "pixart": 2, "sd35": 3, "qwenimage": 1, "sana": 3}
+
+
+@pytest.mark.parametrize("name", sorted(EXTRA_HIGH_ACTIVATION))
+def test_extra_high_adds_each_projection_gelu_and_stays_close(name):
+    logging.getLogger("diffusers").setLevel(logging.ERROR)
+    model, kwargs = zoo.build(name, dtype=torch.bfloat16)
+    lossless, extra = sgdiff.explain(model, **kwargs), sgdiff.explain(model, quality="extra-high", **kwargs)
+    assert extra.counts["activation"] == EXTRA_HIGH_ACTIVATION[name], str(extra)
+    assert all(extra.counts[f] == lossless.counts[f] for f in FAMILIES if f != "activation")
+    assert not extra.skipped
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            eager = model(**kwargs)[0].float()
+            got = torch.compile(model, backend="sgdiff", options={"quality": "extra-high"})(**kwargs)[0].float()
+    finally:
+        torch._dynamo.reset()
+    assert not torch.equal(got, eager)  # the rewrite ran: one rounding fewer
+    assert (got - eager).abs().max() <= 0.05 * eager.abs().max()
