@@ -49,3 +49,9 @@ def fake_mode_of(tensors: Iterable[torch.Tensor]):
         return detect_fake_mode(list(tensors))
     except AssertionError:
         return None
+
+
+def addmm_gelu_tanh(bias: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
+    """``gelu_tanh(bias + mat1 @ mat2)``: cuBLASLt's GELU_BIAS epilogue on CUDA where it applies,
+    else ``addmm`` then ``gelu_(approximate="tanh")`` (ATen's ``_addmm_activation``)."""
+    return torch._addmm_activation(bias, mat1, mat2, use_gelu=True)

@@ -1,6 +1,6 @@
 """sgdiff::linear_gelu_tanh on CUDA: the GEMM with its bias and GELU-tanh as cuBLASLt's epilogue.
 
-ATen's ``torch._addmm_activation(bias, x, weight.t(), use_gelu=True)`` runs cuBLASLt with
+ATen's ``_addmm_activation(bias, x, weight.t(), use_gelu=True)`` runs cuBLASLt with
 ``CUBLASLT_EPILOGUE_GELU_BIAS``: the product accumulated in fp32, the bias added and GELU-tanh
 applied to the fp32 sum, one rounding to the output dtype — the op's contract (``close``).
 Where cuBLASLt cannot take the epilogue (ATen decides), ATen runs ``addmm`` and then
@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+
+from sgdiff import _compat
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -34,7 +36,7 @@ def linear_gelu_tanh(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     n = weight.shape[0]
     if bias is None:  # the epilogue takes a bias; adding zeros to the fp32 sum changes no value
         bias = x.new_zeros(n)
-    y = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=True)
+    y = _compat.addmm_gelu_tanh(bias, x.reshape(-1, x.shape[-1]), weight.t())
     return y.view(*x.shape[:-1], n)
 
 
