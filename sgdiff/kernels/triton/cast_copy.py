@@ -9,7 +9,6 @@ with the transpose in between done by the compiler through shared memory.
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
