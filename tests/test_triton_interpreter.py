@@ -343,3 +343,49 @@ def test_kernels_under_interpreter(script, cases):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["ok", str(cases)]  # every case ran
+
+
+PAIRED_TREE = textwrap.dedent(r"""
+    import torch, triton
+    from sgdiff.kernels.triton import layernorm_modulate as tk
+    torch.manual_seed(0)
+    kernel = tk._layer_norm_short_rows_kernel
+
+    def run(x, paired):
+        M, N = x.shape
+        out = torch.empty_like(x)
+        kernel[(triton.cdiv(M, 16),)](x, x, x, out, M, N, 1e-6, ROWS=16, HAS_WEIGHT=False, HAS_BIAS=False,
+                                      DTYPE=tl_f32, PAIRED=paired, INTERPRET=True)
+        return out
+
+    import triton.language as tl
+    tl_f32 = tl.float32
+    cases = 0
+    for N in (128, 64, 32, 16, 8, 4):
+        assert tk.paired(N)
+        x = torch.randn(37, N) * 3 + 1
+        x[3] = 0.0                                                   # a row of zeros
+        x[5, :4] = torch.tensor([1e30, -1e30, 3.0, -3.0])            # cancellation
+        x[7, 0] = float("inf")
+        x[9, 1] = float("nan")
+        y = torch.randn(37, N) * 1e-38                               # lane means below 2**-100:
+        y[20:] = torch.randn(17, N)                                  # programs that take the split tree
+        for t in (x, y):
+            a, b = run(t, True), run(t, False)
+            assert torch.equal(a.isnan(), b.isnan()), N
+            assert torch.equal(a.nan_to_num().view(torch.int32), b.nan_to_num().view(torch.int32)), N
+            cases += 1
+    assert not tk.paired(72) and not tk.paired(96) and not tk.paired(6)
+    print("ok", cases)
+""")
+
+
+def test_paired_lane_tree_gives_the_split_trees_bits():
+    """The per-head LayerNorm's lane tree as reductions over pairs (N = 4 * 2**k) against the
+    tree split lane by lane, bit for bit under the interpreter (fp32): rows with zeros,
+    cancellation, inf and NaN, and rows whose tiny lane means send their program to the split
+    tree. (The GPU tests check both against eager.)"""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", PAIRED_TREE], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["ok", "12"]

@@ -183,3 +183,24 @@ def test_per_head_layer_norm(B, S, H, D, dtype, layout, affine, casts):
     got = registry.op_def("layer_norm").load()(x, w, b, 1e-6, *cast_args)
     assert torch.equal(bits(got), bits(want)) and got.is_contiguous()
     assert not dispatch.disabled(), dispatch.disabled()
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_per_head_layer_norm_tiny_and_cancelling_rows(D, dtype):
+    """The paired lane tree (head_dim 4 * 2**k) against eager where its symmetry could fail:
+    rows whose lane means are tiny (those programs take the split tree), tiny rows beside
+    ordinary ones in one program, cancelling lanes, and subnormal-sized partial means."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(64, 8, D, device="cuda", generator=g)
+    x[0:16] *= 1e-38                                 # a whole program of tiny rows
+    x[20] *= 1e-38                                   # one tiny row among ordinary ones
+    x[33, :, :D // 2] = 1e-37
+    x[33, :, D // 2:] = -1e-37                       # lanes that cancel to tiny partial means
+    x[40, :, 0::2] = 3.0e-30
+    x[40, :, 1::2] = -2.9e-30
+    x[50] = torch.randint(-3, 4, (8, D), device="cuda", generator=g) * 2.0 ** -60
+    x = x.to(dtype)
+    for w, b in ((None, None), (torch.randn(D, device="cuda", generator=g).to(dtype), None)):
+        got, want = tk.layer_norm(x, w, b, 1e-6), F.layer_norm(x, (D,), w, b, 1e-6)
+        assert torch.equal(bits(got), bits(want))
