@@ -153,9 +153,10 @@ def paired_lane_tree(mean, m2, n):
     Rows of N = 4 * 2**k meet the first everywhere; the caller checks the second."""
     R: tl.constexpr = mean.shape[0]
     for level in tl.static_range(5):
-        H: tl.constexpr = 16 >> level
-        mean, m2, n = tl.reduce((tl.reshape(mean, (R, 2, H)), tl.reshape(m2, (R, 2, H)),
-                                 tl.reshape(n, (R, 2, H))), 1, welford_combine)
+        # the half width inline: a constexpr assigned in an unrolled loop is a redefinition
+        mean, m2, n = tl.reduce((tl.reshape(mean, (R, 2, 16 >> level)),
+                                 tl.reshape(m2, (R, 2, 16 >> level)),
+                                 tl.reshape(n, (R, 2, 16 >> level))), 1, welford_combine)
     return mean, m2, n
 
 
