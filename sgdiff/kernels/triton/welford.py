@@ -108,18 +108,19 @@ def short_rows_welford(x, active, PAIRED: tl.constexpr):
     mean, m2 = _online(mean, m2, x2, active, 1.0 / 3)
     mean, m2 = _online(mean, m2, x3, active, 1.0 / 4)
     n = tl.where(active, 4.0, 0.0)
+    # the trees' [R, 1] results take new names: a branch may not change a variable's shape
     if PAIRED:
         # halving a partial mean is exact (so a combine symmetric) unless some lane mean is
         # nonzero and below 2**-100 in magnitude: then the program takes the split tree
         tiny = (mean != 0.0) & (tl.abs(mean) < 7.888609052210118e-31)
         if tl.max(tiny.to(tl.int32)) == 0:
-            mean, m2, n = paired_lane_tree(mean, m2, n)
+            row_mean, row_m2, row_n = paired_lane_tree(mean, m2, n)
         else:
-            mean, m2, n = split_lane_tree(mean, m2, n)
+            row_mean, row_m2, row_n = split_lane_tree(mean, m2, n)
     else:
-        mean, m2, n = split_lane_tree(mean, m2, n)
+        row_mean, row_m2, row_n = split_lane_tree(mean, m2, n)
     R: tl.constexpr = mean.shape[0]
-    mean, m2, n = tl.reshape(mean, (R,)), tl.reshape(m2, (R,)), tl.reshape(n, (R,))
+    mean, m2, n = tl.reshape(row_mean, (R,)), tl.reshape(row_m2, (R,)), tl.reshape(row_n, (R,))
     empty = tl.zeros(mean.shape, tl.float32)
     mean, m2, n = welford_combine(mean, m2, n, empty, empty, empty)  # warp 0 <- warp 2
     return welford_combine(mean, m2, n, empty, empty, empty)  # warp 0 <- (warp 1 <- warp 3)
