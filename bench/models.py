@@ -41,6 +41,7 @@ VARIANTS = {
     "sgdiff": dict(backend="sgdiff"),  # lossless, no CUDA graphs
     "sgdiff_cudagraph": dict(backend="sgdiff", options={"cudagraphs": True}),
     "sgdiff_extra_high": dict(backend="sgdiff", options={"quality": "extra-high"}),
+    "sgdiff_extra_high_cudagraph": dict(backend="sgdiff", options={"quality": "extra-high", "cudagraphs": True}),
 }
 LOSSLESS = ("eager", "aot_eager", "sgdiff", "sgdiff_cudagraph")
 PROFILED = ("eager", "inductor", "sgdiff")  # where the GPU time of a step goes
