@@ -188,9 +188,9 @@ def test_per_head_layer_norm(B, S, H, D, dtype, layout, affine, casts):
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_per_head_layer_norm_tiny_and_cancelling_rows(D, dtype):
-    """The paired lane tree (head_dim 4 * 2**k) against eager where its symmetry could fail:
-    rows whose lane means are tiny (those programs take the split tree), tiny rows beside
-    ordinary ones in one program, cancelling lanes, and subnormal-sized partial means."""
+    """Per-head rows against eager where the lane tree's rounding is most fragile: whole
+    programs of tiny rows, a tiny row beside ordinary ones, lanes that cancel, and
+    subnormal-sized partial means."""
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(64, 8, D, device="cuda", generator=g)
     x[0:16] *= 1e-38                                 # a whole program of tiny rows

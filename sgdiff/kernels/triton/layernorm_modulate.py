@@ -127,7 +127,6 @@ def _layer_norm_short_rows_kernel(
     HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     DTYPE: tl.constexpr,  # the dtype eager's LayerNorm rounds to (out_ptr's may differ: a cast)
-    PAIRED: tl.constexpr,  # N = 4 * 2**k: the lane tree as reductions over pairs (welford.py)
     INTERPRET: tl.constexpr,
 ):
     """LayerNorm of ROWS short rows (head_dim) per program, each in its own warp's lanes."""
@@ -139,7 +138,7 @@ def _layer_norm_short_rows_kernel(
     mask = active[:, :, None]
     offs = rows[:, None, None] * N + col
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    mean, m2, _ = short_rows_welford(x, active, PAIRED)
+    mean, m2, _ = short_rows_welford(x, active)
     var = tl.math.div_rn(m2, tl.full(m2.shape, N, tl.float32))
     rstd = rsqrtf(var + eps, INTERPRET)
     y = _normalize(x, mean[:, None, None], rstd[:, None, None], w_ptr, b_ptr, col, mask, HAS_WEIGHT, HAS_BIAS)
@@ -247,12 +246,6 @@ def layer_norm_can_use(x, weight, bias, eps, x_dtype=None, out_dtype=None) -> bo
     return x.is_cuda and layer_norm_supported_layout(x, weight, bias, eps, x_dtype, out_dtype)
 
 
-def paired(N: int) -> bool:
-    """Rows of 4 * 2**k elements: every combine of the lane tree pairs equal counts or an empty state."""
-    lanes = N // VEC
-    return N % VEC == 0 and lanes > 0 and lanes & (lanes - 1) == 0
-
-
 def layer_norm_bind(x, weight, bias, eps, x_dtype=None, out_dtype=None):
     """:func:`layer_norm` for inputs of this signature, its host arithmetic done. A strided
     ``x`` is copied contiguous first, as eager's kernel does (in x's dtype: widening it later
@@ -267,8 +260,7 @@ def layer_norm_bind(x, weight, bias, eps, x_dtype=None, out_dtype=None):
     out_dtype = out_dtype or dtype
     kernel = _layer_norm_short_rows_kernel.bound(
         (triton.cdiv(M, SHORT_ROWS_PER_PROGRAM),), ROWS=SHORT_ROWS_PER_PROGRAM, HAS_WEIGHT=weight is not None,
-        HAS_BIAS=bias is not None, DTYPE=TL_DTYPE[dtype], PAIRED=paired(N), INTERPRET=INTERPRET, num_warps=4,
-        enable_fp_fusion=False)
+        HAS_BIAS=bias is not None, DTYPE=TL_DTYPE[dtype], INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False)
 
     def launch(x, weight, bias, *_):
         rows = x.contiguous().view(shape)

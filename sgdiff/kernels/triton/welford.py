@@ -88,18 +88,14 @@ def row_welford(row_ptr, n_vec, ITERS: tl.constexpr):
 
 
 @triton.jit
-def short_rows_welford(x, active, PAIRED: tl.constexpr):
+def short_rows_welford(x, active):
     """Mean, m2 and count of each row of a ``[R, 32, 4]`` tile (lane ``t`` holds vector ``t``)
     of rows no longer than one warp's vectors (N <= 128), in ATen's order.
 
     ATen gives such a row a whole 128-thread block in which only warp 0 holds data: warp 0's
     shuffle-down tree, then the cross-warp steps 0 <- 2 and 0 <- (1 <- 3), which fold in
     empty states. Those still round (the mean becomes ``(n * (1/n)) * mean``), so they are
-    taken here too; R rows share one program instead of one row per 4 warps.
-
-    ``PAIRED`` (N = 4 * 2**k): the tree's combines pair equal counts or an empty state, and
-    those are symmetric (see :func:`paired_lane_tree`), so each level may be a reduction over
-    an axis of size 2 instead of a split of the lane axis."""
+    taken here too; R rows share one program instead of one row per 4 warps."""
     x0, x1, x2, x3 = unpack4(x)
     mean = tl.zeros(x0.shape, tl.float32)
     m2 = tl.zeros(x0.shape, tl.float32)
@@ -108,57 +104,19 @@ def short_rows_welford(x, active, PAIRED: tl.constexpr):
     mean, m2 = _online(mean, m2, x2, active, 1.0 / 3)
     mean, m2 = _online(mean, m2, x3, active, 1.0 / 4)
     n = tl.where(active, 4.0, 0.0)
-    # the trees' [R, 1] results take new names: a branch may not change a variable's shape
-    if PAIRED:
-        # halving a partial mean is exact (so a combine symmetric) unless some lane mean is
-        # nonzero and below 2**-100 in magnitude: then the program takes the split tree
-        tiny = (mean != 0.0) & (tl.abs(mean) < 7.888609052210118e-31)
-        if tl.max(tiny.to(tl.int32)) == 0:
-            row_mean, row_m2, row_n = paired_lane_tree(mean, m2, n)
-        else:
-            row_mean, row_m2, row_n = split_lane_tree(mean, m2, n)
-    else:
-        row_mean, row_m2, row_n = split_lane_tree(mean, m2, n)
-    R: tl.constexpr = mean.shape[0]
-    mean, m2, n = tl.reshape(row_mean, (R,)), tl.reshape(row_m2, (R,)), tl.reshape(row_n, (R,))
-    empty = tl.zeros(mean.shape, tl.float32)
-    mean, m2, n = welford_combine(mean, m2, n, empty, empty, empty)  # warp 0 <- warp 2
-    return welford_combine(mean, m2, n, empty, empty, empty)  # warp 0 <- (warp 1 <- warp 3)
-
-
-@triton.jit
-def split_lane_tree(mean, m2, n):
-    """Warp 0's shuffle-down tree over ``[R, 32]`` lane states, to ``[R, 1]``.
-
-    Shuffle-down offsets 16, 8, 4, 2, 1: lane i folds in lane i + offset (own, other). Halving
-    the lane axis each level takes exactly lane 0's path, one combine per pair (tl.reduce's
-    order over this tile is Triton's to choose, and it combines every lane at every level)."""
+    # Shuffle-down offsets 16, 8, 4, 2, 1: lane i folds in lane i + offset (own, other). Halving
+    # the lane axis each level takes exactly lane 0's path, one combine per pair (tl.reduce's
+    # order over this tile is Triton's to choose, and it combines every lane at every level).
     for level in tl.static_range(5):
         mean_own, mean_oth = halves(mean)
         m2_own, m2_oth = halves(m2)
         n_own, n_oth = halves(n)
         mean, m2, n = welford_combine(mean_own, m2_own, n_own, mean_oth, m2_oth, n_oth)
-    return mean, m2, n
-
-
-@triton.jit
-def paired_lane_tree(mean, m2, n):
-    """:func:`split_lane_tree` where every combine is symmetric, each level a reduction over
-    an axis of size 2 (lanes i and i + offset): in one thread or across two, in either order,
-    it gives the tree's bits.
-
-    A combine is symmetric when the two counts are equal (``n_a = n_b = 1/2`` exactly: the mean
-    is ``fma(1/2, other, own/2)``, the same either way while ``own/2`` is exact, which it is
-    when partial means are multiples of 2**-128 or more; ``delta**2`` and ``m2_a + m2_b`` do
-    not depend on the order) or when one state is empty (the other comes through unchanged).
-    Rows of N = 4 * 2**k meet the first everywhere; the caller checks the second."""
     R: tl.constexpr = mean.shape[0]
-    for level in tl.static_range(5):
-        # the half width inline: a constexpr assigned in an unrolled loop is a redefinition
-        mean, m2, n = tl.reduce((tl.reshape(mean, (R, 2, 16 >> level)),
-                                 tl.reshape(m2, (R, 2, 16 >> level)),
-                                 tl.reshape(n, (R, 2, 16 >> level))), 1, welford_combine)
-    return mean, m2, n
+    mean, m2, n = tl.reshape(mean, (R,)), tl.reshape(m2, (R,)), tl.reshape(n, (R,))
+    empty = tl.zeros(mean.shape, tl.float32)
+    mean, m2, n = welford_combine(mean, m2, n, empty, empty, empty)  # warp 0 <- warp 2
+    return welford_combine(mean, m2, n, empty, empty, empty)  # warp 0 <- (warp 1 <- warp 3)
 
 
 @triton.jit
