@@ -29,10 +29,18 @@ from sgdiff.kernels.triton.welford import (
     THREADS_C,
     VEC,
     VEC_C,
+    _online,
     aligned_vec4,
     row_welford,
     short_rows_welford,
+    welford_combine,
 )
+
+try:  # Triton's layout-explicit dialect (triton >= 3.5); not run by the interpreter
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+except ImportError:
+    gluon = None
 
 
 @LeanKernel
@@ -147,6 +155,63 @@ def _layer_norm_short_rows_kernel(
 
 
 
+if gluon is not None:
+    @gluon.jit
+    def _lane0(v):
+        """Every lane of a warp takes lane 0's value (shfl.sync.idx)."""
+        return gl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, 0, 31, -1;", "=r,r", [v],
+                                         dtype=gl.float32, is_pure=True, pack=1)
+
+    @LeanKernel
+    @gluon.jit
+    def _layer_norm_warp_rows_kernel(
+        x_ptr, w_ptr, b_ptr, out_ptr, M, N, eps,  # as _layer_norm_short_rows_kernel's
+        ROWS: gl.constexpr,
+        HAS_WEIGHT: gl.constexpr,
+        HAS_BIAS: gl.constexpr,
+        DTYPE: gl.constexpr,
+        INTERPRET: gl.constexpr,
+    ):
+        """_layer_norm_short_rows_kernel with ATen's thread layout written out: each row in one
+        warp, lane t holding the row's 4-vector t as ATen's thread t does. Loads and stores are a
+        vector per lane (a warp reads 256 contiguous bytes of a bf16 row); the lane tree is
+        ``gl.reduce`` over the lane axis, which Triton lowers to a butterfly (``shfl.bfly`` at
+        offsets 16, 8, 4, 2, 1, each lane combining (own, other)): lane 0's path is exactly
+        shuffle-down's, while other lanes may end elsewhere (a combine of unequal counts is not
+        symmetric), so every lane then takes lane 0's state. No shared memory, no barrier."""
+        L: gl.constexpr = gl.BlockedLayout([1, 1, VEC_C], [1, 32, 1], [gl.num_warps(), 1, 1], [2, 1, 0])
+        LANES: gl.constexpr = gl.SliceLayout(2, L)  # [ROWS, 32]: a state per lane
+        rows = gl.program_id(0).to(gl.int64) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, LANES))
+        t = gl.arange(0, 32, layout=gl.SliceLayout(0, LANES))
+        j = gl.arange(0, VEC_C, layout=gl.SliceLayout(0, gl.SliceLayout(1, L)))
+        active = (rows < M)[:, None] & (t < N // VEC_C)[None, :]
+        col = t[None, :, None] * VEC_C + j[None, None, :]
+        mask = active[:, :, None]
+        offs = rows[:, None, None] * N + col
+        x = gl.load(x_ptr + offs, mask=mask, other=0.0).to(gl.float32)
+        even, odd = gl.split(gl.reshape(x, [ROWS, 32, 2, 2]))  # entries (0, 2) and (1, 3)
+        x0, x2 = gl.split(even)
+        x1, x3 = gl.split(odd)
+        mean = gl.zeros([ROWS, 32], gl.float32, LANES)
+        m2 = gl.zeros([ROWS, 32], gl.float32, LANES)
+        mean, m2 = _online(mean, m2, gl.convert_layout(x0, LANES), active, 1.0)  # the same layout: no data moves
+        mean, m2 = _online(mean, m2, gl.convert_layout(x1, LANES), active, 1.0 / 2)
+        mean, m2 = _online(mean, m2, gl.convert_layout(x2, LANES), active, 1.0 / 3)
+        mean, m2 = _online(mean, m2, gl.convert_layout(x3, LANES), active, 1.0 / 4)
+        n = gl.where(active, 4.0, 0.0)
+        mean, m2, n = gl.reduce((mean, m2, n), 1, welford_combine)
+        mean, m2, n = _lane0(mean), _lane0(m2), _lane0(n)
+        empty = gl.zeros_like(mean)
+        mean, m2, n = welford_combine(mean, m2, n, empty, empty, empty)  # warp 0 <- warp 2
+        mean, m2, n = welford_combine(mean, m2, n, empty, empty, empty)  # warp 0 <- (warp 1 <- warp 3)
+        var = gl.div_rn(m2, gl.full(m2.shape, N, gl.float32, m2.type.layout))
+        rstd = rsqrtf(var + eps, INTERPRET)
+        y = _normalize(x, mean[:, None, None], rstd[:, None, None], w_ptr, b_ptr, col, mask, HAS_WEIGHT, HAS_BIAS)
+        gl.store(out_ptr + offs, y.to(DTYPE).to(out_ptr.dtype.element_ty), mask=mask)
+else:
+    _layer_norm_warp_rows_kernel = None
+
+
 def can_use(x, weight, bias, eps, scale, shift, scale_plus_one=True, x_dtype=None, out_dtype=None) -> bool:
     """Inputs on which eager takes ATen's vectorized LayerNorm and every operand is one dtype."""
     return x.is_cuda and supported_layout(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype)
@@ -230,6 +295,7 @@ def layernorm_modulate(x, weight, bias, eps, scale, shift, scale_plus_one=True, 
 
 SHORT_ROW = THREADS  # rows up to one warp's 4-vectors (head_dim <= 128) take the short-rows kernel
 SHORT_ROWS_PER_PROGRAM = 16
+WARP_ROWS_PER_PROGRAM = 16  # the Gluon kernel's: 4 rows a warp
 
 
 def layer_norm_supported_layout(x, weight, bias, eps, x_dtype=None, out_dtype=None) -> bool:
@@ -258,8 +324,11 @@ def layer_norm_bind(x, weight, bias, eps, x_dtype=None, out_dtype=None):
         return lambda x, weight, bias, *_: launch(x.contiguous().view(shape), weight, bias, None, None).view(view)
     dtype = x_dtype or x.dtype
     out_dtype = out_dtype or dtype
-    kernel = _layer_norm_short_rows_kernel.bound(
-        (triton.cdiv(M, SHORT_ROWS_PER_PROGRAM),), ROWS=SHORT_ROWS_PER_PROGRAM, HAS_WEIGHT=weight is not None,
+    warp_rows = _layer_norm_warp_rows_kernel is not None and not INTERPRET
+    kernel, rows_per_program = ((_layer_norm_warp_rows_kernel, WARP_ROWS_PER_PROGRAM) if warp_rows
+                                else (_layer_norm_short_rows_kernel, SHORT_ROWS_PER_PROGRAM))
+    kernel = kernel.bound(
+        (triton.cdiv(M, rows_per_program),), ROWS=rows_per_program, HAS_WEIGHT=weight is not None,
         HAS_BIAS=bias is not None, DTYPE=TL_DTYPE[dtype], INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False)
 
     def launch(x, weight, bias, *_):

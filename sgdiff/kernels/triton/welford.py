@@ -49,7 +49,7 @@ def welford_combine(own_mean, own_m2, own_n, oth_mean, oth_m2, oth_n):
     """cuWelfordCombine(dataB=own, dataA=other), as nvcc compiles it."""
     delta = own_mean - oth_mean
     n = oth_n + own_n
-    coef = tl.math.div_rn(tl.full(n.shape, 1.0, tl.float32), n)
+    coef = tl.math.div_rn(1.0, n)
     n_a = oth_n * coef
     n_b = own_n * coef
     mean = tl.fma(n_a, oth_mean, n_b * own_mean)
