@@ -29,10 +29,11 @@ from sgdiff.kernels.triton.welford import (
     THREADS_C,
     VEC,
     VEC_C,
-    _online,
     aligned_vec4,
+    fold_empty_warps,
     row_welford,
     short_rows_welford,
+    vector_welford,
     welford_combine,
 )
 
@@ -192,18 +193,13 @@ if gluon is not None:
         even, odd = gl.split(gl.reshape(x, [ROWS, 32, 2, 2]))  # entries (0, 2) and (1, 3)
         x0, x2 = gl.split(even)
         x1, x3 = gl.split(odd)
-        mean = gl.zeros([ROWS, 32], gl.float32, LANES)
-        m2 = gl.zeros([ROWS, 32], gl.float32, LANES)
-        mean, m2 = _online(mean, m2, gl.convert_layout(x0, LANES), active, 1.0)  # the same layout: no data moves
-        mean, m2 = _online(mean, m2, gl.convert_layout(x1, LANES), active, 1.0 / 2)
-        mean, m2 = _online(mean, m2, gl.convert_layout(x2, LANES), active, 1.0 / 3)
-        mean, m2 = _online(mean, m2, gl.convert_layout(x3, LANES), active, 1.0 / 4)
-        n = gl.where(active, 4.0, 0.0)
+        # the same layout under another name: no data moves
+        x0, x1 = gl.convert_layout(x0, LANES), gl.convert_layout(x1, LANES)
+        x2, x3 = gl.convert_layout(x2, LANES), gl.convert_layout(x3, LANES)
+        mean, m2, n = vector_welford(x0, x1, x2, x3, active, gl.zeros([ROWS, 32], gl.float32, LANES))
         mean, m2, n = gl.reduce((mean, m2, n), 1, welford_combine)
         mean, m2, n = _lane0(mean), _lane0(m2), _lane0(n)
-        empty = gl.zeros_like(mean)
-        mean, m2, n = welford_combine(mean, m2, n, empty, empty, empty)  # warp 0 <- warp 2
-        mean, m2, n = welford_combine(mean, m2, n, empty, empty, empty)  # warp 0 <- (warp 1 <- warp 3)
+        mean, m2, n = fold_empty_warps(mean, m2, n, gl.zeros_like(mean))
         var = gl.div_rn(m2, gl.full(m2.shape, N, gl.float32, m2.type.layout))
         rstd = rsqrtf(var + eps, INTERPRET)
         y = _normalize(x, mean[:, None, None], rstd[:, None, None], w_ptr, b_ptr, col, mask, HAS_WEIGHT, HAS_BIAS)

@@ -97,13 +97,7 @@ def short_rows_welford(x, active):
     empty states. Those still round (the mean becomes ``(n * (1/n)) * mean``), so they are
     taken here too; R rows share one program instead of one row per 4 warps."""
     x0, x1, x2, x3 = unpack4(x)
-    mean = tl.zeros(x0.shape, tl.float32)
-    m2 = tl.zeros(x0.shape, tl.float32)
-    mean, m2 = _online(mean, m2, x0, active, 1.0)
-    mean, m2 = _online(mean, m2, x1, active, 1.0 / 2)
-    mean, m2 = _online(mean, m2, x2, active, 1.0 / 3)
-    mean, m2 = _online(mean, m2, x3, active, 1.0 / 4)
-    n = tl.where(active, 4.0, 0.0)
+    mean, m2, n = vector_welford(x0, x1, x2, x3, active, tl.zeros(x0.shape, tl.float32))
     # Shuffle-down offsets 16, 8, 4, 2, 1: lane i folds in lane i + offset (own, other). Halving
     # the lane axis each level takes exactly lane 0's path, one combine per pair (tl.reduce's
     # order over this tile is Triton's to choose, and it combines every lane at every level).
@@ -114,7 +108,24 @@ def short_rows_welford(x, active):
         mean, m2, n = welford_combine(mean_own, m2_own, n_own, mean_oth, m2_oth, n_oth)
     R: tl.constexpr = mean.shape[0]
     mean, m2, n = tl.reshape(mean, (R,)), tl.reshape(m2, (R,)), tl.reshape(n, (R,))
-    empty = tl.zeros(mean.shape, tl.float32)
+    return fold_empty_warps(mean, m2, n, tl.zeros(mean.shape, tl.float32))
+
+
+@triton.jit
+def vector_welford(x0, x1, x2, x3, active, zero):
+    """Each lane's Welford state over its 4-vector ``(x0, x1, x2, x3)`` (fp32 tiles of one
+    shape, ``zero`` a zero tile of it): counts 1 to 4, idle lanes left empty."""
+    mean, m2 = _online(zero, zero, x0, active, 1.0)
+    mean, m2 = _online(mean, m2, x1, active, 1.0 / 2)
+    mean, m2 = _online(mean, m2, x2, active, 1.0 / 3)
+    mean, m2 = _online(mean, m2, x3, active, 1.0 / 4)
+    return mean, m2, tl.where(active, 4.0, 0.0)
+
+
+@triton.jit
+def fold_empty_warps(mean, m2, n, empty):
+    """ATen's cross-warp steps for a row held by warp 0 alone: 0 <- 2, then 0 <- (1 <- 3),
+    each a combine with an empty state (``empty``: zeros), which still rounds."""
     mean, m2, n = welford_combine(mean, m2, n, empty, empty, empty)  # warp 0 <- warp 2
     return welford_combine(mean, m2, n, empty, empty, empty)  # warp 0 <- (warp 1 <- warp 3)
 
