@@ -14,6 +14,11 @@ result cast to ``out_dtype`` when stored, as Wan's ``(norm(x.float()) ... ).type
 One program normalizes one row, as ATen does; it reads the row twice (stats, then output),
 the second time from cache. ``scale``/``shift`` are read through broadcast strides
 ``[B, S, N]`` so chunk views, ``[:, None]`` rows and per-token tensors need no copy.
+
+sgdiff::layer_norm is the same normalization without the modulation. Rows of at most 128
+(per-head QK norms) pack many rows a program: on CUDA a Gluon kernel that holds each row as
+ATen's threads hold it, elsewhere (the interpreter, a Triton without Gluon) a Triton kernel
+that takes ATen's lane tree by halving the lane axis.
 """
 from __future__ import annotations
 
