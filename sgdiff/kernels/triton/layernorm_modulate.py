@@ -17,10 +17,12 @@ the second time from cache. ``scale``/``shift`` are read through broadcast strid
 
 sgdiff::layer_norm is the same normalization without the modulation. Rows of at most 128
 (per-head QK norms) pack many rows a program: on CUDA a Gluon kernel that holds each row as
-ATen's threads hold it, elsewhere (the interpreter, a Triton without Gluon) a Triton kernel
-that takes ATen's lane tree by halving the lane axis.
+ATen's threads hold it; elsewhere (the interpreter, a Triton without Gluon or whose Gluon
+fails on it: logged) a Triton kernel that takes ATen's lane tree by halving the lane axis.
 """
 from __future__ import annotations
+
+import logging
 
 import torch
 import triton
@@ -41,6 +43,8 @@ from sgdiff.kernels.triton.welford import (
     vector_welford,
     welford_combine,
 )
+
+log = logging.getLogger("sgdiff")
 
 try:  # Triton's layout-explicit dialect (triton >= 3.5); not run by the interpreter
     from triton.experimental import gluon
@@ -325,20 +329,42 @@ def layer_norm_bind(x, weight, bias, eps, x_dtype=None, out_dtype=None):
         return lambda x, weight, bias, *_: launch(x.contiguous().view(shape), weight, bias, None, None).view(view)
     dtype = x_dtype or x.dtype
     out_dtype = out_dtype or dtype
-    warp_rows = _layer_norm_warp_rows_kernel is not None and not INTERPRET
-    kernel, rows_per_program = ((_layer_norm_warp_rows_kernel, WARP_ROWS_PER_PROGRAM) if warp_rows
-                                else (_layer_norm_short_rows_kernel, SHORT_ROWS_PER_PROGRAM))
-    kernel = kernel.bound(
-        (triton.cdiv(M, rows_per_program),), ROWS=rows_per_program, HAS_WEIGHT=weight is not None,
-        HAS_BIAS=bias is not None, DTYPE=TL_DTYPE[dtype], INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False)
+    kernel, first_gluon = _short_rows_kernel(M, weight, bias, dtype)
 
     def launch(x, weight, bias, *_):
+        nonlocal kernel, first_gluon
         rows = x.contiguous().view(shape)
         out = torch.empty(shape, dtype=out_dtype, device=x.device)
-        kernel(rows, weight if weight is not None else rows, bias if bias is not None else rows, out, M, N, eps)
+        args = (rows, weight if weight is not None else rows, bias if bias is not None else rows, out, M, N, eps)
+        if not first_gluon:
+            kernel(*args)
+            return out.view(view)
+        try:  # the first launch compiles it: a Triton whose Gluon differs takes the Triton kernel
+            kernel(*args)
+        except Exception as exc:
+            _gluon_failed.append(f"{type(exc).__name__}: {exc}")
+            log.warning("sgdiff: layer_norm's Gluon kernel for rows of %d failed on this Triton (%s); "
+                        "using the Triton kernel", N, _gluon_failed[-1].splitlines()[0][:200])
+            kernel, _ = _short_rows_kernel(M, weight, bias, dtype)
+            kernel(*args)
+        first_gluon = False
         return out.view(view)
 
     return launch
+
+
+_gluon_failed: list = []  # why the Gluon kernel could not run in this process, if it could not
+
+
+def _short_rows_kernel(M, weight, bias, dtype):
+    """The short-rows launch for M rows, bound, and whether it is the (not yet launched) Gluon one."""
+    gluon_kernel = _layer_norm_warp_rows_kernel is not None and not INTERPRET and not _gluon_failed
+    kernel, rows_per_program = ((_layer_norm_warp_rows_kernel, WARP_ROWS_PER_PROGRAM) if gluon_kernel
+                                else (_layer_norm_short_rows_kernel, SHORT_ROWS_PER_PROGRAM))
+    return kernel.bound(
+        (triton.cdiv(M, rows_per_program),), ROWS=rows_per_program, HAS_WEIGHT=weight is not None,
+        HAS_BIAS=bias is not None, DTYPE=TL_DTYPE[dtype], INTERPRET=INTERPRET, num_warps=4,
+        enable_fp_fusion=False), gluon_kernel
 
 
 def layer_norm(x, weight, bias, eps, x_dtype=None, out_dtype=None):

@@ -1,5 +1,6 @@
-"""The per-head LayerNorm's Gluon kernel, compiled for sm_90 on the CPU (no GPU, no launch):
-the structure its bit-exactness rests on, in the PTX the installed Triton emits.
+"""The per-head LayerNorm's short-rows kernels on the CPU (no GPU): the Gluon kernel compiled
+for sm_90, the structure its bit-exactness rests on, in the PTX the installed Triton emits;
+and the fall back to the Triton kernel where the Gluon one cannot run.
 
 The kernel relies on Triton lowering ``gl.reduce`` over the lane axis to a butterfly whose
 offsets run 16, 8, 4, 2, 1 with each lane combining (own, other), so that lane 0 follows
@@ -9,13 +10,17 @@ import re
 
 import pytest
 
+import logging
+
+import torch
+
 tk = pytest.importorskip("sgdiff.kernels.triton.layernorm_modulate")
-if tk._layer_norm_warp_rows_kernel is None:
-    pytest.skip("this Triton has no Gluon", allow_module_level=True)
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
+
+needs_gluon = pytest.mark.skipif(tk._layer_norm_warp_rows_kernel is None, reason="this Triton has no Gluon")
 
 
 def _ptx(rows=16, warps=4, dtype="bf16", affine=True):
@@ -31,6 +36,7 @@ def _ptx(rows=16, warps=4, dtype="bf16", affine=True):
                           options={"num_warps": warps, "enable_fp_fusion": False}).asm["ptx"]
 
 
+@needs_gluon
 @pytest.mark.parametrize("rows,warps,dtype,affine", [(16, 4, "bf16", True), (32, 8, "fp32", False), (8, 4, "fp16", True)])
 def test_lane_tree_is_lane_zeros_shuffle_down_path(rows, warps, dtype, affine):
     ptx = _ptx(rows, warps, dtype, affine)
@@ -49,3 +55,49 @@ def test_lane_tree_is_lane_zeros_shuffle_down_path(rows, warps, dtype, affine):
     # vector loads and stores of a lane's 4 elements
     width = {"bf16": "v2.b32", "fp16": "v2.b32", "fp32": "v4.b32"}[dtype]
     assert re.search(rf"ld\.global(\.[a-z0-9]+)*\.{width}", ptx) and re.search(rf"st\.global(\.[a-z0-9]+)*\.{width}", ptx)
+
+
+class _Kernel:
+    """A stand-in for a LeanKernel: records its launches, or raises as a failed compile does."""
+
+    def __init__(self, error=None):
+        self.error, self.launches, self.options = error, 0, []
+
+    def bound(self, grid, **options):
+        self.options.append(options)
+
+        def launch(*args):
+            if self.error is not None:
+                raise self.error
+            self.launches += 1
+        return launch
+
+
+def test_a_gluon_kernel_that_fails_to_compile_leaves_the_triton_kernel(monkeypatch, caplog):
+    gluon, plain = _Kernel(triton.compiler.errors.CompilationError("", None, "gluon differs")), _Kernel()
+    monkeypatch.setattr(tk, "_layer_norm_warp_rows_kernel", gluon)
+    monkeypatch.setattr(tk, "_layer_norm_short_rows_kernel", plain)
+    monkeypatch.setattr(tk, "INTERPRET", False)
+    monkeypatch.setattr(tk, "_gluon_failed", [])
+    x = torch.randn(2, 5, 3, 64)
+    launch = tk.layer_norm_bind(x, None, None, 1e-6)
+    with caplog.at_level(logging.WARNING, logger="sgdiff"):
+        assert launch(x, None, None).shape == x.shape
+        launch(x, None, None)
+    assert plain.launches == 2 and gluon.options[0]["ROWS"] == tk.WARP_ROWS_PER_PROGRAM
+    assert "Gluon kernel for rows of 64 failed" in caplog.text and len(tk._gluon_failed) == 1
+    tk.layer_norm_bind(x, None, None, 1e-6)(x, None, None)  # later signatures skip the Gluon kernel
+    assert len(gluon.options) == 1 and plain.launches == 3
+
+
+def test_a_gluon_kernel_that_runs_is_kept(monkeypatch):
+    gluon, plain = _Kernel(), _Kernel()
+    monkeypatch.setattr(tk, "_layer_norm_warp_rows_kernel", gluon)
+    monkeypatch.setattr(tk, "_layer_norm_short_rows_kernel", plain)
+    monkeypatch.setattr(tk, "INTERPRET", False)
+    monkeypatch.setattr(tk, "_gluon_failed", [])
+    x = torch.randn(7, 128)
+    launch = tk.layer_norm_bind(x, torch.randn(128), None, 1e-6)
+    for _ in range(3):
+        launch(x, None, None)
+    assert gluon.launches == 3 and plain.launches == 0 and not tk._gluon_failed
