@@ -21,7 +21,7 @@ HALF = (torch.float16, torch.bfloat16)
 
 
 def can_use(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
-    return (x.is_cuda and supported_layout(x, weight, bias))
+    return x.is_cuda and supported_layout(x, weight, bias)
 
 
 def supported_layout(x, weight, bias) -> bool:

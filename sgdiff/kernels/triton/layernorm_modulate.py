@@ -163,8 +163,6 @@ def _layer_norm_short_rows_kernel(
     tl.store(out_ptr + offs, y.to(DTYPE).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-
-
 if gluon is not None:
     @gluon.jit
     def _lane0(v):
@@ -336,18 +334,17 @@ def layer_norm_bind(x, weight, bias, eps, x_dtype=None, out_dtype=None):
         rows = x.contiguous().view(shape)
         out = torch.empty(shape, dtype=out_dtype, device=x.device)
         args = (rows, weight if weight is not None else rows, bias if bias is not None else rows, out, M, N, eps)
-        if not first_gluon:
-            kernel(*args)
-            return out.view(view)
-        try:  # the first launch compiles it: a Triton whose Gluon differs takes the Triton kernel
-            kernel(*args)
-        except Exception as exc:
-            _gluon_failed.append(f"{type(exc).__name__}: {exc}")
-            log.warning("sgdiff: layer_norm's Gluon kernel for rows of %d failed on this Triton (%s); "
-                        "using the Triton kernel", N, _gluon_failed[-1].splitlines()[0][:200])
-            kernel, _ = _short_rows_kernel(M, weight, bias, dtype)
-            kernel(*args)
-        first_gluon = False
+        if first_gluon:  # the first launch compiles it: a Triton whose Gluon differs takes the Triton kernel
+            first_gluon = False
+            try:
+                kernel(*args)
+                return out.view(view)
+            except Exception as exc:
+                _gluon_failed.append(f"{type(exc).__name__}: {exc}")
+                log.warning("sgdiff: layer_norm's Gluon kernel for rows of %d failed on this Triton (%s); "
+                            "using the Triton kernel", N, _gluon_failed[-1].splitlines()[0][:200])
+                kernel, _ = _short_rows_kernel(M, weight, bias, dtype)
+        kernel(*args)
         return out.view(view)
 
     return launch
