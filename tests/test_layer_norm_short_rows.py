@@ -2,9 +2,10 @@
 for sm_90, the structure its bit-exactness rests on, in the PTX the installed Triton emits;
 and the fall back to the Triton kernel where the Gluon one cannot run.
 
-The kernel relies on Triton lowering ``gl.reduce`` over the lane axis to a butterfly whose
-offsets run 16, 8, 4, 2, 1 with each lane combining (own, other), so that lane 0 follows
-ATen's shuffle-down tree; then on a ``shfl.sync.idx`` from lane 0. A Triton that lowered the
+The kernel takes shuffle-down's first two levels (offsets 16, 8) in a thread's registers and
+relies on Triton lowering ``gl.reduce`` over a row's 8 lanes to a butterfly whose offsets run
+4, 2, 1 with each lane combining (own, other), so that a row's first lane follows ATen's
+shuffle-down tree; then on a ``shfl.sync.idx`` from that lane. A Triton that lowered the
 reduction another way would give other bits: this test says so before a GPU does."""
 import re
 
@@ -23,38 +24,51 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 needs_gluon = pytest.mark.skipif(tk._layer_norm_warp_rows_kernel is None, reason="this Triton has no Gluon")
 
 
-def _ptx(rows=16, warps=4, dtype="bf16", affine=True):
+def _ptx(rows=16, warps=4, dtype="bf16", affine=True, pow2=True):
     from triton.experimental.gluon._runtime import GluonASTSource
     sig = {"x_ptr": f"*{dtype}", "w_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "M": "i32",
            "N": "i32", "eps": "fp32", "ROWS": "constexpr", "HAS_WEIGHT": "constexpr", "HAS_BIAS": "constexpr",
            "DTYPE": "constexpr", "INTERPRET": "constexpr"}
     attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 5)}  # as a launch specializes aligned rows
     tl_dtype = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}[dtype]
+    sig["LAYOUT"] = sig["POW2"] = "constexpr"
     src = GluonASTSource(tk._layer_norm_warp_rows_kernel.fn, sig, attrs=attrs, constexprs=dict(
-        ROWS=rows, HAS_WEIGHT=affine, HAS_BIAS=affine, DTYPE=tl_dtype, INTERPRET=False))
+        ROWS=rows, HAS_WEIGHT=affine, HAS_BIAS=affine, DTYPE=tl_dtype, INTERPRET=False,
+        LAYOUT=tk.warp_rows_layout(rows, warps), POW2=pow2))
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": warps, "enable_fp_fusion": False}).asm["ptx"]
 
 
 @needs_gluon
-@pytest.mark.parametrize("rows,warps,dtype,affine", [(16, 4, "bf16", True), (32, 8, "fp32", False), (8, 4, "fp16", True)])
-def test_lane_tree_is_lane_zeros_shuffle_down_path(rows, warps, dtype, affine):
-    ptx = _ptx(rows, warps, dtype, affine)
+@pytest.mark.parametrize("rows,warps,dtype,affine,pow2", [(16, 4, "bf16", True, True), (64, 8, "fp32", False, True),
+                                                        (32, 4, "fp16", True, False)])
+def test_lane_tree_is_the_first_lanes_shuffle_down_path(rows, warps, dtype, affine, pow2):
+    ptx = _ptx(rows, warps, dtype, affine, pow2)
     assert not re.search(r"(ld|st)\.shared|bar\.sync", ptx)  # all within a warp's registers
     offsets = [int(o) for o in re.findall(r"shfl\.sync\.bfly\.b32\s+%r\d+, %r\d+, (\d+),", ptx)]
-    states = 3 * rows // warps  # mean, m2, count for each row a warp holds
-    assert len(offsets) == 5 * states
-    # a row's three states climb the tree together: 16, 8, 4, 2, 1, never another order
-    for row in range(rows // warps):
-        assert offsets[15 * row:15 * (row + 1)] == [o for o in (16, 8, 4, 2, 1) for _ in range(3)]
-    # the first combine: delta = own.mean - other.mean, with other the shuffled value
-    shfl = re.search(r"shfl\.sync\.bfly\.b32\s+(%r\d+), (%r\d+), 16,", ptx)
+    sets = rows // (4 * warps)  # rows a lane holds in registers
+    # each row's three states (mean, m2, count) climb the butterfly together: 4, 2, 1
+    assert offsets == [o for _ in range(sets) for o in (4, 2, 1) for _ in range(3)]
+    # the first butterfly combine: delta = own.mean - other.mean, with other the shuffled value
+    shfl = re.search(r"shfl\.sync\.bfly\.b32\s+(%r\d+), (%r\d+), 4,", ptx)
     sub = re.search(r"sub\.rn\.f32\s+%r\d+, (%r\d+), (%r\d+);", ptx[shfl.end():])
     assert sub.groups() == (shfl.group(2), shfl.group(1))
-    assert ptx.count("shfl.sync.idx.b32") == states  # lane 0's state to every lane
-    # vector loads and stores of a lane's 4 elements
+    # the segment's first lane's state to its 8 lanes: segment mask 0x18, clamp 31
+    assert ptx.count("shfl.sync.idx.b32") == 3 * sets
+    assert len(re.findall(r"shfl\.sync\.idx\.b32\s+%r\d+, %r\d+, 0, 0x181f, -1;", ptx)) == 3 * sets
+    # vector loads and stores of a thread's 4 elements
     width = {"bf16": "v2.b32", "fp16": "v2.b32", "fp32": "v4.b32"}[dtype]
     assert re.search(rf"ld\.global(\.[a-z0-9]+)*\.{width}", ptx) and re.search(rf"st\.global(\.[a-z0-9]+)*\.{width}", ptx)
+
+
+@needs_gluon
+def test_power_of_two_counts_leave_the_tree_without_divisions():
+    """Rows of 4 * 2**k: the tree's seven combines a row take 1 / count from its bits; the
+    divisions left are the empty-warp combines' one and the variance's."""
+    with_div, without = _ptx(pow2=False), _ptx(pow2=True)
+    sets = 16 // (4 * 4)
+    assert len(re.findall(r"div\.rn\.f32", without)) == 2 * sets
+    assert len(re.findall(r"div\.rn\.f32", with_div)) == 8 * sets
 
 
 class _Kernel:
@@ -73,6 +87,7 @@ class _Kernel:
         return launch
 
 
+@needs_gluon  # the options of its launch are built with Gluon
 def test_a_gluon_kernel_that_fails_to_compile_leaves_the_triton_kernel(monkeypatch, caplog):
     gluon, plain = _Kernel(triton.compiler.errors.CompilationError("", None, "gluon differs")), _Kernel()
     monkeypatch.setattr(tk, "_layer_norm_warp_rows_kernel", gluon)
@@ -84,12 +99,13 @@ def test_a_gluon_kernel_that_fails_to_compile_leaves_the_triton_kernel(monkeypat
     with caplog.at_level(logging.WARNING, logger="sgdiff"):
         assert launch(x, None, None).shape == x.shape
         launch(x, None, None)
-    assert plain.launches == 2 and gluon.options[0]["ROWS"] == tk.WARP_ROWS_PER_PROGRAM
+    assert plain.launches == 2 and gluon.options[0]["ROWS"] == tk.WARP_ROWS_PROGRAM[0]
     assert "Gluon kernel for rows of 64 failed" in caplog.text and len(tk._gluon_failed) == 1
     tk.layer_norm_bind(x, None, None, 1e-6)(x, None, None)  # later signatures skip the Gluon kernel
     assert len(gluon.options) == 1 and plain.launches == 3
 
 
+@needs_gluon
 def test_a_gluon_kernel_that_runs_is_kept(monkeypatch):
     gluon, plain = _Kernel(), _Kernel()
     monkeypatch.setattr(tk, "_layer_norm_warp_rows_kernel", gluon)

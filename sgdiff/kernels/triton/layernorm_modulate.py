@@ -22,6 +22,7 @@ fails on it: logged) a Triton kernel that takes ATen's lane tree by halving the 
 """
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -42,6 +43,7 @@ from sgdiff.kernels.triton.welford import (
     short_rows_welford,
     vector_welford,
     welford_combine,
+    welford_combine_pow2,
 )
 
 log = logging.getLogger("sgdiff")
@@ -165,10 +167,21 @@ def _layer_norm_short_rows_kernel(
 
 if gluon is not None:
     @gluon.jit
-    def _lane0(v):
-        """Every lane of a warp takes lane 0's value (shfl.sync.idx)."""
-        return gl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, 0, 31, -1;", "=r,r", [v],
+    def _row_lane0(v):
+        """Every lane of an 8-lane segment (one row) takes the segment's first lane's value."""
+        return gl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, 0, 0x181f, -1;", "=r,r", [v],
                                          dtype=gl.float32, is_pure=True, pack=1)
+
+    @gluon.jit
+    def _fold_last_axis(mean, m2, n, POW2: gl.constexpr):
+        """Combine the two entries of the last (size-2, in-thread) axis: (own, other) = (0, 1)."""
+        mean_own, mean_oth = gl.split(mean)
+        m2_own, m2_oth = gl.split(m2)
+        n_own, n_oth = gl.split(n)
+        if POW2:
+            return welford_combine_pow2(mean_own, m2_own, n_own, mean_oth, m2_oth, n_oth)
+        else:
+            return welford_combine(mean_own, m2_own, n_own, mean_oth, m2_oth, n_oth)
 
     @LeanKernel
     @gluon.jit
@@ -179,19 +192,23 @@ if gluon is not None:
         HAS_BIAS: gl.constexpr,
         DTYPE: gl.constexpr,
         INTERPRET: gl.constexpr,
+        LAYOUT: gl.constexpr,  # warp_rows_layout(ROWS, num_warps)
+        POW2: gl.constexpr,  # N // 4 a power of two: every count on the tree's path is 0 or 2**e
     ):
-        """_layer_norm_short_rows_kernel with ATen's thread layout written out: each row in one
-        warp, lane t holding the row's 4-vector t as ATen's thread t does. Loads and stores are a
-        vector per lane (a warp reads 256 contiguous bytes of a bf16 row); the lane tree is
-        ``gl.reduce`` over the lane axis, which Triton lowers to a butterfly (``shfl.bfly`` at
-        offsets 16, 8, 4, 2, 1, each lane combining (own, other)): lane 0's path is exactly
-        shuffle-down's, while other lanes may end elsewhere (a combine of unequal counts is not
-        symmetric), so every lane then takes lane 0's state. No shared memory, no barrier."""
-        L: gl.constexpr = gl.BlockedLayout([1, 1, VEC_C], [1, 32, 1], [gl.num_warps(), 1, 1], [2, 1, 0])
-        LANES: gl.constexpr = gl.SliceLayout(2, L)  # [ROWS, 32]: a state per lane
+        """_layer_norm_short_rows_kernel with the layout written out (:func:`warp_rows_layout`).
+
+        ATen's thread ``l`` of a row (l = 16 hi + 8 lo + t) folds the row's 4-vector ``l``; here
+        lane ``t`` of an 8-lane segment holds the vectors of ATen's threads t, t + 8, t + 16 and
+        t + 24 in registers. Shuffle-down's first two levels (offsets 16, 8) pair registers of
+        one thread; the last three are ``gl.reduce`` over the 8 lanes, which Triton lowers to a
+        butterfly (``shfl.bfly`` at offsets 4, 2, 1, each lane combining (own, other)) whose
+        first lane follows shuffle-down's path. Other lanes may end elsewhere (a combine of
+        unequal counts is not symmetric), so every lane then takes the first lane's state. No
+        shared memory; a row's loads are 8 lanes reading 64 contiguous bytes (bf16) at a time."""
+        LANES: gl.constexpr = gl.SliceLayout(2, LAYOUT)  # [ROWS, 32]: ATen's threads' states
         rows = gl.program_id(0).to(gl.int64) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, LANES))
         t = gl.arange(0, 32, layout=gl.SliceLayout(0, LANES))
-        j = gl.arange(0, VEC_C, layout=gl.SliceLayout(0, gl.SliceLayout(1, L)))
+        j = gl.arange(0, VEC_C, layout=gl.SliceLayout(0, gl.SliceLayout(1, LAYOUT)))
         active = (rows < M)[:, None] & (t < N // VEC_C)[None, :]
         col = t[None, :, None] * VEC_C + j[None, None, :]
         mask = active[:, :, None]
@@ -204,15 +221,47 @@ if gluon is not None:
         x0, x1 = gl.convert_layout(x0, LANES), gl.convert_layout(x1, LANES)
         x2, x3 = gl.convert_layout(x2, LANES), gl.convert_layout(x3, LANES)
         mean, m2, n = vector_welford(x0, x1, x2, x3, active, gl.zeros([ROWS, 32], gl.float32, LANES))
-        mean, m2, n = gl.reduce((mean, m2, n), 1, welford_combine)
-        mean, m2, n = _lane0(mean), _lane0(m2), _lane0(n)
+        # ATen's thread l = 16 hi + 8 lo + t: offset 16 pairs hi, then offset 8 pairs lo
+        mean = gl.reshape(mean, [ROWS, 2, 2, 8])
+        m2 = gl.reshape(m2, [ROWS, 2, 2, 8])
+        n = gl.reshape(n, [ROWS, 2, 2, 8])
+        mean, m2, n = _fold_last_axis(gl.permute(mean, [0, 2, 3, 1]), gl.permute(m2, [0, 2, 3, 1]),
+                                      gl.permute(n, [0, 2, 3, 1]), POW2)
+        mean, m2, n = _fold_last_axis(gl.permute(mean, [0, 2, 1]), gl.permute(m2, [0, 2, 1]),
+                                      gl.permute(n, [0, 2, 1]), POW2)
+        if POW2:
+            mean, m2, n = gl.reduce((mean, m2, n), 1, welford_combine_pow2)
+        else:
+            mean, m2, n = gl.reduce((mean, m2, n), 1, welford_combine)
+        mean, m2, n = _row_lane0(mean), _row_lane0(m2), _row_lane0(n)
         mean, m2, n = fold_empty_warps(mean, m2, n, gl.zeros_like(mean))
-        var = gl.div_rn(m2, gl.full(m2.shape, N, gl.float32, m2.type.layout))
+        ROW: gl.constexpr = gl.SliceLayout(1, LANES)
+        mean, m2 = gl.convert_layout(mean, ROW), gl.convert_layout(m2, ROW)  # the same layout
+        var = gl.div_rn(m2, gl.full(m2.shape, N, gl.float32, ROW))
         rstd = rsqrtf(var + eps, INTERPRET)
         y = _normalize(x, mean[:, None, None], rstd[:, None, None], w_ptr, b_ptr, col, mask, HAS_WEIGHT, HAS_BIAS)
         gl.store(out_ptr + offs, y.to(DTYPE).to(out_ptr.dtype.element_ty), mask=mask)
+
+    @functools.lru_cache(maxsize=None)
+    def warp_rows_layout(rows: int, warps: int):
+        """The ``[rows, 32, 4]`` tile (row, ATen thread l, vector entry j) of
+        :func:`_layer_norm_warp_rows_kernel`: j and l's bits 3-4 in a thread's registers, l's
+        bits 0-2 across a segment of 8 lanes, 4 rows a warp (lane bits 3-4), then rows across
+        warps and registers. ``rows`` a multiple of 4 * warps, both powers of two."""
+        assert rows % (4 * warps) == 0 and rows & (rows - 1) == 0 and warps & (warps - 1) == 0
+        reg = [[0, 0, 1], [0, 0, 2], [0, 8, 0], [0, 16, 0]]
+        reg += [[4 * warps << k, 0, 0] for k in range((rows // (4 * warps)).bit_length() - 1)]
+        lane = [[0, 1, 0], [0, 2, 0], [0, 4, 0], [1, 0, 0], [2, 0, 0]]
+        warp = [[4 << k, 0, 0] for k in range(warps.bit_length() - 1)]
+        return gl.DistributedLinearLayout(reg, lane, warp, [], [rows, 32, 4])
+
+    def warp_rows_options(N: int, rows: int, warps: int) -> dict:
+        """The launch options of :func:`_layer_norm_warp_rows_kernel` for rows of N and this
+        program shape."""
+        lanes = N // VEC
+        return dict(ROWS=rows, LAYOUT=warp_rows_layout(rows, warps), POW2=lanes & (lanes - 1) == 0, num_warps=warps)
 else:
-    _layer_norm_warp_rows_kernel = None
+    _layer_norm_warp_rows_kernel = warp_rows_options = None
 
 
 def can_use(x, weight, bias, eps, scale, shift, scale_plus_one=True, x_dtype=None, out_dtype=None) -> bool:
@@ -298,7 +347,7 @@ def layernorm_modulate(x, weight, bias, eps, scale, shift, scale_plus_one=True, 
 
 SHORT_ROW = THREADS  # rows up to one warp's 4-vectors (head_dim <= 128) take the short-rows kernel
 SHORT_ROWS_PER_PROGRAM = 16
-WARP_ROWS_PER_PROGRAM = 16  # the Gluon kernel's: 4 rows a warp
+WARP_ROWS_PROGRAM = (16, 4)  # the Gluon kernel's rows a program and warps: 4 rows a warp
 
 
 def layer_norm_supported_layout(x, weight, bias, eps, x_dtype=None, out_dtype=None) -> bool:
@@ -327,7 +376,7 @@ def layer_norm_bind(x, weight, bias, eps, x_dtype=None, out_dtype=None):
         return lambda x, weight, bias, *_: launch(x.contiguous().view(shape), weight, bias, None, None).view(view)
     dtype = x_dtype or x.dtype
     out_dtype = out_dtype or dtype
-    kernel, first_gluon = _short_rows_kernel(M, weight, bias, dtype)
+    kernel, first_gluon = _short_rows_kernel(M, N, weight, bias, dtype)
 
     def launch(x, weight, bias, *_):
         nonlocal kernel, first_gluon
@@ -343,7 +392,7 @@ def layer_norm_bind(x, weight, bias, eps, x_dtype=None, out_dtype=None):
                 _gluon_failed.append(f"{type(exc).__name__}: {exc}")
                 log.warning("sgdiff: layer_norm's Gluon kernel for rows of %d failed on this Triton (%s); "
                             "using the Triton kernel", N, _gluon_failed[-1].splitlines()[0][:200])
-                kernel, _ = _short_rows_kernel(M, weight, bias, dtype)
+                kernel, _ = _short_rows_kernel(M, N, weight, bias, dtype)
         kernel(*args)
         return out.view(view)
 
@@ -353,15 +402,17 @@ def layer_norm_bind(x, weight, bias, eps, x_dtype=None, out_dtype=None):
 _gluon_failed: list = []  # why the Gluon kernel could not run in this process, if it could not
 
 
-def _short_rows_kernel(M, weight, bias, dtype):
-    """The short-rows launch for M rows, bound, and whether it is the (not yet launched) Gluon one."""
+def _short_rows_kernel(M, N, weight, bias, dtype):
+    """The short-rows launch for M rows of N, bound, and whether it is the (not yet launched)
+    Gluon one."""
     gluon_kernel = _layer_norm_warp_rows_kernel is not None and not INTERPRET and not _gluon_failed
-    kernel, rows_per_program = ((_layer_norm_warp_rows_kernel, WARP_ROWS_PER_PROGRAM) if gluon_kernel
-                                else (_layer_norm_short_rows_kernel, SHORT_ROWS_PER_PROGRAM))
+    if gluon_kernel:
+        kernel, options = _layer_norm_warp_rows_kernel, warp_rows_options(N, *WARP_ROWS_PROGRAM)
+    else:
+        kernel, options = _layer_norm_short_rows_kernel, dict(ROWS=SHORT_ROWS_PER_PROGRAM, num_warps=4)
     return kernel.bound(
-        (triton.cdiv(M, rows_per_program),), ROWS=rows_per_program, HAS_WEIGHT=weight is not None,
-        HAS_BIAS=bias is not None, DTYPE=TL_DTYPE[dtype], INTERPRET=INTERPRET, num_warps=4,
-        enable_fp_fusion=False), gluon_kernel
+        (triton.cdiv(M, options["ROWS"]),), HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+        DTYPE=TL_DTYPE[dtype], INTERPRET=INTERPRET, enable_fp_fusion=False, **options), gluon_kernel
 
 
 def layer_norm(x, weight, bias, eps, x_dtype=None, out_dtype=None):

@@ -47,9 +47,25 @@ def aligned_vec4(t: torch.Tensor) -> bool:
 @triton.jit
 def welford_combine(own_mean, own_m2, own_n, oth_mean, oth_m2, oth_n):
     """cuWelfordCombine(dataB=own, dataA=other), as nvcc compiles it."""
+    coef = tl.math.div_rn(1.0, oth_n + own_n)  # 1.f / count: rcp.rn, IEEE
+    return _combine_by(own_mean, own_m2, own_n, oth_mean, oth_m2, oth_n, coef)
+
+
+@triton.jit
+def welford_combine_pow2(own_mean, own_m2, own_n, oth_mean, oth_m2, oth_n):
+    """:func:`welford_combine` where the combined count is 0 or a power of two, as on lane 0's
+    path when a row's active lanes are a power of two (N = 4 * 2**k): ``1 / 2**e`` read off the
+    count's bits (exactly what IEEE division gives) instead of dividing. (A count of 0 gives
+    2**127, not inf; its combine is empty either way.)"""
+    coef = (0x7F000000 - (oth_n + own_n).to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
+    return _combine_by(own_mean, own_m2, own_n, oth_mean, oth_m2, oth_n, coef)
+
+
+@triton.jit
+def _combine_by(own_mean, own_m2, own_n, oth_mean, oth_m2, oth_n, coef):
+    """The combine, ``coef`` being 1 / (own_n + oth_n)."""
     delta = own_mean - oth_mean
     n = oth_n + own_n
-    coef = tl.math.div_rn(1.0, n)
     n_a = oth_n * coef
     n_b = own_n * coef
     mean = tl.fma(n_a, oth_mean, n_b * own_mean)
