@@ -291,3 +291,11 @@ def test_opcheck():
         torch.library.opcheck(residual_gate, (x, torch.randn(2, 1, 16, dtype=dtype), y, False, True, None, 1.0))
         torch.library.opcheck(ADD, (x, y, 3.0, True))
         torch.library.opcheck(ADD, (x.transpose(0, 1), y.transpose(0, 1), 0.5, False))
+
+
+@pytest.mark.parametrize("divisor,inverse", [
+    (1e-3, 1000.0),  # 1f / 0.001f would be 999.99994: eager's quotients differ from it (H200, torch 2.11)
+    (1.1, 0.9090909361839294), (8.0, 0.125), (0.0, float("inf")), (-0.0, -float("inf")), (1e-300, float("inf"))])
+def test_the_divisors_reciprocal_is_the_fp64_one_rounded_to_fp32(divisor, inverse):
+    from sgdiff.kernels.triton import residual_gate as tk
+    assert tk.reciprocal(divisor) == inverse and str(tk.reciprocal(divisor)) == str(inverse)

@@ -100,6 +100,17 @@ def test_rescaled_residual_is_exact_or_falls_back(B, S, D, dtypes, divisor, upda
     assert not dispatch.disabled(), dispatch.disabled()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("divisor", [1e-3, 1.1, 0.7, 3.0, 2.3e-5])
+def test_every_value_divided_as_eager_divides(dtype, divisor):
+    """Every finite fp16/bf16 update over a CPU-scalar divisor: 1e-3 and 1.1 are where an fp32
+    reciprocal taken in fp32 misses eager's by an ulp (and with it ties of the product)."""
+    values = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32, device="cuda").to(torch.int16).view(dtype)
+    upd = values[values.isfinite()].view(1, -1, 64)
+    res = torch.zeros_like(upd)  # 0 + y is y: the quotient's rounding alone is compared
+    assert torch.equal(tk.residual_add(res, upd, divisor, False), res + upd / divisor)
+
+
 def test_tanh_gates_match_cuda_tanhf():
     """Lumina-style tanh gates: every bf16 value and fp32 extremes (denormals, inf, NaN)."""
     every_bf16 = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32, device="cuda").to(torch.int16).view(torch.bfloat16)

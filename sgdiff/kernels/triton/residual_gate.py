@@ -3,8 +3,8 @@
 Eager chain and its rounding steps::
 
     u = update + bias      # with update_bias: fp32 sum, rounded to promote(update, bias)
-    u = u * (1 / divisor)  # with update_divisor: ATen's division by a CPU scalar (a reciprocal
-                           # taken on the host in fp32, then an fp32 product), rounded to u's dtype
+    u = u * (1 / divisor)  # with update_divisor: ATen's division by a CPU scalar (the fp64
+                           # reciprocal rounded to fp32 on the host, then an fp32 product), rounded to u's dtype
     g = tanh(gate)         # with tanh_gate: fp32 tanhf, rounded to gate.dtype
     y = g * update         # fp32 product, rounded to promote(gate, update)
     y = residual + y       # fp32 sum, rounded to promote(residual, y)
@@ -42,7 +42,7 @@ def _residual_gate_kernel(
     stride_gb, stride_gs, stride_gd,
     stride_ub, stride_us, stride_ud,
     stride_bb, stride_bs, stride_bd,
-    inv_divisor,  # fp32 1 / divisor, as ATen computes it on the host (unused unless DIVIDE)
+    inv_divisor,  # 1 / divisor rounded to fp32, as ATen takes it on the host (unused unless DIVIDE)
     UPDATE_DTYPE: tl.constexpr,  # promote(update, bias)
     PRODUCT_DTYPE: tl.constexpr,  # promote(gate, update + bias)
     SUM_DTYPE: tl.constexpr,  # promote(residual, product); out_ptr's dtype may differ (a cast)
@@ -115,10 +115,11 @@ def residual_add_supported_layout(residual, update, update_divisor, update_first
 
 
 def reciprocal(divisor: float) -> float:
-    """``1 / divisor`` as ATen's CUDA division by a CPU scalar takes it: the divisor rounded to
-    fp32, then an fp32 division on the host (numpy's is IEEE, as the host's)."""
+    """``1 / divisor`` as ATen's CUDA division by a CPU scalar takes it: the Python float's fp64
+    reciprocal, rounded once to fp32 (on the H200, torch 2.11; ``1f / float(divisor)`` differs,
+    e.g. 999.99994 against 1000 for 1e-3). numpy gives IEEE's signed infinities for zeros."""
     with np.errstate(divide="ignore", over="ignore"):
-        return float(np.float32(1.0) / np.float32(divisor))
+        return float(np.float32(np.float64(1.0) / np.float64(divisor)))
 
 
 @cached_plan
