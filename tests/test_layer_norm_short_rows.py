@@ -2,12 +2,11 @@
 for sm_90, the structure its bit-exactness rests on, in the PTX the installed Triton emits;
 and the fall back to the Triton kernel where the Gluon one cannot run.
 
-With SEG lanes a row, the kernel takes shuffle-down's levels with offsets 16 down to SEG in a
-thread's registers and relies on Triton lowering ``gl.reduce`` over a row's SEG lanes to a
-butterfly whose offsets run SEG / 2 to 1 with each lane combining (own, other), so that a
-row's first lane follows ATen's shuffle-down tree; then on a ``shfl.sync.idx`` from that lane.
-A Triton that lowered the reduction another way would give other bits: this test says so
-before a GPU does."""
+The kernel takes shuffle-down's first two levels (offsets 16, 8) in a thread's registers and
+relies on Triton lowering ``gl.reduce`` over a row's 8 lanes to a butterfly whose offsets run
+4, 2, 1 with each lane combining (own, other), so that a row's first lane follows ATen's
+shuffle-down tree; then on a ``shfl.sync.idx`` from that lane. A Triton that lowered the
+reduction another way would give other bits: this test says so before a GPU does."""
 import re
 
 import pytest
@@ -25,41 +24,38 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 needs_gluon = pytest.mark.skipif(tk._layer_norm_warp_rows_kernel is None, reason="this Triton has no Gluon")
 
 
-def _ptx(rows=16, warps=4, seg=8, dtype="bf16", affine=True, pow2=True):
+def _ptx(rows=16, warps=4, dtype="bf16", affine=True, pow2=True):
     from triton.experimental.gluon._runtime import GluonASTSource
     sig = {"x_ptr": f"*{dtype}", "w_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "M": "i32",
            "N": "i32", "eps": "fp32", "ROWS": "constexpr", "HAS_WEIGHT": "constexpr", "HAS_BIAS": "constexpr",
            "DTYPE": "constexpr", "INTERPRET": "constexpr"}
     attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 5)}  # as a launch specializes aligned rows
     tl_dtype = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}[dtype]
-    sig["LAYOUT"] = sig["SEG"] = sig["POW2"] = "constexpr"
+    sig["LAYOUT"] = sig["POW2"] = "constexpr"
     src = GluonASTSource(tk._layer_norm_warp_rows_kernel.fn, sig, attrs=attrs, constexprs=dict(
         ROWS=rows, HAS_WEIGHT=affine, HAS_BIAS=affine, DTYPE=tl_dtype, INTERPRET=False,
-        LAYOUT=tk.warp_rows_layout(rows, warps, seg), SEG=seg, POW2=pow2))
+        LAYOUT=tk.warp_rows_layout(rows, warps), POW2=pow2))
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": warps, "enable_fp_fusion": False}).asm["ptx"]
 
 
 @needs_gluon
-@pytest.mark.parametrize("rows,warps,seg,dtype,affine,pow2", [
-    (16, 4, 8, "bf16", True, True), (64, 8, 8, "fp32", False, True), (32, 4, 8, "fp16", True, False),
-    (32, 4, 4, "bf16", True, True), (16, 1, 2, "fp16", False, False), (64, 2, 1, "bf16", True, True)])
-def test_lane_tree_is_the_first_lanes_shuffle_down_path(rows, warps, seg, dtype, affine, pow2):
-    ptx = _ptx(rows, warps, seg, dtype, affine, pow2)
+@pytest.mark.parametrize("rows,warps,dtype,affine,pow2", [(16, 4, "bf16", True, True), (64, 8, "fp32", False, True),
+                                                        (32, 4, "fp16", True, False)])
+def test_lane_tree_is_the_first_lanes_shuffle_down_path(rows, warps, dtype, affine, pow2):
+    ptx = _ptx(rows, warps, dtype, affine, pow2)
     assert not re.search(r"(ld|st)\.shared|bar\.sync", ptx)  # all within a warp's registers
     offsets = [int(o) for o in re.findall(r"shfl\.sync\.bfly\.b32\s+%r\d+, %r\d+, (\d+),", ptx)]
-    sets = rows * seg // (32 * warps)  # rows a lane holds in registers
-    levels = [seg >> k for k in range(1, seg.bit_length())]  # SEG / 2, ..., 1
-    # each row's three states (mean, m2, count) climb the butterfly together
-    assert offsets == [o for _ in range(sets) for o in levels for _ in range(3)]
-    if seg > 1:  # the first butterfly combine: delta = own.mean - other.mean, with other the shuffled value
-        shfl = re.search(rf"shfl\.sync\.bfly\.b32\s+(%r\d+), (%r\d+), {seg // 2},", ptx)
-        sub = re.search(r"sub\.rn\.f32\s+%r\d+, (%r\d+), (%r\d+);", ptx[shfl.end():])
-        assert sub.groups() == (shfl.group(2), shfl.group(1))
-    # the segment's first lane's state to its lanes: segment mask (32 - SEG) << 8, clamp 31
-    idx = re.findall(r"shfl\.sync\.idx\.b32\s+%r\d+, %r\d+, 0, (0x[0-9a-f]+), -1;", ptx)
-    assert idx == ([] if seg == 1 else [hex((32 - seg) << 8 | 31)] * (3 * sets))
-    assert ptx.count("shfl.sync.idx.b32") == len(idx)
+    sets = rows // (4 * warps)  # rows a lane holds in registers
+    # each row's three states (mean, m2, count) climb the butterfly together: 4, 2, 1
+    assert offsets == [o for _ in range(sets) for o in (4, 2, 1) for _ in range(3)]
+    # the first butterfly combine: delta = own.mean - other.mean, with other the shuffled value
+    shfl = re.search(r"shfl\.sync\.bfly\.b32\s+(%r\d+), (%r\d+), 4,", ptx)
+    sub = re.search(r"sub\.rn\.f32\s+%r\d+, (%r\d+), (%r\d+);", ptx[shfl.end():])
+    assert sub.groups() == (shfl.group(2), shfl.group(1))
+    # the segment's first lane's state to its 8 lanes: segment mask 0x18, clamp 31
+    assert ptx.count("shfl.sync.idx.b32") == 3 * sets
+    assert len(re.findall(r"shfl\.sync\.idx\.b32\s+%r\d+, %r\d+, 0, 0x181f, -1;", ptx)) == 3 * sets
     # vector loads and stores of a thread's 4 elements
     width = {"bf16": "v2.b32", "fp16": "v2.b32", "fp32": "v4.b32"}[dtype]
     assert re.search(rf"ld\.global(\.[a-z0-9]+)*\.{width}", ptx) and re.search(rf"st\.global(\.[a-z0-9]+)*\.{width}", ptx)
@@ -70,7 +66,7 @@ def test_power_of_two_counts_leave_the_tree_without_divisions():
     """Rows of 4 * 2**k: the tree's seven combines a row take 1 / count from its bits; the
     divisions left are the empty-warp combines' one and the variance's."""
     with_div, without = _ptx(pow2=False), _ptx(pow2=True)
-    sets = 16 * 8 // (32 * 4)
+    sets = 16 // (4 * 4)
     assert len(re.findall(r"div\.rn\.f32", without)) == 2 * sets
     assert len(re.findall(r"div\.rn\.f32", with_div)) == 8 * sets
 

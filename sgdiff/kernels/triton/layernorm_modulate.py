@@ -167,30 +167,17 @@ def _layer_norm_short_rows_kernel(
 
 if gluon is not None:
     @gluon.jit
-    def _row_lane0(v, SEG: gl.constexpr):
-        """Every lane of a SEG-lane segment (one row) takes the segment's first lane's value
-        (``shfl.sync.idx``'s c operand: segment mask (32 - SEG) << 8, clamp 31)."""
-        if SEG == 8:
-            return gl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, 0, 0x181f, -1;", "=r,r", [v],
-                                             dtype=gl.float32, is_pure=True, pack=1)
-        elif SEG == 4:
-            return gl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, 0, 0x1c1f, -1;", "=r,r", [v],
-                                             dtype=gl.float32, is_pure=True, pack=1)
-        elif SEG == 2:
-            return gl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, 0, 0x1e1f, -1;", "=r,r", [v],
-                                             dtype=gl.float32, is_pure=True, pack=1)
-        else:  # a lane of its own
-            return v
+    def _row_lane0(v):
+        """Every lane of an 8-lane segment (one row) takes the segment's first lane's value."""
+        return gl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, 0, 0x181f, -1;", "=r,r", [v],
+                                         dtype=gl.float32, is_pure=True, pack=1)
 
     @gluon.jit
-    def _fold_top_bit(mean, m2, n, POW2: gl.constexpr):
-        """One shuffle-down level in registers: states ``[ROWS, W]`` of ATen's threads l < W
-        become ``[ROWS, W / 2]``, thread l combining (own, other) = (l, l + W / 2)."""
-        ROWS: gl.constexpr = mean.shape[0]
-        HALF: gl.constexpr = mean.shape[1] // 2
-        mean_own, mean_oth = gl.split(gl.permute(gl.reshape(mean, [ROWS, 2, HALF]), [0, 2, 1]))
-        m2_own, m2_oth = gl.split(gl.permute(gl.reshape(m2, [ROWS, 2, HALF]), [0, 2, 1]))
-        n_own, n_oth = gl.split(gl.permute(gl.reshape(n, [ROWS, 2, HALF]), [0, 2, 1]))
+    def _fold_last_axis(mean, m2, n, POW2: gl.constexpr):
+        """Combine the two entries of the last (size-2, in-thread) axis: (own, other) = (0, 1)."""
+        mean_own, mean_oth = gl.split(mean)
+        m2_own, m2_oth = gl.split(m2)
+        n_own, n_oth = gl.split(n)
         if POW2:
             return welford_combine_pow2(mean_own, m2_own, n_own, mean_oth, m2_oth, n_oth)
         else:
@@ -205,21 +192,19 @@ if gluon is not None:
         HAS_BIAS: gl.constexpr,
         DTYPE: gl.constexpr,
         INTERPRET: gl.constexpr,
-        LAYOUT: gl.constexpr,  # warp_rows_layout(ROWS, num_warps, SEG)
-        SEG: gl.constexpr,  # lanes a row: 1, 2, 4 or 8
+        LAYOUT: gl.constexpr,  # warp_rows_layout(ROWS, num_warps)
         POW2: gl.constexpr,  # N // 4 a power of two: every count on the tree's path is 0 or 2**e
     ):
         """_layer_norm_short_rows_kernel with the layout written out (:func:`warp_rows_layout`).
 
-        ATen's thread ``l`` of a row folds the row's 4-vector ``l``; here lane ``t`` of a
-        SEG-lane segment holds the vectors of ATen's threads t, t + SEG, t + 2 SEG, ... in
-        registers. Shuffle-down's levels with offsets of SEG and above (16, 8, ...) pair
-        registers of one thread; the last ones are ``gl.reduce`` over the SEG lanes, which
-        Triton lowers to a butterfly (``shfl.bfly`` at offsets SEG / 2 to 1, each lane combining
-        (own, other)) whose first lane follows shuffle-down's path. Other lanes may end
-        elsewhere (a combine of unequal counts is not symmetric), so every lane then takes the
-        first lane's state. No shared memory; a row's loads are SEG lanes reading 8 * SEG
-        contiguous bytes (bf16) at a time."""
+        ATen's thread ``l`` of a row (l = 16 hi + 8 lo + t) folds the row's 4-vector ``l``; here
+        lane ``t`` of an 8-lane segment holds the vectors of ATen's threads t, t + 8, t + 16 and
+        t + 24 in registers. Shuffle-down's first two levels (offsets 16, 8) pair registers of
+        one thread; the last three are ``gl.reduce`` over the 8 lanes, which Triton lowers to a
+        butterfly (``shfl.bfly`` at offsets 4, 2, 1, each lane combining (own, other)) whose
+        first lane follows shuffle-down's path. Other lanes may end elsewhere (a combine of
+        unequal counts is not symmetric), so every lane then takes the first lane's state. No
+        shared memory; a row's loads are 8 lanes reading 64 contiguous bytes (bf16) at a time."""
         LANES: gl.constexpr = gl.SliceLayout(2, LAYOUT)  # [ROWS, 32]: ATen's threads' states
         rows = gl.program_id(0).to(gl.int64) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, LANES))
         t = gl.arange(0, 32, layout=gl.SliceLayout(0, LANES))
@@ -236,21 +221,19 @@ if gluon is not None:
         x0, x1 = gl.convert_layout(x0, LANES), gl.convert_layout(x1, LANES)
         x2, x3 = gl.convert_layout(x2, LANES), gl.convert_layout(x3, LANES)
         mean, m2, n = vector_welford(x0, x1, x2, x3, active, gl.zeros([ROWS, 32], gl.float32, LANES))
-        # shuffle-down's offsets 16, 8, ... down to SEG, within a thread (static: each level halves the shape)
-        mean, m2, n = _fold_top_bit(mean, m2, n, POW2)
-        if SEG <= 8:
-            mean, m2, n = _fold_top_bit(mean, m2, n, POW2)
-        if SEG <= 4:
-            mean, m2, n = _fold_top_bit(mean, m2, n, POW2)
-        if SEG <= 2:
-            mean, m2, n = _fold_top_bit(mean, m2, n, POW2)
-        if SEG == 1:
-            mean, m2, n = _fold_top_bit(mean, m2, n, POW2)
+        # ATen's thread l = 16 hi + 8 lo + t: offset 16 pairs hi, then offset 8 pairs lo
+        mean = gl.reshape(mean, [ROWS, 2, 2, 8])
+        m2 = gl.reshape(m2, [ROWS, 2, 2, 8])
+        n = gl.reshape(n, [ROWS, 2, 2, 8])
+        mean, m2, n = _fold_last_axis(gl.permute(mean, [0, 2, 3, 1]), gl.permute(m2, [0, 2, 3, 1]),
+                                      gl.permute(n, [0, 2, 3, 1]), POW2)
+        mean, m2, n = _fold_last_axis(gl.permute(mean, [0, 2, 1]), gl.permute(m2, [0, 2, 1]),
+                                      gl.permute(n, [0, 2, 1]), POW2)
         if POW2:
             mean, m2, n = gl.reduce((mean, m2, n), 1, welford_combine_pow2)
         else:
             mean, m2, n = gl.reduce((mean, m2, n), 1, welford_combine)
-        mean, m2, n = _row_lane0(mean, SEG), _row_lane0(m2, SEG), _row_lane0(n, SEG)
+        mean, m2, n = _row_lane0(mean), _row_lane0(m2), _row_lane0(n)
         mean, m2, n = fold_empty_warps(mean, m2, n, gl.zeros_like(mean))
         ROW: gl.constexpr = gl.SliceLayout(1, LANES)
         mean, m2 = gl.convert_layout(mean, ROW), gl.convert_layout(m2, ROW)  # the same layout
@@ -260,28 +243,23 @@ if gluon is not None:
         gl.store(out_ptr + offs, y.to(DTYPE).to(out_ptr.dtype.element_ty), mask=mask)
 
     @functools.lru_cache(maxsize=None)
-    def warp_rows_layout(rows: int, warps: int, seg: int):
+    def warp_rows_layout(rows: int, warps: int):
         """The ``[rows, 32, 4]`` tile (row, ATen thread l, vector entry j) of
-        :func:`_layer_norm_warp_rows_kernel`: j and l's bits from log2(seg) up in a thread's
-        registers, l's low bits across a segment of ``seg`` lanes, 32 / seg rows a warp (the
-        other lane bits), then rows across warps and registers. ``rows`` a multiple of
-        32 / seg * warps; all powers of two."""
-        per_warp = 32 // seg
-        assert rows % (per_warp * warps) == 0 and rows & (rows - 1) == 0 and warps & (warps - 1) == 0
-        assert seg in (1, 2, 4, 8)
-        k = seg.bit_length() - 1
-        reg = [[0, 0, 1], [0, 0, 2]] + [[0, 1 << b, 0] for b in range(k, 5)]
-        reg += [[per_warp * warps << b, 0, 0] for b in range((rows // (per_warp * warps)).bit_length() - 1)]
-        lane = [[0, 1 << b, 0] for b in range(k)] + [[1 << b, 0, 0] for b in range(5 - k)]
-        warp = [[per_warp << b, 0, 0] for b in range(warps.bit_length() - 1)]
+        :func:`_layer_norm_warp_rows_kernel`: j and l's bits 3-4 in a thread's registers, l's
+        bits 0-2 across a segment of 8 lanes, 4 rows a warp (lane bits 3-4), then rows across
+        warps and registers. ``rows`` a multiple of 4 * warps, both powers of two."""
+        assert rows % (4 * warps) == 0 and rows & (rows - 1) == 0 and warps & (warps - 1) == 0
+        reg = [[0, 0, 1], [0, 0, 2], [0, 8, 0], [0, 16, 0]]
+        reg += [[4 * warps << k, 0, 0] for k in range((rows // (4 * warps)).bit_length() - 1)]
+        lane = [[0, 1, 0], [0, 2, 0], [0, 4, 0], [1, 0, 0], [2, 0, 0]]
+        warp = [[4 << k, 0, 0] for k in range(warps.bit_length() - 1)]
         return gl.DistributedLinearLayout(reg, lane, warp, [], [rows, 32, 4])
 
-    def warp_rows_options(N: int, rows: int, warps: int, seg: int) -> dict:
+    def warp_rows_options(N: int, rows: int, warps: int) -> dict:
         """The launch options of :func:`_layer_norm_warp_rows_kernel` for rows of N and this
         program shape."""
         lanes = N // VEC
-        return dict(ROWS=rows, LAYOUT=warp_rows_layout(rows, warps, seg), SEG=seg, POW2=lanes & (lanes - 1) == 0,
-                    num_warps=warps)
+        return dict(ROWS=rows, LAYOUT=warp_rows_layout(rows, warps), POW2=lanes & (lanes - 1) == 0, num_warps=warps)
 else:
     _layer_norm_warp_rows_kernel = warp_rows_options = None
 
@@ -369,7 +347,7 @@ def layernorm_modulate(x, weight, bias, eps, scale, shift, scale_plus_one=True, 
 
 SHORT_ROW = THREADS  # rows up to one warp's 4-vectors (head_dim <= 128) take the short-rows kernel
 SHORT_ROWS_PER_PROGRAM = 16
-WARP_ROWS_PROGRAM = (16, 4, 8)  # the Gluon kernel's rows a program, warps and lanes a row
+WARP_ROWS_PROGRAM = (16, 4)  # the Gluon kernel's rows a program and warps: 4 rows a warp
 
 
 def layer_norm_supported_layout(x, weight, bias, eps, x_dtype=None, out_dtype=None) -> bool:
