@@ -162,20 +162,27 @@ def _rms_norm_fused_kernel(
     o_row = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None]
     cols = tl.arange(0, 4 * THREADS)  # thread t = lane + 32 * warp reads 4-vectors t, t + THREADS, ...
     acc = tl.zeros((BLOCK_R, THREADS), tl.float32)
+    # A row of several tiles is read twice: the first read keeps it in L2, the second evicts it,
+    # and the output (a long row's: far more than L2 holds) is written to leave it (measured
+    # on Wan-14B's rows of 5120: 164.5 against 191.1 us, a copy 158.4).
     for k in tl.static_range(ITERS):
         col = cols + k * 4 * THREADS
-        v = tl.load(x_row + col[None, :], mask=row_ok[:, None] & (col < N)[None, :], other=0.0)
+        v = tl.load(x_row + col[None, :], mask=row_ok[:, None] & (col < N)[None, :], other=0.0,
+                    eviction_policy="evict_last")
         acc = fused_sum_squares(acc, v)
     r = fused_inv_rms(acc, N, eps, INTERPRET)[:, None]
     for k in tl.static_range(ITERS):
         col = cols + k * 4 * THREADS
         mask = row_ok[:, None] & (col < N)[None, :]
         if ITERS > 1:  # a single tile is still in registers
-            v = tl.load(x_row + col[None, :], mask=mask, other=0.0)
+            v = tl.load(x_row + col[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
         y = r * v.to(tl.float32)
         if HAS_WEIGHT:
             y = tl.load(w_ptr + col, mask=col < N, other=0.0).to(tl.float32)[None, :] * y
-        tl.store(o_row + col[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+        if ITERS > 1:
+            tl.store(o_row + col[None, :], y.to(out_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first")
+        else:
+            tl.store(o_row + col[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _out_dtype(x, weight) -> torch.dtype:
@@ -250,10 +257,13 @@ def _plan(x, form):
     else:
         block_n = triton.next_power_of_2(n)
         block_r = max(1, min(16, 2048 // block_n))
+        warps = 4
+        if block_n <= 128:  # per head: 1024 elements a one-warp program (measured at D=128: 14.9 against 16.6 us)
+            block_r, warps = 1024 // block_n, 1
         ints = (n_rows, shape[1], shape[2], n, *strides4(x, x.shape), *strides4(out, x.shape))
         vectorized = n >= VECTORIZE_MIN
         consts = dict(VECTORIZED=vectorized, ITERS=triton.cdiv(n, 4 * LANES if vectorized else LANES),
-                      BLOCK_R=block_r, BLOCK_N=block_n, num_warps=4)
+                      BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps)
     return out.stride(), (triton.cdiv(n_rows, block_r),), ints, consts, mean_factor(n_rows, n)
 
 
