@@ -105,7 +105,7 @@ def _modulate_tile(k, x_row, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr, row, b
     lane = tl.arange(0, VEC_C)
     col = (t + k * THREADS_C)[:, None] * VEC_C + lane[None, :]  # [128, 4]
     mask = col < N
-    x = tl.load(x_row + col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)  # its last read
+    x = tl.load(x_row + col, mask=mask, other=0.0).to(tl.float32)
     y = _normalize(x, mean, rstd, w_ptr, b_ptr, col, mask, HAS_WEIGHT, HAS_BIAS).to(dtype)  # LayerNorm output
     if HAS_SCALE:
         sc = tl.load(scale_ptr + bi * stride_scb + si * stride_scs + col * stride_scn,

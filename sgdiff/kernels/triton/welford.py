@@ -90,9 +90,7 @@ def row_welford(row_ptr, n_vec, ITERS: tl.constexpr):
     for k in tl.static_range(ITERS):
         v = t + k * THREADS_C
         active = v < n_vec
-        # the row is read again to normalize it: keep it in L2 (the second read evicts it)
-        vec = tl.load(row_ptr + v[:, None] * VEC_C + lane[None, :], mask=active[:, None], other=0.0,
-                      eviction_policy="evict_last")
+        vec = tl.load(row_ptr + v[:, None] * VEC_C + lane[None, :], mask=active[:, None], other=0.0)
         x0, x1, x2, x3 = unpack4(vec.to(tl.float32))
         mean, m2 = _online(mean, m2, x0, active, 1.0 / (4 * k + 1))
         mean, m2 = _online(mean, m2, x1, active, 1.0 / (4 * k + 2))
