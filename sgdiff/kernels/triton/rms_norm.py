@@ -179,10 +179,8 @@ def _rms_norm_fused_kernel(
         y = r * v.to(tl.float32)
         if HAS_WEIGHT:
             y = tl.load(w_ptr + col, mask=col < N, other=0.0).to(tl.float32)[None, :] * y
-        if ITERS > 1:
-            tl.store(o_row + col[None, :], y.to(out_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first")
-        else:
-            tl.store(o_row + col[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(o_row + col[None, :], y.to(out_ptr.dtype.element_ty), mask=mask,
+                 eviction_policy="evict_first" if ITERS > 1 else "")
 
 
 def _out_dtype(x, weight) -> torch.dtype:
