@@ -39,6 +39,7 @@ from sgdiff.kernels.triton.welford import (
     VEC_C,
     aligned_vec4,
     fold_empty_warps,
+    pow2_reciprocal,
     row_welford,
     short_rows_welford,
     vector_welford,
@@ -234,10 +235,13 @@ if gluon is not None:
         else:
             mean, m2, n = gl.reduce((mean, m2, n), 1, welford_combine)
         mean, m2, n = _row_lane0(mean), _row_lane0(m2), _row_lane0(n)
-        mean, m2, n = fold_empty_warps(mean, m2, n, gl.zeros_like(mean))
+        mean, m2, n = fold_empty_warps(mean, m2, n, gl.zeros_like(mean), POW2)
         ROW: gl.constexpr = gl.SliceLayout(1, LANES)
         mean, m2 = gl.convert_layout(mean, ROW), gl.convert_layout(m2, ROW)  # the same layout
-        var = gl.div_rn(m2, gl.full(m2.shape, N, gl.float32, ROW))
+        if POW2:  # m2 / N with N a power of two: the product with 1 / N, rounded alike
+            var = m2 * pow2_reciprocal(gl.full(m2.shape, N, gl.float32, ROW))
+        else:
+            var = gl.div_rn(m2, gl.full(m2.shape, N, gl.float32, ROW))
         rstd = rsqrtf(var + eps, INTERPRET)
         y = _normalize(x, mean[:, None, None], rstd[:, None, None], w_ptr, b_ptr, col, mask, HAS_WEIGHT, HAS_BIAS)
         gl.store(out_ptr + offs, y.to(DTYPE).to(out_ptr.dtype.element_ty), mask=mask)

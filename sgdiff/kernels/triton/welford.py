@@ -57,8 +57,7 @@ def welford_combine_pow2(own_mean, own_m2, own_n, oth_mean, oth_m2, oth_n):
     path when a row's active lanes are a power of two (N = 4 * 2**k): ``1 / 2**e`` read off the
     count's bits (exactly what IEEE division gives) instead of dividing. (A count of 0 gives
     2**127, not inf; its combine is empty either way.)"""
-    coef = (0x7F000000 - (oth_n + own_n).to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
-    return _combine_by(own_mean, own_m2, own_n, oth_mean, oth_m2, oth_n, coef)
+    return _combine_by(own_mean, own_m2, own_n, oth_mean, oth_m2, oth_n, pow2_reciprocal(oth_n + own_n))
 
 
 @triton.jit
@@ -130,20 +129,34 @@ def short_rows_welford(x, active):
 @triton.jit
 def vector_welford(x0, x1, x2, x3, active, zero):
     """Each lane's Welford state over its 4-vector ``(x0, x1, x2, x3)`` (fp32 tiles of one
-    shape, ``zero`` a zero tile of it): counts 1 to 4, idle lanes left empty."""
-    mean, m2 = _online(zero, zero, x0, active, 1.0)
-    mean, m2 = _online(mean, m2, x1, active, 1.0 / 2)
-    mean, m2 = _online(mean, m2, x2, active, 1.0 / 3)
-    mean, m2 = _online(mean, m2, x3, active, 1.0 / 4)
+    shape, ``zero`` a zero tile of it): counts 1 to 4, idle lanes left empty.
+
+    An idle lane's elements are loaded as 0, so its state stays (+0, +0) without a select:
+    ``0 - 0``, ``fma(0, c, 0)`` and ``fma(0, 0 - 0, 0)`` are all +0."""
+    mean, m2 = _online_step(zero, zero, x0, 1.0)
+    mean, m2 = _online_step(mean, m2, x1, 1.0 / 2)
+    mean, m2 = _online_step(mean, m2, x2, 1.0 / 3)
+    mean, m2 = _online_step(mean, m2, x3, 1.0 / 4)
     return mean, m2, tl.where(active, 4.0, 0.0)
 
 
 @triton.jit
-def fold_empty_warps(mean, m2, n, empty):
+def fold_empty_warps(mean, m2, n, empty, POW2: tl.constexpr = False):
     """ATen's cross-warp steps for a row held by warp 0 alone: 0 <- 2, then 0 <- (1 <- 3),
-    each a combine with an empty state (``empty``: zeros), which still rounds."""
-    mean, m2, n = welford_combine(mean, m2, n, empty, empty, empty)  # warp 0 <- warp 2
-    return welford_combine(mean, m2, n, empty, empty, empty)  # warp 0 <- (warp 1 <- warp 3)
+    each a combine with an empty state (``empty``: zeros), which still rounds. ``POW2``: the
+    row's count is 0 or a power of two (:func:`welford_combine_pow2`)."""
+    if POW2:
+        mean, m2, n = welford_combine_pow2(mean, m2, n, empty, empty, empty)  # warp 0 <- warp 2
+        return welford_combine_pow2(mean, m2, n, empty, empty, empty)  # warp 0 <- (warp 1 <- warp 3)
+    else:
+        mean, m2, n = welford_combine(mean, m2, n, empty, empty, empty)
+        return welford_combine(mean, m2, n, empty, empty, empty)
+
+
+@triton.jit
+def pow2_reciprocal(n):
+    """``1 / n`` for n a power of two (2**127 for 0), read off n's bits: IEEE division's result."""
+    return (0x7F000000 - n.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -157,9 +170,15 @@ def unpack4(vec):
 
 
 @triton.jit
-def _online(mean, m2, x, active, inv_count):
-    """cuWelfordOnlineSum for lanes that hold an element."""
+def _online_step(mean, m2, x, inv_count):
+    """cuWelfordOnlineSum."""
     delta = x - mean
     new_mean = tl.fma(delta, inv_count, mean)
-    new_m2 = tl.fma(delta, x - new_mean, m2)
+    return new_mean, tl.fma(delta, x - new_mean, m2)
+
+
+@triton.jit
+def _online(mean, m2, x, active, inv_count):
+    """cuWelfordOnlineSum for lanes that hold an element."""
+    new_mean, new_m2 = _online_step(mean, m2, x, inv_count)
     return tl.where(active, new_mean, mean), tl.where(active, new_m2, m2)
