@@ -1,9 +1,10 @@
 """CUDA's fp32 math functions as ATen's kernels call them, for Triton kernels.
 
 nvcc builds ATen without fast-math: ``rsqrtf`` is ``rsqrt.approx.f32``, ``expf``/``tanhf`` are
-libdevice's ``__nv_expf``/``__nv_tanhf`` with denormals kept. Triton's own ``tl.exp`` and
-``tl.rsqrt`` are other approximations, so kernels call these instead, passing
-``INTERPRET`` as the last argument.
+libdevice's ``__nv_expf``/``__nv_tanhf`` with denormals kept (``tanhf`` here is written out
+without libdevice's branches). Triton's own ``tl.exp`` and ``tl.rsqrt`` are other
+approximations, so kernels call these instead, passing ``INTERPRET`` as the last argument.
+``tests/gpu/test_cuda_math_gpu.py`` compares them with ATen's over every fp32 value.
 
 The interpreter (``TRITON_INTERPRET=1``) runs on the CPU without PTX or libdevice; there the
 functions fall back to Triton's (numpy's) own, which tests kernel logic but not bits.
@@ -18,7 +19,6 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-FLT_MIN = tl.constexpr(1.1754943508222875e-38)  # the smallest normal fp32
 
 
 @triton.jit
@@ -53,12 +53,39 @@ def libdevice_options() -> dict:
     return {"enable_reflect_ftz": False} if "enable_reflect_ftz" in fields else {}
 
 
+# CUDA's tanhf (libdevice's __nv_tanhf, non-FTZ, as Triton links it): its constants, as fp32
+TANH_SMALL = tl.constexpr(0.6000000238418579)  # below: an odd polynomial in x
+TANH_P0 = tl.constexpr(0.01573968306183815)  # p(x2) = ((P0 x2 + P1) x2 + P2) x2 + P3
+TANH_P1 = tl.constexpr(-0.05230396240949631)
+TANH_P2 = tl.constexpr(0.13315297663211823)
+TANH_P3 = tl.constexpr(-0.33332768082618713)
+TANH_2_LOG2E = tl.constexpr(2.885390043258667)  # 2 / ln 2
+TANH_ONE = tl.constexpr(9.010913848876953)  # at and above: +-1
+
+
+@triton.jit
+def _approx(x, OP: tl.constexpr):
+    return tl.inline_asm_elementwise(OP + " $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+
+
 @triton.jit
 def tanhf(x, INTERPRET: tl.constexpr):
-    """CUDA's ``tanhf``. libdevice's flushes denormal inputs to 0 in Triton's build; CUDA's
-    returns them unchanged (tanh(x) == x there), so they pass through."""
+    """CUDA's ``tanhf``: libdevice's ``__nv_tanhf`` step for step, both of its branches
+    computed and one selected (libdevice branches per element: in a warp of mixed magnitudes,
+    both sides run anyway, with the branching on top). Below 0.6 (and for NaN):
+    ``fma(x2 * p(x2), x, x)``; above: ``1 - 2 / (2^(2|x|/ln2) + 1)`` with ``ex2``/``rcp`` of
+    the approximate, flushing kind, signed as x; +-1 from 9.0109 up. Denormal inputs come
+    back unchanged, as CUDA's do (``x * x`` is 0 there)."""
     if INTERPRET:
-        t = 2.0 * tl.sigmoid(2.0 * x) - 1.0
+        return 2.0 * tl.sigmoid(2.0 * x) - 1.0
     else:
-        t = libdevice.tanh(x)
-    return tl.where(tl.abs(x) < FLT_MIN, x, t)
+        a = tl.abs(x)
+        x2 = x * x
+        p = tl.fma(tl.fma(tl.fma(x2, TANH_P0, TANH_P1), x2, TANH_P2), x2, TANH_P3)
+        small = tl.fma(tl.fma(p, x2, 0.0), x, x)
+        e = _approx(a * TANH_2_LOG2E, "ex2.approx.ftz.f32")
+        big = tl.fma(_approx(e + 1.0, "rcp.approx.ftz.f32"), -2.0, 1.0)
+        big = tl.where(a >= TANH_ONE, 1.0, big)
+        sign = x.to(tl.uint32, bitcast=True) & 0x80000000
+        big = (big.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+        return tl.where(a >= TANH_SMALL, big, small)

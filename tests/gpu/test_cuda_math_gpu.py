@@ -1,0 +1,39 @@
+"""sgdiff's copies of CUDA's fp32 math functions against ATen's CUDA kernels, over every fp32
+value: ``tanhf`` (written without libdevice's branches) against ``torch.tanh``, ``expf``
+against ``torch.exp``. A function that differs on one input in 2**32 fails here."""
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from sgdiff.kernels.triton.cuda_math import expf, libdevice_options, tanhf
+
+pytestmark = pytest.mark.gpu
+CHUNK = 1 << 28  # fp32 values a pass: 1 GiB in, 1 GiB out per function
+
+
+@triton.jit
+def _math_kernel(x_ptr, out_ptr, n, FN: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + i, mask=i < n)
+    y = tanhf(x, False) if FN == "tanh" else expf(x, False)
+    tl.store(out_ptr + i, y, mask=i < n)
+
+
+def _same_bits_or_both_nan(got, want):
+    """Positions where the results differ (any NaN matches any NaN: payloads are not compared)."""
+    both_nan = got.isnan() & want.isnan()
+    return ~both_nan & (got.view(torch.int32) != want.view(torch.int32))
+
+
+@pytest.mark.parametrize("fn,reference", [("tanh", torch.tanh), ("exp", torch.exp)])
+def test_every_fp32_value(fn, reference):
+    bits = torch.empty(CHUNK, dtype=torch.int32, device="cuda")
+    out = torch.empty(CHUNK, dtype=torch.float32, device="cuda")
+    for start in range(-2 ** 31, 2 ** 31, CHUNK):
+        torch.arange(start, start + CHUNK, dtype=torch.int32, device="cuda", out=bits)
+        x = bits.view(torch.float32)
+        _math_kernel[(triton.cdiv(CHUNK, 1024),)](x, out, CHUNK, FN=fn, BLOCK=1024, enable_fp_fusion=False,
+                                                  **libdevice_options())
+        wrong = _same_bits_or_both_nan(out, reference(x))
+        assert not wrong.any(), (fn, x[wrong][:8].tolist(), out[wrong][:8].tolist(), reference(x)[wrong][:8].tolist())
