@@ -33,7 +33,7 @@ HEAD_DIM = 128  # one 4-vector per thread of a warp
 @triton.jit
 def _rms_norm_rope_kernel(
     x_ptr, w_ptr, x1_ptr, w1_ptr, cos_ptr, sin_ptr, out_ptr,
-    n_rows, n1, n2, split,
+    n_rows, n1: tl.constexpr, n2: tl.constexpr, split,  # n1, n2 compiled in: row indices by constant divisors
     sx0, sx1, sx2,
     sy0, sy1, sy2,
     sc0, sc1, sc2, sc3,

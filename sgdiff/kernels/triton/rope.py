@@ -45,7 +45,7 @@ from sgdiff.kernels.triton.rows import (
 @triton.jit
 def _rope_kernel(
     x_ptr, cos_ptr, sin_ptr, out_ptr,
-    n_rows, n1, n2, D,
+    n_rows, n1: tl.constexpr, n2: tl.constexpr, D,  # n1, n2 compiled in: row indices by constant divisors
     sx0, sx1, sx2, sx3,
     sc0, sc1, sc2, sc3,
     ss0, ss1, ss2, ss3,
