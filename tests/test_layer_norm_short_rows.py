@@ -64,11 +64,14 @@ def test_lane_tree_is_the_first_lanes_shuffle_down_path(rows, warps, dtype, affi
 @needs_gluon
 def test_power_of_two_counts_leave_the_tree_without_divisions():
     """Rows of 4 * 2**k: every combine (the tree's and the two with empty warps) takes
-    1 / count from its bits, and the variance is m2 times 1 / N: no division is left."""
-    with_div, without = _ptx(pow2=False), _ptx(pow2=True)
+    1 / count from its bits, and the variance is m2 times 1 / N: no division is left. Other
+    rows: each combine's reciprocal is div.rn's fast path (an rcp, no branch), and the
+    variance one IEEE division."""
+    other, pow2 = _ptx(pow2=False), _ptx(pow2=True)
     sets = 16 // (4 * 4)
-    assert len(re.findall(r"div\.rn\.f32", without)) == 0
-    assert len(re.findall(r"div\.rn\.f32", with_div)) == 8 * sets
+    assert not re.search(r"div\.rn\.f32|rcp\.", pow2)
+    assert len(re.findall(r"div\.rn\.f32", other)) == sets
+    assert len(re.findall(r"rcp\.approx\.ftz\.f32", other)) == 7 * sets
 
 
 class _Kernel:

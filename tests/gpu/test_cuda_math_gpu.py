@@ -1,12 +1,13 @@
 """sgdiff's copies of CUDA's fp32 math functions against ATen's CUDA kernels, over every fp32
 value: ``tanhf`` (written without libdevice's branches) against ``torch.tanh``, ``expf``
-against ``torch.exp``. A function that differs on one input in 2**32 fails here."""
+against ``torch.exp``; and ``count_reciprocal`` (div.rn's fast path) against
+``torch.reciprocal`` for every count below 2**24. A function that differs on one input fails."""
 import pytest
 import torch
 import triton
 import triton.language as tl
 
-from sgdiff.kernels.triton.cuda_math import expf, libdevice_options, tanhf
+from sgdiff.kernels.triton.cuda_math import count_reciprocal, expf, libdevice_options, tanhf
 
 pytestmark = pytest.mark.gpu
 CHUNK = 1 << 28  # fp32 values a pass: 1 GiB in, 1 GiB out per function
@@ -16,7 +17,12 @@ CHUNK = 1 << 28  # fp32 values a pass: 1 GiB in, 1 GiB out per function
 def _math_kernel(x_ptr, out_ptr, n, FN: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + i, mask=i < n)
-    y = tanhf(x, False) if FN == "tanh" else expf(x, False)
+    if FN == "tanh":
+        y = tanhf(x, False)
+    elif FN == "exp":
+        y = expf(x, False)
+    else:
+        y = count_reciprocal(x)
     tl.store(out_ptr + i, y, mask=i < n)
 
 
@@ -37,3 +43,12 @@ def test_every_fp32_value(fn, reference):
                                                   **libdevice_options())
         wrong = _same_bits_or_both_nan(out, reference(x))
         assert not wrong.any(), (fn, x[wrong][:8].tolist(), out[wrong][:8].tolist(), reference(x)[wrong][:8].tolist())
+
+
+def test_count_reciprocals_are_ieee():
+    n = torch.arange(1, 1 << 24, device="cuda", dtype=torch.float32)  # every count fp32 holds exactly
+    out = torch.empty_like(n)
+    _math_kernel[(triton.cdiv(n.numel(), 1024),)](n, out, n.numel(), FN="reciprocal", BLOCK=1024, enable_fp_fusion=False)
+    want = torch.reciprocal(n)
+    wrong = out.view(torch.int32) != want.view(torch.int32)
+    assert not wrong.any(), (n[wrong][:8].tolist(), out[wrong][:8].tolist(), want[wrong][:8].tolist())

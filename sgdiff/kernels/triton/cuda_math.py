@@ -19,6 +19,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+INTERPRET_C = tl.constexpr(INTERPRET)  # the same, for functions that cannot take it as an argument
 
 
 @triton.jit
@@ -29,6 +30,19 @@ def rsqrtf(x, INTERPRET: tl.constexpr):
     else:
         return tl.inline_asm_elementwise("rsqrt.approx.f32 $0, $1;", "=r,r", [x],
                                          dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def count_reciprocal(n):
+    """``1 / n``, IEEE-rounded as ``div.rn`` gives it, for counts: integers 0 < n < 2**24 held in
+    fp32 (0 gives NaN). ``div.rn``'s own fast path (rcp, a Newton step, the rounding
+    correction), whose range check always passes for such n, without its slow-path branch."""
+    if INTERPRET_C:
+        return tl.math.div_rn(tl.full(n.shape, 1.0, tl.float32), n)
+    else:
+        r = _approx(n, "rcp.approx.ftz.f32")
+        r = tl.fma(r, tl.fma(n * -1.0, r, 1.0), r)
+        return tl.fma(r, tl.fma(n * -1.0, r, 1.0), r)
 
 
 @triton.jit

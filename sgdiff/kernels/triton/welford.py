@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sgdiff.kernels.triton.cuda_math import count_reciprocal
 from sgdiff.kernels.triton.rows import halves
 
 THREADS = 128  # ATen: 32 x 4 threads per row
@@ -47,7 +48,7 @@ def aligned_vec4(t: torch.Tensor) -> bool:
 @triton.jit
 def welford_combine(own_mean, own_m2, own_n, oth_mean, oth_m2, oth_n):
     """cuWelfordCombine(dataB=own, dataA=other), as nvcc compiles it."""
-    coef = tl.math.div_rn(1.0, oth_n + own_n)  # 1.f / count: rcp.rn, IEEE
+    coef = count_reciprocal(oth_n + own_n)  # 1.f / count: IEEE
     return _combine_by(own_mean, own_m2, own_n, oth_mean, oth_m2, oth_n, coef)
 
 
@@ -75,7 +76,8 @@ def _combine_by(own_mean, own_m2, own_n, oth_mean, oth_m2, oth_n, coef):
 
 @triton.jit
 def row_welford(row_ptr, n_vec, ITERS: tl.constexpr):
-    """Mean, m2 and count of one row of ``4 * n_vec`` elements, in ATen's vectorized order.
+    """Mean, m2 and count of one row of ``4 * n_vec`` elements, in ATen's vectorized order
+    (``ITERS`` = ceil(n_vec / 128)).
 
     Thread ``t`` takes vectors ``t + 128 k``; its count before element ``4k + j`` is exactly
     ``4k + j``, so ``1 / count`` is known up front (fp32-rounded: equal to the correctly
@@ -83,18 +85,24 @@ def row_welford(row_ptr, n_vec, ITERS: tl.constexpr):
     """
     t = tl.arange(0, THREADS_C)
     lane = tl.arange(0, VEC_C)
-    mean = tl.zeros((THREADS_C,), tl.float32)
-    m2 = tl.zeros((THREADS_C,), tl.float32)
-    n = tl.zeros((THREADS_C,), tl.float32)
+    zero = tl.zeros((THREADS_C,), tl.float32)
+    mean, m2, n = zero, zero, zero
     for k in tl.static_range(ITERS):
         v = t + k * THREADS_C
         active = v < n_vec
         vec = tl.load(row_ptr + v[:, None] * VEC_C + lane[None, :], mask=active[:, None], other=0.0)
         x0, x1, x2, x3 = unpack4(vec.to(tl.float32))
-        mean, m2 = _online(mean, m2, x0, active, 1.0 / (4 * k + 1))
-        mean, m2 = _online(mean, m2, x1, active, 1.0 / (4 * k + 2))
-        mean, m2 = _online(mean, m2, x2, active, 1.0 / (4 * k + 3))
-        mean, m2 = _online(mean, m2, x3, active, 1.0 / (4 * k + 4))
+        if k == 0 or k < ITERS - 1:  # every thread holds a vector (ITERS = ceil(n_vec / 128)),
+            # or, at k = 0, an idle one loads zeros and its state stays +0 (see vector_welford)
+            mean, m2 = _online_step(mean, m2, x0, 1.0 / (4 * k + 1))
+            mean, m2 = _online_step(mean, m2, x1, 1.0 / (4 * k + 2))
+            mean, m2 = _online_step(mean, m2, x2, 1.0 / (4 * k + 3))
+            mean, m2 = _online_step(mean, m2, x3, 1.0 / (4 * k + 4))
+        else:  # the last vectors: threads past the row's end keep their state
+            mean, m2 = _online(mean, m2, x0, active, 1.0 / (4 * k + 1))
+            mean, m2 = _online(mean, m2, x1, active, 1.0 / (4 * k + 2))
+            mean, m2 = _online(mean, m2, x2, active, 1.0 / (4 * k + 3))
+            mean, m2 = _online(mean, m2, x3, active, 1.0 / (4 * k + 4))
         n = tl.where(active, n + 4.0, n)
     # One element per thread (128 threads, 4 warps): Triton reduces with a shuffle tree over
     # lanes (16, 8, 4, 2, 1), the combine taking (own, other), then across warps through
