@@ -37,6 +37,21 @@ SCRIPT = textwrap.dedent(r"""
                 err = (got.float() - want.float()).abs().max().item()
                 assert err <= rtol * scale_, (dtype, (B, S, N), err, scale_)
                 cases += 1
+    # the row normalized from registers or read again: the same arithmetic, the same bits
+    keep_row = tk._keep_row
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(2, 3, 2240, dtype=dtype) * 3 + 1
+        w, b, sc = (torch.randn(2240, dtype=dtype) for _ in range(3))
+        outs = []
+        for keep in (True, False):
+            tk._keep_row = lambda *_, keep=keep: keep
+            outs.append(tk.layernorm_modulate(x, w, b, 1e-6, sc, sc, True))
+        tk._keep_row = keep_row
+        assert torch.equal(*outs), dtype
+        cases += 1
+    wan = torch.empty(1, 32760, 5120, dtype=torch.float32, device="meta")
+    assert tk._keep_row(wan, 32760, 10) and not tk._keep_row(wan.bfloat16(), 32760, 10)
+    assert tk._keep_row(wan.bfloat16(), 2048, 5) and not tk._keep_row(wan.bfloat16(), 4608, 6)
     # layer_norm: the same kernel without the modulation, over head_dim (per-head QK norm), any rows
     from sgdiff.kernels.layer_norm import layer_norm_reference
     # (head_dim <= 128: 16 rows a program, one per warp's lanes; 256: one row a program)
@@ -336,7 +351,7 @@ ROWWISE = textwrap.dedent(r"""
 """)
 
 
-@pytest.mark.parametrize("script,cases", [(SCRIPT, 68), (RESIDUAL_GATE, 20), (ROWWISE, 154)],
+@pytest.mark.parametrize("script,cases", [(SCRIPT, 70), (RESIDUAL_GATE, 20), (ROWWISE, 154)],
                          ids=["layernorm_modulate", "residual_gate", "rowwise"])
 def test_kernels_under_interpreter(script, cases):
     env = dict(os.environ, TRITON_INTERPRET="1")

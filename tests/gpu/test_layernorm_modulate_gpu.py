@@ -31,7 +31,9 @@ REAL = [(2, 1024, 2240), (2, 4096, 1152), (1, 4608, 3072), (1, 4429, 2432), (1, 
 @pytest.mark.parametrize("shape", REAL)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("affine", [False, True])
-def test_real_shapes_bitexact(shape, dtype, affine):
+@pytest.mark.parametrize("keep_row", [True, False], ids=["row_in_registers", "row_read_again"])
+def test_real_shapes_bitexact(shape, dtype, affine, keep_row, monkeypatch):
+    monkeypatch.setattr(tk, "_keep_row", lambda *_: keep_row)  # both ways, whichever the shape picks
     B, S, N = shape
     x = torch.randn(shape, device="cuda", dtype=dtype) * 3 + 1
     emb = torch.randn(B, 6 * N, device="cuda", dtype=dtype)

@@ -75,23 +75,33 @@ def _combine_by(own_mean, own_m2, own_n, oth_mean, oth_m2, oth_n, coef):
 
 
 @triton.jit
-def row_welford(row_ptr, n_vec, ITERS: tl.constexpr):
-    """Mean, m2 and count of one row of ``4 * n_vec`` elements, in ATen's vectorized order
-    (``ITERS`` = ceil(n_vec / 128)).
+def load_row(row_ptr, n_vec, ITERS: tl.constexpr):
+    """The ``ITERS`` ``[128, 4]`` tiles of a row of ``4 * n_vec`` elements (thread ``t``'s
+    vectors ``t + 128 k``; zeros past the end), every load issued before any is used."""
+    t = tl.arange(0, THREADS_C)
+    lane = tl.arange(0, VEC_C)
+    vecs = ()
+    for k in tl.static_range(ITERS):
+        v = t + k * THREADS_C
+        vecs = vecs + (tl.load(row_ptr + v[:, None] * VEC_C + lane[None, :], mask=(v < n_vec)[:, None], other=0.0),)
+    return vecs
+
+
+@triton.jit
+def row_welford(vecs, n_vec, ITERS: tl.constexpr):
+    """Mean, m2 and count of one row of ``4 * n_vec`` elements held as :func:`load_row`'s
+    tiles, in ATen's vectorized order (``ITERS`` = ceil(n_vec / 128)).
 
     Thread ``t`` takes vectors ``t + 128 k``; its count before element ``4k + j`` is exactly
     ``4k + j``, so ``1 / count`` is known up front (fp32-rounded: equal to the correctly
     rounded division for every count below 2**17).
     """
     t = tl.arange(0, THREADS_C)
-    lane = tl.arange(0, VEC_C)
     zero = tl.zeros((THREADS_C,), tl.float32)
     mean, m2, n = zero, zero, zero
     for k in tl.static_range(ITERS):
-        v = t + k * THREADS_C
-        active = v < n_vec
-        vec = tl.load(row_ptr + v[:, None] * VEC_C + lane[None, :], mask=active[:, None], other=0.0)
-        x0, x1, x2, x3 = unpack4(vec.to(tl.float32))
+        active = t + k * THREADS_C < n_vec
+        x0, x1, x2, x3 = unpack4(vecs[k].to(tl.float32))
         if k == 0 or k < ITERS - 1:  # every thread holds a vector (ITERS = ceil(n_vec / 128)),
             # or, at k = 0, an idle one loads zeros and its state stays +0 (see vector_welford)
             mean, m2 = _online_step(mean, m2, x0, 1.0 / (4 * k + 1))
