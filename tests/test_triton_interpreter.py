@@ -141,6 +141,7 @@ RESIDUAL_GATE = textwrap.dedent(r"""
 
 
 ROWWISE = textwrap.dedent(r"""
+    import itertools
     import torch
     import torch.nn.functional as F
     from sgdiff.kernels.triton import gelu_tanh_cat as tgelu, rms_norm as trms, rope as trope, silu_mul as tsilu
@@ -231,14 +232,17 @@ ROWWISE = textwrap.dedent(r"""
                 got = trms.rms_norm(x, w, eps, "fused")
                 check(got, cuda_order_fused(x, w, 2.0 ** -23 if eps is None else eps), exact)
         # rope: Flux-like [B, S, H, D] and heads-first views, both rotations
-        x = torch.randn(2, 37, 3, 16, dtype=dt)
-        cos, sin = torch.randn(37, 16), torch.randn(37, 16)
-        for inter in (True, False):
+        # (head dims that fill a tile, leave its end idle, or give odd halves)
+        for D, inter in itertools.product((16, 40, 6), (True, False)):
+            x = torch.randn(2, 37, 3, D, dtype=dt)
+            cos, sin = torch.randn(37, D), torch.randn(37, D)
             args = (x, cos[None, :, None], sin[None, :, None], inter)
             assert trope.supported_layout(*args)
             check(trope.rope(*args), rope_reference(*args), exact)
             args = (x.transpose(1, 2), cos[None, None], sin[None, None], inter)
             check(trope.rope(*args), rope_reference(*args), exact)
+        x = torch.randn(2, 37, 3, 16, dtype=dt)
+        cos, sin = torch.randn(37, 16), torch.randn(37, 16)
         # rope_complex (Qwen-Image): without contraction the product is plain fp32 arithmetic, so
         # it is exact against the same arithmetic in torch; the default contraction within a tolerance
         from sgdiff.kernels.rope_complex import rope_complex_reference
@@ -351,7 +355,7 @@ ROWWISE = textwrap.dedent(r"""
 """)
 
 
-@pytest.mark.parametrize("script,cases", [(SCRIPT, 70), (RESIDUAL_GATE, 20), (ROWWISE, 154)],
+@pytest.mark.parametrize("script,cases", [(SCRIPT, 70), (RESIDUAL_GATE, 20), (ROWWISE, 170)],
                          ids=["layernorm_modulate", "residual_gate", "rowwise"])
 def test_kernels_under_interpreter(script, cases):
     env = dict(os.environ, TRITON_INTERPRET="1")

@@ -57,21 +57,27 @@ def _rope_kernel(
     BLOCK_D: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask = (rows < n_rows)[:, None] & (d < D)[None, :]
     x_row = x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None]
     c_row = cos_ptr + row_offsets(rows, n1, n2, sc0, sc1, sc2)[:, None]
     s_row = sin_ptr + row_offsets(rows, n1, n2, ss0, ss1, ss2)[:, None]
-    x = tl.load(x_row + d[None, :] * sx3, mask=mask, other=0.0).to(tl.float32)
-    if FORM == 1:  # rotate-half: the partner is half a row away, read from cache
+    o_row = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None]
+    if FORM == 1:  # rotate-half: the tile spans BLOCK_D // 2 columns of each half of the rows
         half = D // 2
-        first = d < half
-        partner = tl.where(first, d + half, d - half)
-        xp = tl.load(x_row + partner[None, :] * sx3, mask=mask, other=0.0).to(tl.float32)
-        cos = tl.load(c_row + d[None, :] * sc3, mask=mask, other=0.0).to(tl.float32)
-        sin = tl.load(s_row + d[None, :] * ss3, mask=mask, other=0.0).to(tl.float32)
-        out = x * cos + tl.where(first[None, :], xp * -1.0, xp) * sin
+        e = tl.program_id(1) * (BLOCK_D // 2) + tl.arange(0, BLOCK_D // 2)
+        hmask = (rows < n_rows)[:, None] & (e < half)[None, :]
+        e2 = e + half
+        x1 = tl.load(x_row + e[None, :] * sx3, mask=hmask, other=0.0).to(tl.float32)
+        x2 = tl.load(x_row + e2[None, :] * sx3, mask=hmask, other=0.0).to(tl.float32)
+        out1 = (x1 * tl.load(c_row + e[None, :] * sc3, mask=hmask, other=0.0).to(tl.float32)
+                + (x2 * -1.0) * tl.load(s_row + e[None, :] * ss3, mask=hmask, other=0.0).to(tl.float32))
+        out2 = (x2 * tl.load(c_row + e2[None, :] * sc3, mask=hmask, other=0.0).to(tl.float32)
+                + x1 * tl.load(s_row + e2[None, :] * ss3, mask=hmask, other=0.0).to(tl.float32))
+        tl.store(o_row + e[None, :] * so3, out1.to(out_ptr.dtype.element_ty), mask=hmask)
+        tl.store(o_row + e2[None, :] * so3, out2.to(out_ptr.dtype.element_ty), mask=hmask)
     else:  # pairs (2j, 2j + 1) sit side by side: split the tile into its even and odd columns
+        d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        mask = (rows < n_rows)[:, None] & (d < D)[None, :]
+        x = tl.load(x_row + d[None, :] * sx3, mask=mask, other=0.0).to(tl.float32)
         x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_R, BLOCK_D // 2, 2)))
         if FORM == 0:
             cos = tl.load(c_row + d[None, :] * sc3, mask=mask, other=0.0).to(tl.float32)
@@ -91,8 +97,7 @@ def _rope_kernel(
             else:  # (x_even + i x_odd) * (cos + i sin) in complex64
                 out_even, out_odd = complex_product(x_even, x_odd, cos, sin, COMPLEX_FMA)
         out = tl.reshape(tl.join(out_even, out_odd), (BLOCK_R, BLOCK_D))
-    o_row = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None]
-    tl.store(o_row + d[None, :] * so3, out.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(o_row + d[None, :] * so3, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
