@@ -25,15 +25,16 @@ needs_gluon = pytest.mark.skipif(tk._layer_norm_warp_rows_kernel is None, reason
 
 
 def _ptx(rows=16, warps=4, dtype="bf16", affine=True, pow2=True):
+    """PTX of a launch on rows of 128 (pow2) or 72 elements."""
     from triton.experimental.gluon._runtime import GluonASTSource
     sig = {"x_ptr": f"*{dtype}", "w_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "M": "i32",
-           "N": "i32", "eps": "fp32", "ROWS": "constexpr", "HAS_WEIGHT": "constexpr", "HAS_BIAS": "constexpr",
+           "N": "constexpr", "eps": "fp32", "ROWS": "constexpr", "HAS_WEIGHT": "constexpr", "HAS_BIAS": "constexpr",
            "DTYPE": "constexpr", "INTERPRET": "constexpr"}
-    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 5)}  # as a launch specializes aligned rows
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3)}  # as a launch specializes aligned rows
     tl_dtype = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}[dtype]
     sig["LAYOUT"] = sig["POW2"] = "constexpr"
     src = GluonASTSource(tk._layer_norm_warp_rows_kernel.fn, sig, attrs=attrs, constexprs=dict(
-        ROWS=rows, HAS_WEIGHT=affine, HAS_BIAS=affine, DTYPE=tl_dtype, INTERPRET=False,
+        N=128 if pow2 else 72, ROWS=rows, HAS_WEIGHT=affine, HAS_BIAS=affine, DTYPE=tl_dtype, INTERPRET=False,
         LAYOUT=tk.warp_rows_layout(rows, warps), POW2=pow2))
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": warps, "enable_fp_fusion": False}).asm["ptx"]

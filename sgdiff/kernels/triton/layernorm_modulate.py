@@ -193,7 +193,9 @@ if gluon is not None:
     @LeanKernel
     @gluon.jit
     def _layer_norm_warp_rows_kernel(
-        x_ptr, w_ptr, b_ptr, out_ptr, M, N, eps,  # as _layer_norm_short_rows_kernel's
+        x_ptr, w_ptr, b_ptr, out_ptr, M,  # as _layer_norm_short_rows_kernel's
+        N: gl.constexpr,  # compiled in: every count on the tree's path is then known to the compiler
+        eps,
         ROWS: gl.constexpr,
         HAS_WEIGHT: gl.constexpr,
         HAS_BIAS: gl.constexpr,
@@ -227,7 +229,9 @@ if gluon is not None:
         # the same layout under another name: no data moves
         x0, x1 = gl.convert_layout(x0, LANES), gl.convert_layout(x1, LANES)
         x2, x3 = gl.convert_layout(x2, LANES), gl.convert_layout(x3, LANES)
-        mean, m2, n = vector_welford(x0, x1, x2, x3, active, gl.zeros([ROWS, 32], gl.float32, LANES))
+        # counts from the columns alone (a row past M is never stored): constants per register
+        lane_active = gl.zeros([ROWS, 32], gl.int32, LANES) + t[None, :] < N // VEC_C
+        mean, m2, n = vector_welford(x0, x1, x2, x3, lane_active, gl.zeros([ROWS, 32], gl.float32, LANES))
         # ATen's thread l = 16 hi + 8 lo + t: offset 16 pairs hi, then offset 8 pairs lo
         mean = gl.reshape(mean, [ROWS, 2, 2, 8])
         m2 = gl.reshape(m2, [ROWS, 2, 2, 8])
