@@ -372,7 +372,7 @@ def layernorm_modulate(x, weight, bias, eps, scale, shift, scale_plus_one=True, 
 
 SHORT_ROW = THREADS  # rows up to one warp's 4-vectors (head_dim <= 128) take the short-rows kernel
 SHORT_ROWS_PER_PROGRAM = 16
-WARP_ROWS_PROGRAM = (8, 1)  # the Gluon kernel's rows a program and warps (4 rows a warp): measured
+WARP_ROWS_PROGRAM = (16, 2)  # the Gluon kernel's rows a program and warps (4 rows a warp): measured
 
 
 def layer_norm_supported_layout(x, weight, bias, eps, x_dtype=None, out_dtype=None) -> bool:
