@@ -23,13 +23,18 @@ INTERPRET_C = tl.constexpr(INTERPRET)  # the same, for functions that cannot tak
 
 
 @triton.jit
+def _approx(x, OP: tl.constexpr):
+    """One PTX instruction ``OP`` (an approximate unary op) per fp32 element."""
+    return tl.inline_asm_elementwise(OP + " $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
 def rsqrtf(x, INTERPRET: tl.constexpr):
     """CUDA's ``rsqrtf`` (rsqrt.approx.f32)."""
     if INTERPRET:
         return 1.0 / tl.sqrt(x)
     else:
-        return tl.inline_asm_elementwise("rsqrt.approx.f32 $0, $1;", "=r,r", [x],
-                                         dtype=tl.float32, is_pure=True, pack=1)
+        return _approx(x, "rsqrt.approx.f32")
 
 
 @triton.jit
@@ -55,7 +60,6 @@ def expf(x, INTERPRET: tl.constexpr):
 
 
 @functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)
 def libdevice_options() -> dict:
     """Launch options for kernels that call libdevice: keep denormals, as nvcc does for ATen
     (Triton flushes them inside libdevice unless told not to, where it can be told)."""
@@ -75,11 +79,6 @@ TANH_P2 = tl.constexpr(0.13315297663211823)
 TANH_P3 = tl.constexpr(-0.33332768082618713)
 TANH_2_LOG2E = tl.constexpr(2.885390043258667)  # 2 / ln 2
 TANH_ONE = tl.constexpr(9.010913848876953)  # at and above: +-1
-
-
-@triton.jit
-def _approx(x, OP: tl.constexpr):
-    return tl.inline_asm_elementwise(OP + " $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit

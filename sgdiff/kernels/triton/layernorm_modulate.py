@@ -94,7 +94,8 @@ def _layernorm_modulate_kernel(
     rstd = rsqrtf(var + eps, INTERPRET)
 
     for k in tl.static_range(ITERS):
-        _modulate_tile(k, vecs[k] if KEEP_ROW else None, x_row, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr, row, bi, si, N, mean, rstd,
+        vec = vecs[k] if KEEP_ROW else None  # None: read it again
+        _modulate_tile(k, vec, x_row, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr, row, bi, si, N, mean, rstd,
                        stride_scb, stride_scs, stride_scn, stride_shb, stride_shs, stride_shn,
                        HAS_WEIGHT, HAS_BIAS, HAS_SHIFT, PLUS_ONE, HAS_SCALE, DTYPE)
 
@@ -326,15 +327,16 @@ def _plan(x, scale, shift):
         triton.cdiv(N // VEC, THREADS)
 
 
+KEEP_ROW_MAX_ROWS, KEEP_ROW_MAX_ITERS = 8192, 5
+
+
 def _keep_row(x, rows: int, iters: int) -> bool:
     """Normalize the row from registers rather than reading it again. Measured on an H200: it
-    pays where the second read is costly (fp32 rows: Wan-14B's 5120, 404 -> 328 µs) and where
-    a grid of few, short rows is latency-bound (Sana, PixArt: 0.3 to 1 µs); with many bf16
-    rows or more than 5 vectors a thread the registers it takes cost more (Wan-14B bf16 +20 µs)."""
+    pays where the second read is costly (x fp32 in memory: Wan-14B's rows of 5120, 404 -> 328
+    µs) and where a grid of few, short rows is latency-bound (Sana, PixArt: 0.3 to 1 µs); with
+    many bf16 rows or more than 5 vectors a thread the registers it takes cost more (Wan-14B
+    bf16 +20 µs, Flux affine +2 µs)."""
     return x.element_size() == 4 or (rows <= KEEP_ROW_MAX_ROWS and iters <= KEEP_ROW_MAX_ITERS)
-
-
-KEEP_ROW_MAX_ROWS, KEEP_ROW_MAX_ITERS = 8192, 5
 
 
 def _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype):
@@ -372,7 +374,7 @@ def layernorm_modulate(x, weight, bias, eps, scale, shift, scale_plus_one=True, 
 
 SHORT_ROW = THREADS  # rows up to one warp's 4-vectors (head_dim <= 128) take the short-rows kernel
 SHORT_ROWS_PER_PROGRAM = 16
-WARP_ROWS_PROGRAM = (16, 2)  # the Gluon kernel's rows a program and warps (4 rows a warp): measured
+WARP_ROWS_PROGRAM = (16, 2)  # the Gluon kernel's rows a program and warps (4 rows a warp), as measured
 
 
 def layer_norm_supported_layout(x, weight, bias, eps, x_dtype=None, out_dtype=None) -> bool:
