@@ -101,18 +101,12 @@ def row_welford(vecs, n_vec, ITERS: tl.constexpr):
     mean, m2, n = zero, zero, zero
     for k in tl.static_range(ITERS):
         active = t + k * THREADS_C < n_vec
-        x0, x1, x2, x3 = unpack4(vecs[k].to(tl.float32))
-        if k == 0 or k < ITERS - 1:  # every thread holds a vector (ITERS = ceil(n_vec / 128)),
-            # or, at k = 0, an idle one loads zeros and its state stays +0 (see vector_welford)
-            mean, m2 = _online_step(mean, m2, x0, 1.0 / (4 * k + 1))
-            mean, m2 = _online_step(mean, m2, x1, 1.0 / (4 * k + 2))
-            mean, m2 = _online_step(mean, m2, x2, 1.0 / (4 * k + 3))
-            mean, m2 = _online_step(mean, m2, x3, 1.0 / (4 * k + 4))
-        else:  # the last vectors: threads past the row's end keep their state
-            mean, m2 = _online(mean, m2, x0, active, 1.0 / (4 * k + 1))
-            mean, m2 = _online(mean, m2, x1, active, 1.0 / (4 * k + 2))
-            mean, m2 = _online(mean, m2, x2, active, 1.0 / (4 * k + 3))
-            mean, m2 = _online(mean, m2, x3, active, 1.0 / (4 * k + 4))
+        xs = unpack4(vecs[k].to(tl.float32))
+        for j in tl.static_range(4):
+            # only the last vectors (ITERS = ceil(n_vec / 128)) can lie past the row's end, where
+            # a thread keeps its state; at k = 0 an idle thread loads zeros and its state stays +0
+            # (see vector_welford)
+            mean, m2 = _online(mean, m2, xs[j], active, 1.0 / (4 * k + j + 1), k > 0 and k == ITERS - 1)
         n = tl.where(active, n + 4.0, n)
     # One element per thread (128 threads, 4 warps): Triton reduces with a shuffle tree over
     # lanes (16, 8, 4, 2, 1), the combine taking (own, other), then across warps through
@@ -196,7 +190,9 @@ def _online_step(mean, m2, x, inv_count):
 
 
 @triton.jit
-def _online(mean, m2, x, active, inv_count):
-    """cuWelfordOnlineSum for lanes that hold an element."""
+def _online(mean, m2, x, active, inv_count, MASKED: tl.constexpr):
+    """cuWelfordOnlineSum; ``MASKED``: for lanes that hold an element (``active``) only."""
     new_mean, new_m2 = _online_step(mean, m2, x, inv_count)
-    return tl.where(active, new_mean, mean), tl.where(active, new_m2, m2)
+    if MASKED:
+        return tl.where(active, new_mean, mean), tl.where(active, new_m2, m2)
+    return new_mean, new_m2
