@@ -24,27 +24,29 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 needs_gluon = pytest.mark.skipif(tk._layer_norm_warp_rows_kernel is None, reason="this Triton has no Gluon")
 
 
-def _ptx(rows=16, warps=4, dtype="bf16", affine=True, pow2=True):
-    """PTX of a launch on rows of 128 (pow2) or 72 elements."""
+def _ptx(rows=16, warps=4, dtype="bf16", affine=True, pow2=True, even=False):
+    """PTX of a launch on rows of 128 (pow2) or 72 elements (``even``: M a multiple of rows)."""
     from triton.experimental.gluon._runtime import GluonASTSource
     sig = {"x_ptr": f"*{dtype}", "w_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "M": "i32",
            "N": "constexpr", "eps": "fp32", "ROWS": "constexpr", "HAS_WEIGHT": "constexpr", "HAS_BIAS": "constexpr",
            "DTYPE": "constexpr", "INTERPRET": "constexpr"}
     attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3)}  # as a launch specializes aligned rows
     tl_dtype = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}[dtype]
-    sig["LAYOUT"] = sig["POW2"] = "constexpr"
+    sig["LAYOUT"] = sig["POW2"] = sig["EVEN_ROWS"] = "constexpr"
     src = GluonASTSource(tk._layer_norm_warp_rows_kernel.fn, sig, attrs=attrs, constexprs=dict(
         N=128 if pow2 else 72, ROWS=rows, HAS_WEIGHT=affine, HAS_BIAS=affine, DTYPE=tl_dtype, INTERPRET=False,
-        LAYOUT=tk.warp_rows_layout(rows, warps), POW2=pow2))
+        LAYOUT=tk.warp_rows_layout(rows, warps), POW2=pow2, EVEN_ROWS=even))
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": warps, "enable_fp_fusion": False}).asm["ptx"]
 
 
 @needs_gluon
-@pytest.mark.parametrize("rows,warps,dtype,affine,pow2", [(16, 4, "bf16", True, True), (64, 8, "fp32", False, True),
-                                                        (32, 4, "fp16", True, False)])
-def test_lane_tree_is_the_first_lanes_shuffle_down_path(rows, warps, dtype, affine, pow2):
-    ptx = _ptx(rows, warps, dtype, affine, pow2)
+@pytest.mark.parametrize("rows,warps,dtype,affine,pow2,even", [(16, 4, "bf16", True, True, False),
+                                                             (16, 2, "bf16", True, True, True),
+                                                             (64, 8, "fp32", False, True, False),
+                                                             (32, 4, "fp16", True, False, True)])
+def test_lane_tree_is_the_first_lanes_shuffle_down_path(rows, warps, dtype, affine, pow2, even):
+    ptx = _ptx(rows, warps, dtype, affine, pow2, even)
     assert not re.search(r"(ld|st)\.shared|bar\.sync", ptx)  # all within a warp's registers
     offsets = [int(o) for o in re.findall(r"shfl\.sync\.bfly\.b32\s+%r\d+, %r\d+, (\d+),", ptx)]
     sets = rows // (4 * warps)  # rows a lane holds in registers

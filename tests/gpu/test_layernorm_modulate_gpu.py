@@ -212,7 +212,7 @@ def test_per_head_layer_norm_tiny_and_cancelling_rows(D, dtype):
 def _short_rows(kernel, x, w, b, rows, warps):
     M, N = x.shape
     out = torch.empty_like(x)
-    options = (tk.warp_rows_options(N, rows, warps) if kernel is tk._layer_norm_warp_rows_kernel
+    options = (tk.warp_rows_options(M, N, rows, warps) if kernel is tk._layer_norm_warp_rows_kernel
                else dict(ROWS=rows, num_warps=warps))
     kernel[(triton.cdiv(M, rows),)](x, w if w is not None else x, b if b is not None else x, out, M, N, 1e-6,
                                     HAS_WEIGHT=w is not None, HAS_BIAS=b is not None, DTYPE=tk.TL_DTYPE[x.dtype],
@@ -238,4 +238,7 @@ def test_warp_rows_kernel_every_head_dim_and_program_shape(D, dtype):
         for rows, warps in ((8, 1), (16, 2), (16, 4), (32, 4), (64, 4), (32, 8), (64, 8)):
             got = _short_rows(tk._layer_norm_warp_rows_kernel, x, w, b, rows, warps)
             assert torch.equal(bits(got), want), (rows, warps)
+        for rows, warps in ((16, 2), (32, 8)):  # rows that fill every program: no row mask
+            got = _short_rows(tk._layer_norm_warp_rows_kernel, x[:992], w, b, rows, warps)
+            assert torch.equal(bits(got), want[:992]), (rows, warps)
         assert torch.equal(bits(_short_rows(tk._layer_norm_short_rows_kernel, x, w, b, 16, 4)), want)

@@ -204,6 +204,7 @@ if gluon is not None:
         INTERPRET: gl.constexpr,
         LAYOUT: gl.constexpr,  # warp_rows_layout(ROWS, num_warps)
         POW2: gl.constexpr,  # N // 4 a power of two: every count on the tree's path is 0 or 2**e
+        EVEN_ROWS: gl.constexpr = False,  # M a multiple of ROWS
     ):
         """_layer_norm_short_rows_kernel with the layout written out (:func:`warp_rows_layout`).
 
@@ -219,7 +220,12 @@ if gluon is not None:
         rows = gl.program_id(0).to(gl.int64) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, LANES))
         t = gl.arange(0, 32, layout=gl.SliceLayout(0, LANES))
         j = gl.arange(0, VEC_C, layout=gl.SliceLayout(0, gl.SliceLayout(1, LAYOUT)))
-        active = (rows < M)[:, None] & (t < N // VEC_C)[None, :]
+        # a lane's columns, broadcast over rows: constants per register (N is compiled in)
+        lane_active = gl.zeros([ROWS, 32], gl.int32, LANES) + t[None, :] < N // VEC_C
+        if EVEN_ROWS:  # M a multiple of ROWS: no row mask (all-true masks fold away)
+            active = lane_active
+        else:
+            active = (rows < M)[:, None] & lane_active
         col = t[None, :, None] * VEC_C + j[None, None, :]
         mask = active[:, :, None]
         offs = rows[:, None, None] * N + col
@@ -230,8 +236,7 @@ if gluon is not None:
         # the same layout under another name: no data moves
         x0, x1 = gl.convert_layout(x0, LANES), gl.convert_layout(x1, LANES)
         x2, x3 = gl.convert_layout(x2, LANES), gl.convert_layout(x3, LANES)
-        # counts from the columns alone (a row past M is never stored): constants per register
-        lane_active = gl.zeros([ROWS, 32], gl.int32, LANES) + t[None, :] < N // VEC_C
+        # counts from the columns alone (a row past M is never stored)
         mean, m2, n = vector_welford(x0, x1, x2, x3, lane_active, gl.zeros([ROWS, 32], gl.float32, LANES))
         # ATen's thread l = 16 hi + 8 lo + t: offset 16 pairs hi, then offset 8 pairs lo
         mean = gl.reshape(mean, [ROWS, 2, 2, 8])
@@ -270,11 +275,12 @@ if gluon is not None:
         warp = [[4 << k, 0, 0] for k in range(warps.bit_length() - 1)]
         return gl.DistributedLinearLayout(reg, lane, warp, [], [rows, 32, 4])
 
-    def warp_rows_options(N: int, rows: int, warps: int) -> dict:
-        """The launch options of :func:`_layer_norm_warp_rows_kernel` for rows of N and this
+    def warp_rows_options(M: int, N: int, rows: int, warps: int) -> dict:
+        """The launch options of :func:`_layer_norm_warp_rows_kernel` for M rows of N and this
         program shape."""
         lanes = N // VEC
-        return dict(ROWS=rows, LAYOUT=warp_rows_layout(rows, warps), POW2=lanes & (lanes - 1) == 0, num_warps=warps)
+        return dict(ROWS=rows, LAYOUT=warp_rows_layout(rows, warps), POW2=lanes & (lanes - 1) == 0,
+                    EVEN_ROWS=M % rows == 0, num_warps=warps)
 else:
     _layer_norm_warp_rows_kernel = warp_rows_options = None
 
@@ -434,7 +440,7 @@ def _short_rows_kernel(M, N, weight, bias, dtype):
     Gluon one."""
     gluon_kernel = _layer_norm_warp_rows_kernel is not None and not INTERPRET and not _gluon_failed
     if gluon_kernel:
-        kernel, options = _layer_norm_warp_rows_kernel, warp_rows_options(N, *WARP_ROWS_PROGRAM)
+        kernel, options = _layer_norm_warp_rows_kernel, warp_rows_options(M, N, *WARP_ROWS_PROGRAM)
     else:
         kernel, options = _layer_norm_short_rows_kernel, dict(ROWS=SHORT_ROWS_PER_PROGRAM, num_warps=4)
     return kernel.bound(
