@@ -46,6 +46,7 @@ from sgdiff.kernels.triton.rows import (
     TL_DTYPE,
     cached_plan,
     halving_sum,
+    merge_rows,
     row_offsets,
     rows_fit,
     shape4,
@@ -243,13 +244,13 @@ def mean_factor(n_rows: int, n: int) -> float:
 
 @cached_plan
 def _plan(x, form):
-    shape = shape4(x.shape)
-    n_rows, n = shape[0] * shape[1] * shape[2], shape[3]
     out = torch.empty_strided(x.shape, like_strides(x), device="meta")
+    shape, (sx, so) = merge_rows(shape4(x.shape), [strides4(x, x.shape), strides4(out, x.shape)])
+    n_rows, n = shape[0] * shape[1] * shape[2], shape[3]
     if form == "fused":
         threads = 32 if n <= 128 else 128
         block_r = _last_pow2(max(1, 2048 // (4 * threads * triton.cdiv(n, 4 * threads))))
-        ints = (n_rows, shape[1], shape[2], n, *strides4(x, x.shape)[:3], *strides4(out, x.shape)[:3])
+        ints = (n_rows, shape[1], shape[2], n, *sx[:3], *so[:3])
         consts = dict(ITERS=triton.cdiv(n, 4 * threads), THREADS=threads, BLOCK_R=block_r,
                       num_warps=2 if threads == 32 else 4)  # measured: 2 warps best for short rows
     else:
@@ -258,7 +259,7 @@ def _plan(x, form):
         warps = 4
         if block_n <= 128:  # per head: 1024 elements a one-warp program (measured at D=128: 14.9 against 16.6 us)
             block_r, warps = 1024 // block_n, 1
-        ints = (n_rows, shape[1], shape[2], n, *strides4(x, x.shape), *strides4(out, x.shape))
+        ints = (n_rows, shape[1], shape[2], n, *sx, *so)
         vectorized = n >= VECTORIZE_MIN
         consts = dict(VECTORIZED=vectorized, ITERS=triton.cdiv(n, 4 * LANES if vectorized else LANES),
                       BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps)

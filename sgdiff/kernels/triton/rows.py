@@ -139,12 +139,17 @@ def innermost_last(out: torch.Tensor, *operands: torch.Tensor):
     Sana's channels-last pixels) merge into one, and padding dims go after the leading ones,
     ``[n0, 1, 1, D]``: row indices then need no division (:func:`row_offsets`)."""
     order = sorted(range(out.dim()), key=lambda d: (-out.stride(d), d))
-    shape = [out.shape[d] for d in order]
-    strides = []
-    for t in (out, *operands):
-        full = t.expand(out.shape).stride()
-        strides.append([full[d] for d in order])
-    for i in reversed(range(len(shape) - 2)):  # never into the last dim: it is the kernels' D
+    full = [t.expand(out.shape).stride() for t in (out, *operands)]
+    return merge_rows([out.shape[d] for d in order], [[st[d] for d in order] for st in full])
+
+
+def merge_rows(shape: Sequence[int], strides: Sequence[Sequence[int]]):
+    """``(shape4, [strides4, ...])`` of tensors of one ``shape`` (at most 4 dims) whose leading
+    dims every tensor steps through as one (a contiguous ``[B, S, H]`` of rows) merged into
+    one, padding dims after the leading ones, ``[n0, 1, 1, D]``: row indices then need no
+    division (:func:`row_offsets`). The last dim (the kernels' D) is kept as it is."""
+    shape, strides = list(shape), [list(st) for st in strides]
+    for i in reversed(range(len(shape) - 2)):
         if all(st[i] == st[i + 1] * shape[i + 1] for st in strides):
             shape[i:i + 2] = [shape[i] * shape[i + 1]]
             for st in strides:
