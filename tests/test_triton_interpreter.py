@@ -97,16 +97,18 @@ SCRIPT = textwrap.dedent(r"""
 
 
 RESIDUAL_GATE = textwrap.dedent(r"""
+    import itertools
     import torch
     from sgdiff.kernels.triton import residual_gate as tk
     from sgdiff.kernels.residual_gate import residual_gate_reference as ref
     torch.manual_seed(0)
     cases = 0
-    for dt in (torch.float32, torch.bfloat16):
-        r = torch.randn(2, 5, 96, dtype=dt)
-        g = torch.randn(2, 1, 96, dtype=dt)
-        u = torch.randn(2, 5, 192, dtype=dt)[..., :96]  # a chunk view
-        b = torch.randn(96, dtype=dt)
+    # rows of one tile (96) and of several column blocks, the last partial (1160: 10 of 128)
+    for dt, D in itertools.product((torch.float32, torch.bfloat16), (96, 1160)):
+        r = torch.randn(2, 5, D, dtype=dt)
+        g = torch.randn(2, 1, D, dtype=dt)
+        u = torch.randn(2, 5, 2 * D, dtype=dt)[..., :D]  # a chunk view
+        b = torch.randn(D, dtype=dt)
         for args in [(r, g, u, False), (r, g[:, 0][:, None], u, False), (r[0], g[0, 0], u[0], False),
                      (r.float(), g.float(), u, False),                  # Wan: fp32 stream, bf16 update
                      (r, g, u, False, True, b), (r, g, u, False, True, b.float()),   # a linear's bias
@@ -355,7 +357,7 @@ ROWWISE = textwrap.dedent(r"""
 """)
 
 
-@pytest.mark.parametrize("script,cases", [(SCRIPT, 70), (RESIDUAL_GATE, 20), (ROWWISE, 170)],
+@pytest.mark.parametrize("script,cases", [(SCRIPT, 70), (RESIDUAL_GATE, 38), (ROWWISE, 170)],
                          ids=["layernorm_modulate", "residual_gate", "rowwise"])
 def test_kernels_under_interpreter(script, cases):
     env = dict(os.environ, TRITON_INTERPRET="1")

@@ -42,7 +42,7 @@ def _modulate_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    rows, d, mask = row_tile(n_rows, D, BLOCK_R, BLOCK_D)
+    rows, d, mask = row_tile(n_rows, D, BLOCK_R, BLOCK_D, False)
     x = tl.load(x_ptr + tile_offsets(rows, d, n1, n2, sx0, sx1, sx2, sx3), mask=mask, other=0.0)
     s = tl.load(scale_ptr + tile_offsets(rows, d, n1, n2, sc0, sc1, sc2, sc3), mask=mask,
                 other=0.0)

@@ -61,16 +61,18 @@ def strides4(t: torch.Tensor, shape: Sequence[int]) -> Tuple[int, ...]:
     return (0,) * (4 - len(strides)) + tuple(strides)
 
 
-def launch_rows(n_rows: int, d: int, max_block: int = 4096, max_d: int = 1024):
+def launch_rows(n_rows: int, d: int, max_block: int = 4096, max_d: int = 1024, flat: bool = False):
     """``(grid, BLOCK_R, BLOCK_D)`` for elementwise kernels: about ``max_block`` elements per
-    program, rows on grid axis 0 and column blocks on axis 1. BLOCK_D is the widest power of
-    two up to ``max_d`` whose column blocks overrun ``d`` by at most 1/16 (Sana's 5600 channels:
-    512, not 1024 with a last block half empty)."""
+    program, rows on grid axis 0 and column blocks on axis 1, or with ``flat`` both on axis 0,
+    column blocks fastest (:func:`row_tile`). BLOCK_D is the widest power of two up to
+    ``max_d`` whose column blocks overrun ``d`` by at most 1/16 (Sana's 5600 channels: 512, not
+    1024 with a last block half empty)."""
     block_d = min(triton.next_power_of_2(d), max_d)
     while block_d > 128 and triton.cdiv(d, block_d) * block_d * 16 > d * 17:
         block_d //= 2
     block_r = max(1, min(triton.next_power_of_2(n_rows), max_block // block_d))
-    return (triton.cdiv(n_rows, block_r), triton.cdiv(d, block_d)), block_r, block_d
+    blocks = (triton.cdiv(n_rows, block_r), triton.cdiv(d, block_d))
+    return ((blocks[0] * blocks[1],) if flat else blocks), block_r, block_d
 
 
 @triton.jit
@@ -94,11 +96,21 @@ def row_offsets(rows, n1, n2, s0, s1, s2):
 
 
 @triton.jit
-def row_tile(n_rows, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """This program's rows (grid axis 0) and columns (axis 1) of a [n_rows, D] elementwise
-    launch (:func:`launch_rows`), and the mask of those inside it."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+def row_tile(n_rows, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, FLAT: tl.constexpr):
+    """This program's rows (32-bit: :func:`rows_fit`) and columns of a [n_rows, D] elementwise
+    launch (:func:`launch_rows`), and the mask of those inside it. ``FLAT``: one grid axis,
+    consecutive programs along a row's column blocks, so that they walk memory in order (a
+    SwiGLU's rows of 12288 in blocks of 1024: 79.4 µs against 82.3 with the blocks of a column
+    of rows consecutive, H200); otherwise rows on axis 0 and column blocks on axis 1."""
+    if FLAT:
+        col_blocks = tl.cdiv(D, BLOCK_D)
+        row_block = tl.program_id(0) // col_blocks
+        col_block = tl.program_id(0) - row_block * col_blocks
+    else:
+        row_block = tl.program_id(0)
+        col_block = tl.program_id(1)
+    rows = row_block * BLOCK_R + tl.arange(0, BLOCK_R)
+    d = col_block * BLOCK_D + tl.arange(0, BLOCK_D)
     return rows, d, (rows < n_rows)[:, None] & (d < D)[None, :]
 
 
