@@ -1,13 +1,15 @@
 """sgdiff's copies of CUDA's fp32 math functions against ATen's CUDA kernels, over every fp32
 value: ``tanhf`` (written without libdevice's branches) against ``torch.tanh``, ``expf``
 against ``torch.exp``; and ``count_reciprocal`` (div.rn's fast path) against
-``torch.reciprocal`` for every count below 2**24. A function that differs on one input fails."""
+``torch.reciprocal`` for every count below 2**24; ``silu_rounded`` against ``F.silu`` for every
+bf16 and fp16 value. A function that differs on one input fails."""
 import pytest
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from sgdiff.kernels.triton.cuda_math import count_reciprocal, expf, libdevice_options, tanhf
+from sgdiff.kernels.triton.cuda_math import count_reciprocal, expf, libdevice_options, silu_rounded, tanhf
 
 pytestmark = pytest.mark.gpu
 CHUNK = 1 << 28  # fp32 values a pass: 1 GiB in, 1 GiB out per function
@@ -26,10 +28,18 @@ def _math_kernel(x_ptr, out_ptr, n, FN: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(out_ptr + i, y, mask=i < n)
 
 
+@triton.jit
+def _silu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + i, mask=i < n)
+    tl.store(out_ptr + i, silu_rounded(x.to(tl.float32), out_ptr.dtype.element_ty, False), mask=i < n)
+
+
 def _same_bits_or_both_nan(got, want):
     """Positions where the results differ (any NaN matches any NaN: payloads are not compared)."""
     both_nan = got.isnan() & want.isnan()
-    return ~both_nan & (got.view(torch.int32) != want.view(torch.int32))
+    bits = {4: torch.int32, 2: torch.int16}[got.element_size()]
+    return ~both_nan & (got.view(bits) != want.view(bits))
 
 
 @pytest.mark.parametrize("fn,reference", [("tanh", torch.tanh), ("exp", torch.exp)])
@@ -52,3 +62,15 @@ def test_count_reciprocals_are_ieee():
     want = torch.reciprocal(n)
     wrong = out.view(torch.int32) != want.view(torch.int32)
     assert not wrong.any(), (n[wrong][:8].tolist(), out[wrong][:8].tolist(), want[wrong][:8].tolist())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_silu_rounded_every_16bit_value(dtype):
+    """Its quotient is not IEEE's; its rounding to 16 bits is, for each of the 65536 inputs."""
+    x = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32, device="cuda").to(torch.int16).view(dtype)
+    out = torch.empty_like(x)
+    _silu_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024, enable_fp_fusion=False,
+                                                  **libdevice_options())
+    want = F.silu(x)
+    wrong = _same_bits_or_both_nan(out, want)
+    assert not wrong.any(), (x[wrong][:8].tolist(), out[wrong][:8].tolist(), want[wrong][:8].tolist())
