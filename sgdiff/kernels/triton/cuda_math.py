@@ -4,8 +4,9 @@ nvcc builds ATen without fast-math: ``rsqrtf`` is ``rsqrt.approx.f32``, ``expf``
 libdevice's ``__nv_expf``/``__nv_tanhf`` with denormals kept (``tanhf`` here is written out
 without libdevice's branches). Triton's own ``tl.exp`` and ``tl.rsqrt`` are other
 approximations, so kernels call these instead, passing ``INTERPRET`` as the last argument.
-``silu_rounded`` is ATen's SiLU where only its rounding to 16 bits must match.
-``tests/gpu/test_cuda_math_gpu.py`` compares them with ATen's over every fp32 value.
+``tests/gpu/test_cuda_math_gpu.py`` compares them with ATen's over every fp32 value, and
+``silu_rounded`` (ATen's SiLU where only its rounding to 16 bits must match) over every bf16
+and fp16 value.
 
 The interpreter (``TRITON_INTERPRET=1``) runs on the CPU without PTX or libdevice; there the
 functions fall back to Triton's (numpy's) own, which tests kernel logic but not bits.
