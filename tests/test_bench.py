@@ -93,3 +93,17 @@ def test_a_model_run_folds_in_variant_by_variant(tmp_path):
         ("bbb", 1.25, "aaa", row["eager_ms"])  # eager kept from the earlier run
     assert sana["sgdiff_lossless_ms"] == 1.25  # the headline recomputed
     assert "flux aaa (inductor ccc), sana bbb (eager aaa)" in (tmp_path / "models.md").read_text()
+
+
+def test_the_copy_ratio_of_an_op_with_a_convolution_is_its_own_kernels(tmp_path):
+    """A case that times sgdiff's own kernel (a convolution's epilogue) reports that kernel
+    against the copy, marked, while its other columns keep the convolution."""
+    from bench import kernels
+
+    conv = dict(_kernel_case("conv_silu", 180.0), copy_us=20.0, kernel_us=30.0)
+    kernels.write_report(dict(gpu="g", torch="t", triton="tr", commit="c", cases=[conv, _kernel_case("rope", 2.0)]),
+                         tmp_path)
+    rows = [line for line in (tmp_path / "kernels.md").read_text().splitlines() if line.startswith("| conv_silu")
+            or line.startswith("| rope")]
+    assert "| 180.0 |" in rows[0] and "| 1.50 ‡ (30.0) |" in rows[0] and "9.00" not in rows[0]
+    assert "| 1.00 |" in rows[1] and "‡" not in rows[1]
