@@ -64,6 +64,9 @@ def test_rows_fit():
     assert rows_fit(torch.empty(0), 1) and rows_fit(torch.empty(4, 8), 8)
     big = torch.empty(1).expand(2**31 - 1, 2)  # rows that fit, elements that do not (no storage)
     assert rows_fit(big, 2) and not rows_fit(big, 1)
+    from sgdiff.kernels.triton import residual_gate as trg  # 32-bit rows: too many fall back
+    rows = torch.empty(2**31, 2, device="meta")
+    assert not trg.supported_layout(rows, rows, rows, False) and trg.supported_layout(rows[:4], rows[:4], rows[:4], False)
 
 
 HALVES = r"""

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from sgdiff.kernels.triton.cuda_math import INTERPRET, libdevice_options, tanhf
 from sgdiff.kernels.triton.launch import LeanKernel
-from sgdiff.kernels.triton.rows import DTYPES, TL_DTYPE, cached_plan, launch_rows, row_tile
+from sgdiff.kernels.triton.rows import DTYPES, TL_DTYPE, cached_plan, launch_rows, row_tile, rows_fit
 
 
 @LeanKernel
@@ -92,7 +92,8 @@ def supported_layout(residual, gate, update, tanh_gate, residual_layout=True, up
     The residual must be contiguous, where its layout and the contiguous one coincide, so
     ``residual_layout`` (which of the two the output takes) changes nothing here.
     """
-    if not (2 <= residual.dim() <= 3 and residual.is_contiguous() and residual.numel() > 0):
+    if not (2 <= residual.dim() <= 3 and residual.is_contiguous() and residual.numel() > 0
+            and rows_fit(residual, residual.shape[-1])):  # rows in 32 bits (the kernel's row_tile)
         return False
     if residual.shape[-1] > 16384 or out_dtype not in (None, *DTYPES):
         return False
