@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent(r"""
             per_token = torch.randn(B, S, N, dtype=dtype)
             w, b = torch.randn(N, dtype=dtype), torch.randn(N, dtype=dtype)
             for args in [(x, None, None, 1e-6, scale, shift, True), (x, w, b, 1e-5, scale, None, True),
-                         (x, w, None, 1e-6, per_token, shift, True), (x, None, b, 1e-6, scale, per_token, False),
+                         (x, w, None, 1e-6, per_token, shift, True), (x, w, b, 1e-6, scale, per_token, False),
                          (x[0], None, None, 1e-6, scale[0, 0], shift[0, 0], True)]:
                 assert tk.supported_layout(*args), args[0].shape
                 got, want = tk.layernorm_modulate(*args), ref(*args)
@@ -92,6 +92,10 @@ SCRIPT = textwrap.dedent(r"""
     assert not tk.supported_layout(x, None, None, 1e-6, s[..., :64], None)  # misaligned rows
     assert not tk.supported_layout(torch.randn(2, 3, 64), None, None, 1e-6,
                                    torch.randn(2, 1, 64, dtype=torch.bfloat16), None)  # mixed dtypes
+    b = torch.randn(64)  # a bias without a weight: eager's bits are not its vectorized kernel's
+    assert not tk.supported_layout(torch.randn(2, 3, 64), None, b, 1e-6, s[..., :64], None)
+    assert not tk.layer_norm_supported_layout(torch.randn(2, 3, 64), None, b, 1e-6)
+    assert not tk.layer_norm_supported_layout(torch.randn(2, 3, 4, 64), None, b, 1e-6)
     print("ok", cases)
 """)
 

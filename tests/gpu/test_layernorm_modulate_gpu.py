@@ -1,6 +1,7 @@
 """layernorm_modulate on CUDA: the Triton kernel is bitwise equal to eager, or is not used."""
 import logging
 import os
+from unittest import mock
 
 import pytest
 import torch
@@ -31,9 +32,11 @@ REAL = [(2, 1024, 2240), (2, 4096, 1152), (1, 4608, 3072), (1, 4429, 2432), (1, 
 @pytest.mark.parametrize("shape", REAL)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("affine", [False, True])
-@pytest.mark.parametrize("keep_row", [True, False], ids=["row_in_registers", "row_read_again"])
-def test_real_shapes_bitexact(shape, dtype, affine, keep_row, monkeypatch):
-    monkeypatch.setattr(tk, "_keep_row", lambda *_: keep_row)  # both ways, whichever the shape picks
+@pytest.mark.parametrize("kernel", ["warp_row", "row_in_registers", "row_read_again"])
+def test_real_shapes_bitexact(shape, dtype, affine, kernel, monkeypatch):
+    # every kernel and way, whichever the shape picks
+    monkeypatch.setattr(tk, "_few_short_rows", lambda *_: kernel == "warp_row")
+    monkeypatch.setattr(tk, "_keep_row", lambda *_: kernel == "row_in_registers")
     B, S, N = shape
     x = torch.randn(shape, device="cuda", dtype=dtype) * 3 + 1
     emb = torch.randn(B, 6 * N, device="cuda", dtype=dtype)
@@ -75,9 +78,12 @@ layouts = st.sampled_from(["contiguous", "chunk_view", "transposed", "misaligned
 @settings(max_examples=int(os.environ.get("SGDIFF_GPU_EXAMPLES", "60")), deadline=None)
 @given(B=st.integers(1, 3), S=st.integers(1, 300), N=st.integers(2, 2800),  # N % 4 != 0 takes ATen's other kernel: sgdiff must fall back
        dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]), layout=layouts,
-       shift=st.booleans(), affine=st.booleans(), eps=st.sampled_from([1e-6, 1e-5]), casts=st.booleans())
-def test_any_layout_is_exact_or_falls_back(B, S, N, dtype, layout, shift, affine, eps, casts):
-    """With ``casts`` (a bf16/fp16 x): Wan's fp32 chain, ``(norm(x.float()) ...).type_as(x)``."""
+       shift=st.booleans(), affine=st.sampled_from(["", "w", "b", "wb"]), eps=st.sampled_from([1e-6, 1e-5]),
+       casts=st.booleans(), four_warps=st.booleans())
+def test_any_layout_is_exact_or_falls_back(B, S, N, dtype, layout, shift, affine, eps, casts, four_warps):
+    """With ``casts`` (a bf16/fp16 x): Wan's fp32 chain, ``(norm(x.float()) ...).type_as(x)``.
+    These rows are few and short: the warp-row kernel's, unless ``four_warps`` (the 4-warp
+    kernel, called directly where it applies)."""
     g = torch.Generator(device="cuda").manual_seed(B * 1000 + S)
     x = (torch.randn(B, S, N + 1, device="cuda", generator=g) * 2).to(dtype)
     if layout == "transposed":
@@ -93,14 +99,15 @@ def test_any_layout_is_exact_or_falls_back(B, S, N, dtype, layout, shift, affine
     pdtype = torch.float32 if casts else dtype
     params = torch.randn(pshape, device="cuda", generator=g).to(pdtype)
     sc, sh = params.chunk(2, dim=-1)
-    w = torch.randn(N, device="cuda", generator=g).to(pdtype) if affine else None
-    b = torch.randn(N, device="cuda", generator=g).to(pdtype) if affine else None
-    if casts:
-        got = OP(x, w, b, eps, sc, sh if shift else None, True, torch.float32, dtype)
-        want = eager(x.float(), w, b, eps, sc, sh if shift else None).to(dtype)
+    w = torch.randn(N, device="cuda", generator=g).to(pdtype) if "w" in affine else None
+    b = torch.randn(N, device="cuda", generator=g).to(pdtype) if "b" in affine else None
+    args = (x, w, b, eps, sc, sh if shift else None, True) + ((torch.float32, dtype) if casts else ())
+    want = eager(x.float() if casts else x, w, b, eps, sc, sh if shift else None).to(dtype)
+    if four_warps and tk.can_use(*args):
+        with mock.patch.object(tk, "_few_short_rows", lambda *_: False):
+            got = tk.layernorm_modulate(*args)
     else:
-        got = OP(x, w, b, eps, sc, sh if shift else None, True)
-        want = eager(x, w, b, eps, sc, sh if shift else None)
+        got = OP(*args)
     assert torch.equal(bits(got), bits(want))
     assert not dispatch.disabled(), dispatch.disabled()
 

@@ -11,9 +11,11 @@ result cast to ``out_dtype`` when stored, as Wan's ``(norm(x.float()) ... ).type
     y = y * f                           # fp32 mul, rounded to T
     y = y + shift                       # fp32 add, rounded to T
 
-One program normalizes one row, as ATen does; it reads the row once for the statistics and
-normalizes it from registers or, where registers are better spent (:func:`_keep_row`), reads
-it again from cache. ``scale``/``shift`` are read through broadcast strides
+One program normalizes one row with 4 warps, as ATen does; it reads the row once for the
+statistics and normalizes it from registers or, where registers are better spent
+(:func:`_keep_row`), reads it again from cache. Where rows are few and short (Sana, PixArt:
+:func:`_few_short_rows`) a Gluon kernel gives each row one warp instead, each lane holding
+four of ATen's threads: the same combines in the same order, a third fewer instructions. ``scale``/``shift`` are read through broadcast strides
 ``[B, S, N]`` so chunk views, ``[:, None]`` rows and per-token tensors need no copy.
 
 sgdiff::layer_norm is the same normalization without the modulation. Rows of at most 128
@@ -40,6 +42,7 @@ from sgdiff.kernels.triton.welford import (
     VEC_C,
     aligned_vec4,
     fold_empty_warps,
+    fold_vector,
     load_row,
     pow2_reciprocal,
     row_welford,
@@ -73,6 +76,7 @@ def _layernorm_modulate_kernel(
     stride_scb, stride_scs, stride_scn,  # scale strides (0 where broadcast)
     stride_shb, stride_shs, stride_shn,  # shift strides (0 where broadcast)
     eps,  # fp32
+    rows,  # B * S (the grid's size here; the warp-row kernel's bound)
     ITERS: tl.constexpr,  # ceil(N / 4 / 128)
     HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -113,19 +117,28 @@ def _modulate_tile(k, vec, x_row, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr, r
     mask = col < N
     if vec is None:  # read the row again (from L2)
         vec = tl.load(x_row + col, mask=mask, other=0.0)
-    x = vec.to(tl.float32)
-    y = _normalize(x, mean, rstd, w_ptr, b_ptr, col, mask, HAS_WEIGHT, HAS_BIAS).to(dtype)  # LayerNorm output
-    if HAS_SCALE:
-        sc = tl.load(scale_ptr + bi * stride_scb + si * stride_scs + col * stride_scn,
-                     mask=mask, other=0.0).to(tl.float32)
-        if PLUS_ONE:
-            sc = (sc + 1.0).to(dtype).to(tl.float32)
-        y = (y.to(tl.float32) * sc).to(dtype)
-    if HAS_SHIFT:
-        sh = tl.load(shift_ptr + bi * stride_shb + si * stride_shs + col * stride_shn,
-                     mask=mask, other=0.0).to(tl.float32)
-        y = (y.to(tl.float32) + sh).to(dtype)
+    y = _normalize(vec.to(tl.float32), mean, rstd, w_ptr, b_ptr, col, mask, HAS_WEIGHT, HAS_BIAS).to(dtype)
+    sc = tl.load(scale_ptr + bi * stride_scb + si * stride_scs + col * stride_scn, mask=mask, other=0.0) \
+        if HAS_SCALE else None
+    sh = tl.load(shift_ptr + bi * stride_shb + si * stride_shs + col * stride_shn, mask=mask, other=0.0) \
+        if HAS_SHIFT else None
+    y = _modulate(y, sc, sh, PLUS_ONE, HAS_SCALE, HAS_SHIFT, dtype)
     tl.store(out_ptr + row * N + col, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _modulate(y, sc, sh, PLUS_ONE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr,
+              DTYPE: tl.constexpr):
+    """``y * (1 + scale) + shift`` on the LayerNorm output ``y`` (DTYPE), each step in fp32 and
+    rounded to DTYPE as eager's."""
+    if HAS_SCALE:
+        f = sc.to(tl.float32)
+        if PLUS_ONE:
+            f = (f + 1.0).to(DTYPE).to(tl.float32)
+        y = (y.to(tl.float32) * f).to(DTYPE)
+    if HAS_SHIFT:
+        y = (y.to(tl.float32) + sh.to(tl.float32)).to(DTYPE)
+    return y
 
 
 @triton.jit
@@ -262,6 +275,105 @@ if gluon is not None:
         y = _normalize(x, mean[:, None, None], rstd[:, None, None], w_ptr, b_ptr, col, mask, HAS_WEIGHT, HAS_BIAS)
         gl.store(out_ptr + offs, y.to(DTYPE).to(out_ptr.dtype.element_ty), mask=mask)
 
+    @gluon.jit
+    def _warp_lane0(v):
+        """Every lane of the warp takes lane 0's value."""
+        return gl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, 0, 0x1f, -1;", "=r,r", [v],
+                                         dtype=gl.float32, is_pure=True, pack=1)
+
+    @LeanKernel
+    @gluon.jit
+    def _layernorm_modulate_warp_row_kernel(
+        x_ptr, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr,  # as _layernorm_modulate_kernel's
+        S, N, stride_xb, stride_xs, stride_scb, stride_scs, stride_scn, stride_shb, stride_shs, stride_shn,
+        eps, rows,
+        ITERS: gl.constexpr,
+        HAS_WEIGHT: gl.constexpr,
+        HAS_BIAS: gl.constexpr,
+        HAS_SHIFT: gl.constexpr,
+        PLUS_ONE: gl.constexpr,
+        DTYPE: gl.constexpr,
+        INTERPRET: gl.constexpr,
+        HAS_SCALE: gl.constexpr,
+        ROWS: gl.constexpr,
+        LAYOUT: gl.constexpr,  # warp_row_layout(ROWS, num_warps)
+    ):
+        """_layernorm_modulate_kernel with a row a warp instead of a row a 4-warp program.
+
+        ATen's 128 threads of a row are ``l = 64 a + 32 b + 16 hi + lo``; lane ``16 b + lo``
+        holds the states of threads with a, hi in {0, 1}. The warps' shuffle-down trees then
+        cost two combines a level rather than four warps' one each: offset 16 pairs registers
+        (hi), offsets 8 to 1 are ``gl.reduce`` over the 16 lanes of ``lo`` (a butterfly whose
+        first lane follows shuffle-down's path, as in _layer_norm_warp_rows_kernel); the
+        cross-warp steps 0 <- 2, 1 <- 3 pair registers (a), and 0 <- 1 is the shuffle at
+        offset 16 (b). Lane 0 ends with ATen's state and every lane takes it: no shared memory,
+        no barrier, and a program's warps never wait for one another."""
+        LANES: gl.constexpr = gl.SliceLayout(2, LAYOUT)  # [ROWS, 128]: ATen's threads' states
+        ROW: gl.constexpr = gl.SliceLayout(1, LANES)
+        r = gl.program_id(0) * ROWS + gl.arange(0, ROWS, layout=ROW)  # 32-bit
+        row_ok = r < rows
+        row = r.to(gl.int64)
+        bi = (r // S).to(gl.int64)
+        si = (r % S).to(gl.int64)
+        l = gl.arange(0, THREADS_C, layout=gl.SliceLayout(0, LANES))
+        j = gl.arange(0, VEC_C, layout=gl.SliceLayout(0, gl.SliceLayout(1, LAYOUT)))
+        n_vec = N // VEC_C
+        x_row = (bi * stride_xb + si * stride_xs)[:, None, None]
+        vecs = ()
+        for k in gl.static_range(ITERS):  # every load issued before any is used
+            v = l + k * THREADS_C
+            col = v[None, :, None] * VEC_C + j[None, None, :]
+            mask = row_ok[:, None, None] & (v < n_vec)[None, :, None]
+            vecs = vecs + (gl.load(x_ptr + x_row + col, mask=mask, other=0.0),)
+        zero = gl.zeros([ROWS, THREADS_C], gl.float32, LANES)
+        mean, m2, n = zero, zero, zero
+        for k in gl.static_range(ITERS):  # each thread's serial Welford, as row_welford's
+            even, odd = gl.split(gl.reshape(vecs[k].to(gl.float32), [ROWS, THREADS_C, 2, 2]))
+            x0, x2 = gl.split(even)
+            x1, x3 = gl.split(odd)
+            xs = (gl.convert_layout(x0, LANES), gl.convert_layout(x1, LANES),  # the same layout: no data moves
+                  gl.convert_layout(x2, LANES), gl.convert_layout(x3, LANES))
+            active = (l[None, :] + k * THREADS_C < n_vec) & (zero == 0.0)  # [ROWS, 128]
+            mean, m2, n = fold_vector(mean, m2, n, xs, active, k, ITERS)
+        mean = gl.permute(gl.reshape(mean, [ROWS, 2, 2, 2, 16]), [0, 1, 2, 4, 3])  # [row, a, b, lo, hi]
+        m2 = gl.permute(gl.reshape(m2, [ROWS, 2, 2, 2, 16]), [0, 1, 2, 4, 3])
+        n = gl.permute(gl.reshape(n, [ROWS, 2, 2, 2, 16]), [0, 1, 2, 4, 3])
+        mean, m2, n = _fold_last_axis(mean, m2, n, False)  # offset 16
+        mean, m2, n = gl.reduce((mean, m2, n), 3, welford_combine)  # offsets 8, 4, 2, 1
+        mean, m2, n = _fold_last_axis(gl.permute(mean, [0, 2, 1]), gl.permute(m2, [0, 2, 1]),
+                                      gl.permute(n, [0, 2, 1]), False)  # warps 0 <- 2, 1 <- 3
+        mean, m2, n = gl.reduce((mean, m2, n), 1, welford_combine)  # warps 0 <- 1
+        mean, m2 = gl.convert_layout(_warp_lane0(mean), ROW), gl.convert_layout(_warp_lane0(m2), ROW)
+        var = gl.div_rn(m2, gl.full(m2.shape, N, gl.float32, ROW))
+        rstd = rsqrtf(var + eps, INTERPRET)
+        sc_row = (bi * stride_scb + si * stride_scs)[:, None, None]
+        sh_row = (bi * stride_shb + si * stride_shs)[:, None, None]
+        for k in gl.static_range(ITERS):
+            v = l + k * THREADS_C
+            col = v[None, :, None] * VEC_C + j[None, None, :]
+            mask = row_ok[:, None, None] & (v < n_vec)[None, :, None]
+            vec = gl.load(x_ptr + x_row + col, mask=mask, other=0.0)  # again, from L1: a row in registers
+            # takes twice the registers and was slower (PixArt 14.2 -> 18.4 µs)
+            y = _normalize(vec.to(gl.float32), mean[:, None, None], rstd[:, None, None], w_ptr, b_ptr,
+                           col, mask, HAS_WEIGHT, HAS_BIAS).to(DTYPE)
+            sc = gl.load(scale_ptr + sc_row + col * stride_scn, mask=mask, other=0.0) if HAS_SCALE else None
+            sh = gl.load(shift_ptr + sh_row + col * stride_shn, mask=mask, other=0.0) if HAS_SHIFT else None
+            y = _modulate(y, sc, sh, PLUS_ONE, HAS_SCALE, HAS_SHIFT, DTYPE)
+            gl.store(out_ptr + row[:, None, None] * N + col, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @functools.lru_cache(maxsize=None)
+    def warp_row_layout(rows: int, warps: int):
+        """The ``[rows, 128, 4]`` tile (row, ATen thread l = 64 a + 32 b + 16 hi + lo, vector
+        entry) of :func:`_layernorm_modulate_warp_row_kernel`: the entry, hi and a in a
+        thread's registers, lo and b across the lanes, a row a warp, rows past the warps in
+        registers. Both powers of two, rows a multiple of warps."""
+        assert rows % warps == 0 and rows & (rows - 1) == 0 and warps & (warps - 1) == 0
+        reg = [[0, 0, 1], [0, 0, 2], [0, 16, 0], [0, 64, 0]]
+        reg += [[warps << k, 0, 0] for k in range((rows // warps).bit_length() - 1)]
+        lane = [[0, 1, 0], [0, 2, 0], [0, 4, 0], [0, 8, 0], [0, 32, 0]]
+        warp = [[1 << k, 0, 0] for k in range(warps.bit_length() - 1)]
+        return gl.DistributedLinearLayout(reg, lane, warp, [], [rows, 128, 4])
+
     @functools.lru_cache(maxsize=None)
     def warp_rows_layout(rows: int, warps: int):
         """The ``[rows, 32, 4]`` tile (row, ATen thread l, vector entry j) of
@@ -283,6 +395,7 @@ if gluon is not None:
                     EVEN_ROWS=M % rows == 0, num_warps=warps)
 else:
     _layer_norm_warp_rows_kernel = warp_rows_options = None
+    _layernorm_modulate_warp_row_kernel = warp_row_layout = None
 
 
 def can_use(x, weight, bias, eps, scale, shift, scale_plus_one=True, x_dtype=None, out_dtype=None) -> bool:
@@ -315,6 +428,10 @@ def _norm_ok(x, weight, bias, x_dtype=None, out_dtype=None, device=None) -> bool
     # the fresh tensor of its cast)
     if x.is_contiguous() and x_dtype in (None, x.dtype) and not aligned_vec4(x):
         return False
+    if bias is not None and weight is None:
+        # eager's bits there are neither of its vectorized kernel's sums, rstd * (x - mean) + b
+        # fused or not (measured on an H200): not reproduced
+        return False
     for p in (weight, bias):
         if p is not None and (p.dtype != (x_dtype or x.dtype) or p.dim() != 1 or p.stride(0) != 1
                               or not aligned_vec4(p) or p.device != (device or x.device)):
@@ -336,30 +453,54 @@ def _plan(x, scale, shift):
 KEEP_ROW_MAX_ROWS, KEEP_ROW_MAX_ITERS = 8192, 5
 
 
+def _few_short_rows(rows: int, iters: int) -> bool:
+    """A grid of few programs over short rows (Sana, PixArt), where the 4-warp kernel is bound
+    by its instructions' issue, a third of them the four warps' shuffle trees: these take the
+    warp-row kernel (PixArt 18.9 -> 14.3 µs, Sana 6.9 -> 6.7 on an H200). On long rows or
+    many of them it is slower (Flux +7 µs, Wan 2.1 1.3B +5, Wan-14B +75): the rows' registers
+    a thread, four times the 4-warp kernel's, cost more than the instructions saved."""
+    return rows <= KEEP_ROW_MAX_ROWS and iters <= KEEP_ROW_MAX_ITERS
+
+
 def _keep_row(x, rows: int, iters: int) -> bool:
     """Normalize the row from registers rather than reading it again. Measured on an H200: it
     pays where the second read is costly (x fp32 in memory: Wan-14B's rows of 5120, 404 -> 328
     µs) and where a grid of few, short rows is latency-bound (Sana, PixArt: 0.3 to 1 µs); with
     many bf16 rows or more than 5 vectors a thread the registers it takes cost more (Wan-14B
     bf16 +20 µs, Flux affine +2 µs)."""
-    return x.element_size() == 4 or (rows <= KEEP_ROW_MAX_ROWS and iters <= KEEP_ROW_MAX_ITERS)
+    return x.element_size() == 4 or _few_short_rows(rows, iters)
+
+
+WARP_ROW_PROGRAM = (1, 1)  # the warp-row kernel's rows a program and warps, as measured
 
 
 def _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype):
     """The launch for inputs of this signature: ``launch(x, weight, bias, scale, shift)``."""
     shape, grid, ints, iters = _plan(x, scale, shift)
+    rows, N = grid[0], shape[-1]
     dtype = x_dtype or x.dtype
     out_dtype, view = out_dtype or dtype, x.shape
-    kernel = _layernorm_modulate_kernel.bound(
-        grid, ITERS=iters, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-        HAS_SHIFT=shift is not None, PLUS_ONE=scale_plus_one, DTYPE=TL_DTYPE[dtype], INTERPRET=INTERPRET,
-        HAS_SCALE=scale is not None, KEEP_ROW=_keep_row(x, grid[0], iters), num_warps=4, enable_fp_fusion=False)
+    options = dict(ITERS=iters, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+                   HAS_SHIFT=shift is not None, PLUS_ONE=scale_plus_one, DTYPE=TL_DTYPE[dtype], INTERPRET=INTERPRET,
+                   HAS_SCALE=scale is not None, enable_fp_fusion=False)
+
+    def bind_gluon():
+        per, warps = WARP_ROW_PROGRAM
+        return _layernorm_modulate_warp_row_kernel.bound(
+            (triton.cdiv(rows, per),), ROWS=per, LAYOUT=warp_row_layout(per, warps), num_warps=warps, **options)
+
+    def bind_triton():
+        return _layernorm_modulate_kernel.bound(grid, KEEP_ROW=_keep_row(x, rows, iters), num_warps=4, **options)
+
+    warp_row = _layernorm_modulate_warp_row_kernel is not None and _few_short_rows(rows, iters)
+    kernel = _gluon_or_triton(bind_gluon if warp_row else None, bind_triton,
+                              f"layernorm_modulate's Gluon kernel for rows of {N}")
 
     def launch(x, weight, bias, scale, shift):
         out = torch.empty(shape, dtype=out_dtype, device=x.device)
         scale_arg = scale if scale is not None else x
         kernel(x, weight if weight is not None else x, bias if bias is not None else x,
-               scale_arg, shift if shift is not None else scale_arg, out, *ints, eps)
+               scale_arg, shift if shift is not None else scale_arg, out, *ints, eps, rows)
         return out.view(view)
 
     return launch
@@ -409,43 +550,54 @@ def layer_norm_bind(x, weight, bias, eps, x_dtype=None, out_dtype=None):
         return lambda x, weight, bias, *_: launch(x.contiguous().view(shape), weight, bias, None, None).view(view)
     dtype = x_dtype or x.dtype
     out_dtype = out_dtype or dtype
-    kernel, first_gluon = _short_rows_kernel(M, N, weight, bias, dtype)
+    options = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, DTYPE=TL_DTYPE[dtype],
+                   INTERPRET=INTERPRET, enable_fp_fusion=False)
+
+    def bind_gluon():
+        program = warp_rows_options(M, N, *WARP_ROWS_PROGRAM)
+        return _layer_norm_warp_rows_kernel.bound((triton.cdiv(M, program["ROWS"]),), **program, **options)
+
+    def bind_triton():
+        return _layer_norm_short_rows_kernel.bound((triton.cdiv(M, SHORT_ROWS_PER_PROGRAM),),
+                                                   ROWS=SHORT_ROWS_PER_PROGRAM, num_warps=4, **options)
+
+    kernel = _gluon_or_triton(bind_gluon if _layer_norm_warp_rows_kernel is not None else None, bind_triton,
+                              f"layer_norm's Gluon kernel for rows of {N}")
 
     def launch(x, weight, bias, *_):
-        nonlocal kernel, first_gluon
         rows = x.contiguous().view(shape)
         out = torch.empty(shape, dtype=out_dtype, device=x.device)
-        args = (rows, weight if weight is not None else rows, bias if bias is not None else rows, out, M, N, eps)
-        if first_gluon:  # the first launch compiles it: a Triton whose Gluon differs takes the Triton kernel
-            first_gluon = False
-            try:
-                kernel(*args)
-                return out.view(view)
-            except Exception as exc:
-                _gluon_failed.append(f"{type(exc).__name__}: {exc}")
-                log.warning("sgdiff: layer_norm's Gluon kernel for rows of %d failed on this Triton (%s); "
-                            "using the Triton kernel", N, _gluon_failed[-1].splitlines()[0][:200])
-                kernel, _ = _short_rows_kernel(M, N, weight, bias, dtype)
-        kernel(*args)
+        kernel(rows, weight if weight is not None else rows, bias if bias is not None else rows, out, M, N, eps)
         return out.view(view)
 
     return launch
 
 
-_gluon_failed: list = []  # why the Gluon kernel could not run in this process, if it could not
+_gluon_failed: list = []  # why the Gluon kernels could not run in this process, if they could not
 
 
-def _short_rows_kernel(M, N, weight, bias, dtype):
-    """The short-rows launch for M rows of N, bound, and whether it is the (not yet launched)
-    Gluon one."""
-    gluon_kernel = _layer_norm_warp_rows_kernel is not None and not INTERPRET and not _gluon_failed
-    if gluon_kernel:
-        kernel, options = _layer_norm_warp_rows_kernel, warp_rows_options(M, N, *WARP_ROWS_PROGRAM)
-    else:
-        kernel, options = _layer_norm_short_rows_kernel, dict(ROWS=SHORT_ROWS_PER_PROGRAM, num_warps=4)
-    return kernel.bound(
-        (triton.cdiv(M, options["ROWS"]),), HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-        DTYPE=TL_DTYPE[dtype], INTERPRET=INTERPRET, enable_fp_fusion=False, **options), gluon_kernel
+def _gluon_or_triton(bind_gluon, bind_triton, what: str):
+    """A launch of the Gluon kernel ``bind_gluon()`` where this process can run Gluon, else of
+    the Triton one. Its first launch compiles it: a Triton whose Gluon differs (it raises) logs
+    why and takes ``bind_triton()`` from then on, here and for every later signature."""
+    if bind_gluon is None or INTERPRET or _gluon_failed:
+        return bind_triton()
+    kernel, first = bind_gluon(), True
+
+    def launch(*args):
+        nonlocal kernel, first
+        if first:
+            first = False
+            try:
+                return kernel(*args)
+            except Exception as exc:
+                _gluon_failed.append(f"{type(exc).__name__}: {exc}")
+                log.warning("sgdiff: %s failed on this Triton (%s); using the Triton kernel", what,
+                            _gluon_failed[-1].splitlines()[0][:200])
+                kernel = bind_triton()
+        return kernel(*args)
+
+    return launch
 
 
 def layer_norm(x, weight, bias, eps, x_dtype=None, out_dtype=None):

@@ -100,18 +100,23 @@ def row_welford(vecs, n_vec, ITERS: tl.constexpr):
     zero = tl.zeros((THREADS_C,), tl.float32)
     mean, m2, n = zero, zero, zero
     for k in tl.static_range(ITERS):
-        active = t + k * THREADS_C < n_vec
-        xs = unpack4(vecs[k].to(tl.float32))
-        for j in tl.static_range(4):
-            # only the last vectors (ITERS = ceil(n_vec / 128)) can lie past the row's end, where
-            # a thread keeps its state; at k = 0 an idle thread loads zeros and its state stays +0
-            # (see vector_welford)
-            mean, m2 = _online(mean, m2, xs[j], active, 1.0 / (4 * k + j + 1), k > 0 and k == ITERS - 1)
-        n = tl.where(active, n + 4.0, n)
+        mean, m2, n = fold_vector(mean, m2, n, unpack4(vecs[k].to(tl.float32)), t + k * THREADS_C < n_vec, k, ITERS)
     # One element per thread (128 threads, 4 warps): Triton reduces with a shuffle tree over
     # lanes (16, 8, 4, 2, 1), the combine taking (own, other), then across warps through
     # shared memory the same way. Lane 0 of that tree folds exactly what ATen's does.
     return tl.reduce((mean, m2, n), 0, welford_combine)
+
+
+@triton.jit
+def fold_vector(mean, m2, n, xs, active, k: tl.constexpr, ITERS: tl.constexpr):
+    """Each thread's Welford state after folding in its k-th 4-vector (``xs``: its four fp32
+    entries as tiles; ``active``: the threads whose vector lies in the row).
+
+    Only the last vectors (k = ITERS - 1) can lie past the row's end, where a thread keeps its
+    state; at k = 0 an idle thread loads zeros and its state stays +0 (see vector_welford)."""
+    for j in tl.static_range(4):
+        mean, m2 = _online(mean, m2, xs[j], active, 1.0 / (4 * k + j + 1), k > 0 and k == ITERS - 1)
+    return mean, m2, tl.where(active, n + 4.0, n)
 
 
 @triton.jit

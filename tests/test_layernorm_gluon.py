@@ -1,12 +1,14 @@
-"""The per-head LayerNorm's short-rows kernels on the CPU (no GPU): the Gluon kernel compiled
-for sm_90, the structure its bit-exactness rests on, in the PTX the installed Triton emits;
-and the fall back to the Triton kernel where the Gluon one cannot run.
+"""sgdiff's Gluon LayerNorm kernels on the CPU (no GPU): compiled for sm_90, the structure
+their bit-exactness rests on, in the PTX the installed Triton emits; which rows take them; and
+the fall back to the Triton kernels where they cannot run.
 
-The kernel takes shuffle-down's first two levels (offsets 16, 8) in a thread's registers and
-relies on Triton lowering ``gl.reduce`` over a row's 8 lanes to a butterfly whose offsets run
-4, 2, 1 with each lane combining (own, other), so that a row's first lane follows ATen's
-shuffle-down tree; then on a ``shfl.sync.idx`` from that lane. A Triton that lowered the
-reduction another way would give other bits: this test says so before a GPU does."""
+The per-head kernel takes shuffle-down's first two levels (offsets 16, 8) in a thread's
+registers and relies on Triton lowering ``gl.reduce`` over a row's 8 lanes to a butterfly
+whose offsets run 4, 2, 1 with each lane combining (own, other), so that a row's first lane
+follows ATen's shuffle-down tree; then on a ``shfl.sync.idx`` from that lane. The warp-row
+kernel (a long row a warp) relies on the same for its 16 lanes (8, 4, 2, 1) and then on one
+shuffle at offset 16 for ATen's last cross-warp step. A Triton that lowered the reduction
+another way would give other bits: these tests say so before a GPU does."""
 import re
 
 import pytest
@@ -123,3 +125,83 @@ def test_a_gluon_kernel_that_runs_is_kept(monkeypatch):
     for _ in range(3):
         launch(x, None, None)
     assert gluon.launches == 3 and plain.launches == 0 and not tk._gluon_failed
+
+
+def _warp_row_ptx(rows=1, warps=1, dtype="bf16", iters=3, affine=False):
+    from triton.experimental.gluon._runtime import GluonASTSource
+    fn = tk._layernorm_modulate_warp_row_kernel.fn
+    tl_dtype = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}[dtype]
+    const = dict(ITERS=iters, HAS_WEIGHT=affine, HAS_BIAS=affine, HAS_SHIFT=True, PLUS_ONE=True, DTYPE=tl_dtype,
+                 INTERPRET=False, HAS_SCALE=True, ROWS=rows, LAYOUT=tk.warp_row_layout(rows, warps))
+    sig = {n: "constexpr" if n in const else f"*{dtype}" if n.endswith("_ptr") else "fp32" if n == "eps" else "i32"
+           for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n.endswith("_ptr")}
+    return triton.compile(GluonASTSource(fn, sig, attrs=attrs, constexprs=const), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps, "enable_fp_fusion": False}).asm["ptx"]
+
+
+@needs_gluon
+@pytest.mark.parametrize("rows,warps,dtype,iters,affine", [(1, 1, "bf16", 3, False), (4, 4, "fp16", 5, True),
+                                                          (2, 1, "fp32", 1, False)])
+def test_warp_row_tree_is_atens_order(rows, warps, dtype, iters, affine):
+    ptx = _warp_row_ptx(rows, warps, dtype, iters, affine)
+    assert not re.search(r"(ld|st)\.shared|bar\.sync", ptx)  # a row within a warp's registers
+    offsets = [int(o) for o in re.findall(r"shfl\.sync\.bfly\.b32\s+%r\d+, %r\d+, (\d+),", ptx)]
+    sets = rows // warps  # rows a lane holds in registers
+    # per row: the 16 lanes of lo for a = 0 and a = 1 (mean, m2, count each: 8, 4, 2, 1), then b
+    # at 16 (rows held together interleave theirs: the same steps, the 16s last)
+    tree = [o for o in [8, 4, 2, 1] * 2 + [16] for _ in range(3)]
+    assert sorted(offsets) == sorted(tree * sets)
+    assert offsets[:len(tree) - 3] == tree[:-3] and offsets[-3 * sets:] == [16] * 3 * sets
+    shfl = re.search(r"shfl\.sync\.bfly\.b32\s+(%r\d+), (%r\d+), 8,", ptx)
+    sub = re.search(r"sub\.rn\.f32\s+%r\d+, (%r\d+), (%r\d+);", ptx[shfl.end():])
+    assert sub.groups() == (shfl.group(2), shfl.group(1))  # (own, other)
+    # lane 0's mean and m2 to the whole warp
+    assert len(re.findall(r"shfl\.sync\.idx\.b32\s+%r\d+, %r\d+, 0, 0x1f, -1;", ptx)) == 2 * sets
+    # 12 combines a row (2 + 2 * 4 in the warps' trees, 2 across them), each one reciprocal of a
+    # count (rows held together may share them: their counts are alike); one IEEE division for
+    # the variance
+    rcps = len(re.findall(r"rcp\.approx\.ftz\.f32", ptx))
+    assert rcps == 12 if sets == 1 else 12 <= rcps <= 12 * sets
+    assert len(re.findall(r"div\.rn\.f32", ptx)) == sets
+
+
+def _modulate_kernels(monkeypatch, gluon_error=None):
+    gluon, plain = _Kernel(gluon_error), _Kernel()
+    monkeypatch.setattr(tk, "_layernorm_modulate_warp_row_kernel", gluon)
+    monkeypatch.setattr(tk, "_layernorm_modulate_kernel", plain)
+    monkeypatch.setattr(tk, "INTERPRET", False)
+    monkeypatch.setattr(tk, "_gluon_failed", [])
+    return gluon, plain
+
+
+def _modulate_once(B, S, N):
+    x, s = torch.randn(B, S, N), torch.randn(B, 1, N)
+    tk.bind(x, None, None, 1e-6, s, s)(x, None, None, 1e-6, s, s)
+
+
+@needs_gluon
+def test_few_short_rows_take_the_warp_row_kernel(monkeypatch):
+    gluon, plain = _modulate_kernels(monkeypatch)
+    _modulate_once(2, 1024, 2240)  # Sana: 2048 rows of 5 vectors a thread
+    _modulate_once(1, 8192, 1152)  # PixArt's rows, 8192 of them
+    assert gluon.launches == 2 and plain.launches == 0
+    assert [o["ROWS"] for o in gluon.options] == [tk.WARP_ROW_PROGRAM[0]] * 2
+    assert gluon.options[0]["num_warps"] == tk.WARP_ROW_PROGRAM[1] and gluon.options[0]["ITERS"] == 5
+    _modulate_once(1, 8193, 1152)  # more rows
+    _modulate_once(1, 64, 3072)  # longer rows: 6 vectors a thread (Flux)
+    assert gluon.launches == 2 and plain.launches == 2
+
+
+@needs_gluon
+def test_a_warp_row_kernel_that_fails_to_compile_leaves_the_triton_kernel(monkeypatch, caplog):
+    gluon, plain = _modulate_kernels(monkeypatch, triton.compiler.errors.CompilationError("", None, "gluon differs"))
+    x, s = torch.randn(2, 5, 1152), torch.randn(2, 1, 1152)
+    launch = tk.bind(x, None, None, 1e-6, s, s)
+    with caplog.at_level(logging.WARNING, logger="sgdiff"):
+        for _ in range(2):
+            assert launch(x, None, None, 1e-6, s, s).shape == x.shape
+    assert plain.launches == 2 and len(gluon.options) == 1
+    assert "layernorm_modulate's Gluon kernel for rows of 1152 failed" in caplog.text and len(tk._gluon_failed) == 1
+    _modulate_once(2, 7, 2240)  # later signatures skip the Gluon kernel
+    assert len(gluon.options) == 1 and plain.launches == 3
