@@ -15,8 +15,9 @@ One program normalizes one row with 4 warps, as ATen does; it reads the row once
 statistics and normalizes it from registers or, where registers are better spent
 (:func:`_keep_row`), reads it again from cache. Where rows are few and short (Sana, PixArt:
 :func:`_few_short_rows`) a Gluon kernel gives each row one warp instead, each lane holding
-four of ATen's threads: the same combines in the same order, a third fewer instructions. ``scale``/``shift`` are read through broadcast strides
-``[B, S, N]`` so chunk views, ``[:, None]`` rows and per-token tensors need no copy.
+four of ATen's threads: the same combines in the same order, a third fewer instructions.
+``scale``/``shift`` are read through broadcast strides ``[B, S, N]`` so chunk views,
+``[:, None]`` rows and per-token tensors need no copy.
 
 sgdiff::layer_norm is the same normalization without the modulation. Rows of at most 128
 (per-head QK norms) pack many rows a program: on CUDA a Gluon kernel that holds each row as
