@@ -370,6 +370,63 @@ def test_kernels_under_interpreter(script, cases):
     assert out.stdout.split() == ["ok", str(cases)]  # every case ran
 
 
+BINDS = textwrap.dedent(r"""
+    # every Triton kernel's bind: a launch bound to one signature, called again with other tensors
+    # of that geometry, gives what the kernel's own call gives on them (it reads the call's tensors,
+    # not the bind's, and writes a fresh output each call)
+    import torch
+    from sgdiff.kernels import registry
+    torch.manual_seed(0)
+    cos, sin = torch.randn(37, 128), torch.randn(37, 128)
+
+    def args(op):
+        r = lambda *shape: torch.randn(*shape) * 2
+        x4 = r(2, 37, 3, 128)
+        return {
+            "layernorm_modulate": lambda: (r(2, 5, 520), r(520), r(520), 1e-6, r(2, 1, 520), r(2, 1, 520), True),
+            "layer_norm": lambda: (r(2, 5, 3, 64), r(64), r(64), 1e-5),
+            "residual_gate": lambda: (r(2, 9, 40), r(2, 1, 40), r(2, 9, 40), False),
+            "residual_add": lambda: (r(2, 9, 40), r(2, 9, 40), 2.0, False),
+            "modulate": lambda: (r(2, 7, 40), r(2, 1, 40), r(2, 7, 40)),
+            "rms_norm": lambda: (r(2, 7, 3, 128), r(128), 1e-6, "fused"),
+            "rope": lambda: (x4, r(37, 128)[None, :, None], r(37, 128)[None, :, None], True),
+            "rope_even_odd": lambda: (x4, r(37, 64)[None, :, None], r(37, 64)[None, :, None]),
+            "rope_complex": lambda: (x4, torch.polar(torch.rand(37, 64) + 0.5, torch.randn(37, 64))[:, None]),
+            "gelu_tanh_cat": lambda: (r(4, 300), r(4, 40)),
+            "rms_norm_rope": lambda: (x4, r(128), 1e-6, "fused", cos[None, :, None], sin[None, :, None], True),
+            "rms_norm_cat_rope": lambda: (r(2, 7, 3, 128), r(128), r(2, 30, 3, 128), r(128), 1e-6, "fused",
+                                          cos[None, :, None], sin[None, :, None], False),
+            "rmsnorm_modulate": lambda: (r(2, 7, 128), r(128), 1e-6, "diffusers", r(2, 1, 128), r(2, 1, 128)),
+            "silu_mul": lambda: (r(2, 7, 300), r(2, 7, 300)),
+            "cast_copy": lambda: (r(2, 3, 8, 37), torch.float32, True, [0, 0, 0, 1], 1.0, True),
+            "linear_attention_out": lambda: (r(2, 3, 9, 37), 1e-15, torch.float32),
+        }[op]
+
+    def bits(t):
+        return t.contiguous().view(torch.int32)
+
+    bound = set()
+    for op in sorted(o.name for o in registry.ops() if any(s.backend == "triton" for s in registry.kernel_specs(o.name))):
+        if op.startswith("conv_"):
+            continue   # their bind is an epilogue's on a convolution's output: tests/test_triton_interpreter ROWWISE
+        fn = next(s for s in registry.kernel_specs(op) if s.backend == "triton").load()
+        first, other = args(op)(), args(op)()
+        launch = fn.bind(*first)
+        a = launch(*other)
+        b = launch(*other)
+        assert a.data_ptr() != b.data_ptr(), op
+        assert torch.equal(bits(a), bits(fn(*other))), op
+        assert torch.equal(bits(launch(*first)), bits(fn(*first))), op
+        bound.add(op)
+    print("ok", len(bound))
+""")
+
+
+@pytest.mark.parametrize("script,cases", [(BINDS, 16)], ids=["binds"])
+def test_binds_under_interpreter(script, cases):
+    test_kernels_under_interpreter(script, cases)
+
+
 POW2_COMBINE = textwrap.dedent(r"""
     import torch, triton, triton.language as tl
     from sgdiff.kernels.triton.welford import welford_combine, welford_combine_pow2

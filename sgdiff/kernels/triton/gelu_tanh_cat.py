@@ -91,13 +91,23 @@ def _plan(head, x):
     return (*lead, dh + dx), grid, ints, dict(BLOCK_R=block_r, BLOCK_D=block_d)
 
 
+def bind(head, x):
+    """:func:`gelu_tanh_cat` for inputs of this signature, its host arithmetic done."""
+    out_shape, grid, ints, blocks = _plan(head, x)
+    kernel = _gelu_tanh_cat_kernel.bound(grid, **blocks, INTERPRET=INTERPRET, num_warps=2, enable_fp_fusion=False,
+                                         **libdevice_options())
+
+    def launch(head, x):
+        out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
+        kernel(head, x, out, *ints)
+        return out
+
+    return launch
+
+
 def gelu_tanh_cat(head, x):
     """Launch; the caller has checked :func:`can_use`."""
-    out_shape, grid, ints, blocks = _plan(head, x)
-    out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
-    _gelu_tanh_cat_kernel[grid](head, x, out, *ints, **blocks, INTERPRET=INTERPRET, num_warps=2,
-                                enable_fp_fusion=False, **libdevice_options())
-    return out
+    return bind(head, x)(head, x)
 
 
-gelu_tanh_cat.can_use = can_use
+gelu_tanh_cat.can_use, gelu_tanh_cat.bind = can_use, bind

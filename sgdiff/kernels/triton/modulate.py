@@ -85,13 +85,23 @@ def _plan(x, scale, shift):
     return out_dtype, grid, ints, dict(PRODUCT_DTYPE=TL_DTYPE[product], BLOCK_R=block_r, BLOCK_D=block_d)
 
 
+def bind(x, scale, shift):
+    """:func:`modulate` for inputs of this signature, its host arithmetic done."""
+    out_dtype, grid, ints, consts = _plan(x, scale, shift)
+    kernel = _modulate_kernel.bound(grid, HAS_SHIFT=shift is not None, **consts, num_warps=4, enable_fp_fusion=False)
+    shape = x.shape
+
+    def launch(x, scale, shift):
+        out = torch.empty(shape, dtype=out_dtype, device=x.device)
+        kernel(x, scale, x if shift is None else shift, out, *ints)
+        return out
+
+    return launch
+
+
 def modulate(x, scale, shift):
     """Launch; the caller has checked :func:`can_use`."""
-    out_dtype, grid, ints, consts = _plan(x, scale, shift)
-    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-    _modulate_kernel[grid](x, scale, x if shift is None else shift, out, *ints, HAS_SHIFT=shift is not None,
-                           **consts, num_warps=4, enable_fp_fusion=False)
-    return out
+    return bind(x, scale, shift)(x, scale, shift)
 
 
-modulate.can_use = can_use
+modulate.can_use, modulate.bind = can_use, bind

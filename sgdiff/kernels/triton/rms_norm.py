@@ -266,24 +266,30 @@ def _plan(x, form):
     return out.stride(), (triton.cdiv(n_rows, block_r),), ints, consts, mean_factor(n_rows, n)
 
 
+def bind(x, weight, eps, form):
+    """:func:`rms_norm` for inputs of this signature, its host arithmetic done."""
+    out_strides, grid, ints, consts, factor = _plan(x, form)
+    options = dict(consts, HAS_WEIGHT=weight is not None, INTERPRET=INTERPRET, enable_fp_fusion=False)
+    if form == "fused":
+        kernel, out_dtype = _rms_norm_fused_kernel.bound(grid, **options), x.dtype
+        tail = (FLT_EPSILON if eps is None else eps,)
+    else:
+        round_dtype = weight.dtype if weight is not None and weight.dtype in _HALF else torch.float32
+        kernel = _rms_norm_diffusers_kernel.bound(grid, ROUND_DTYPE=TL_DTYPE[round_dtype], **options)
+        out_dtype, tail = _out_dtype(x, weight), (eps, factor)
+    shape = x.shape
+
+    def launch(x, weight, *_):
+        out = torch.empty_strided(shape, out_strides, dtype=out_dtype, device=x.device)
+        kernel(x, weight if weight is not None else x, out, *ints, *tail)
+        return out
+
+    return launch
+
+
 def rms_norm(x, weight, eps, form):
     """Launch; the caller has checked :func:`can_use`."""
-    out_strides, grid, ints, consts, factor = _plan(x, form)
-    w = weight if weight is not None else x
-    if form == "fused":
-        out = torch.empty_strided(x.shape, out_strides, dtype=x.dtype, device=x.device)
-        _rms_norm_fused_kernel[grid](
-            x, w, out, *ints, FLT_EPSILON if eps is None else eps, **consts, HAS_WEIGHT=weight is not None,
-            INTERPRET=INTERPRET, enable_fp_fusion=False,
-        )
-        return out
-    out = torch.empty_strided(x.shape, out_strides, dtype=_out_dtype(x, weight), device=x.device)
-    round_dtype = weight.dtype if weight is not None and weight.dtype in _HALF else torch.float32
-    _rms_norm_diffusers_kernel[grid](
-        x, w, out, *ints, eps, factor, **consts, HAS_WEIGHT=weight is not None,
-        ROUND_DTYPE=TL_DTYPE[round_dtype], INTERPRET=INTERPRET, enable_fp_fusion=False,
-    )
-    return out
+    return bind(x, weight, eps, form)(x, weight, eps, form)
 
 
-rms_norm.can_use = can_use
+rms_norm.can_use, rms_norm.bind = can_use, bind

@@ -126,27 +126,46 @@ def _plan(x0, x1, cos, sin, out_shape):
     return out.stride(), (triton.cdiv(n_rows, block_r),), ints, block_r
 
 
-def _launch(x0, w0, x1, w1, eps, cos, sin, interleaved, out_shape):
+def _bind(x0, w0, x1, w1, eps, cos, sin, interleaved, out_shape):
+    """``launch(x0, w0, x1, w1, cos, sin)`` for inputs of this signature (x1, w1: None for one norm)."""
     out_strides, grid, ints, block_r = _plan(x0, x1, cos, sin, tuple(out_shape))
-    out = torch.empty_strided(out_shape, out_strides, dtype=x0.dtype, device=x0.device)
-    w0 = w0 if w0 is not None else x0
-    _rms_norm_rope_kernel[grid](
-        x0, w0, x1 if x1 is not None else x0, w1 if w1 is not None else w0, cos, sin, out, *ints,
-        FLT_EPSILON if eps is None else eps, HAS_WEIGHT=w0 is not x0, INTERLEAVED=bool(interleaved),
-        TWO=x1 is not None, BLOCK_R=block_r, INTERPRET=INTERPRET, num_warps=2, enable_fp_fusion=False,
-    )
-    return out
+    kernel = _rms_norm_rope_kernel.bound(
+        grid, HAS_WEIGHT=w0 is not None, INTERLEAVED=bool(interleaved), TWO=x1 is not None, BLOCK_R=block_r,
+        INTERPRET=INTERPRET, num_warps=2, enable_fp_fusion=False)
+    eps = FLT_EPSILON if eps is None else eps
+
+    def launch(x0, w0, x1, w1, cos, sin):
+        out = torch.empty_strided(out_shape, out_strides, dtype=x0.dtype, device=x0.device)
+        w0 = w0 if w0 is not None else x0
+        kernel(x0, w0, x1 if x1 is not None else x0, w1 if w1 is not None else w0, cos, sin, out, *ints, eps)
+        return out
+
+    return launch
+
+
+def bind(x, weight, eps, form, cos, sin, interleaved):
+    """:func:`rms_norm_rope` for inputs of this signature, its host arithmetic done."""
+    launch = _bind(x, weight, None, None, eps, cos, sin, interleaved, x.shape)
+    return lambda x, weight, eps, form, cos, sin, *_: launch(x, weight, None, None, cos, sin)
 
 
 def rms_norm_rope(x, weight, eps, form, cos, sin, interleaved):
     """Launch; the caller has checked :func:`can_use`."""
-    return _launch(x, weight, None, None, eps, cos, sin, interleaved, x.shape)
+    return bind(x, weight, eps, form, cos, sin, interleaved)(x, weight, eps, form, cos, sin, interleaved)
+
+
+def bind_cat(x0, w0, x1, w1, eps, form, cos, sin, interleaved):
+    """:func:`rms_norm_cat_rope` for inputs of this signature, its host arithmetic done."""
+    launch = _bind(x0, w0, x1, w1, eps, cos, sin, interleaved,
+                   (x0.shape[0], x0.shape[1] + x1.shape[1], *x0.shape[2:]))
+    return lambda x0, w0, x1, w1, eps, form, cos, sin, *_: launch(x0, w0, x1, w1, cos, sin)
 
 
 def rms_norm_cat_rope(x0, w0, x1, w1, eps, form, cos, sin, interleaved):
     """Launch; the caller has checked :func:`can_use_cat`."""
-    return _launch(x0, w0, x1, w1, eps, cos, sin, interleaved, (x0.shape[0], x0.shape[1] + x1.shape[1], *x0.shape[2:]))
+    return bind_cat(x0, w0, x1, w1, eps, form, cos, sin, interleaved)(x0, w0, x1, w1, eps, form, cos, sin,
+                                                                     interleaved)
 
 
-rms_norm_rope.can_use = can_use
-rms_norm_cat_rope.can_use = can_use_cat
+rms_norm_rope.can_use, rms_norm_rope.bind = can_use, bind
+rms_norm_cat_rope.can_use, rms_norm_cat_rope.bind = can_use_cat, bind_cat

@@ -20,9 +20,24 @@ def can_use(x, weight, eps, form, scale, shift) -> bool:
     return x.is_cuda and supported_layout(x, weight, eps, form, scale, shift)
 
 
+def bind(x, weight, eps, form, scale, shift):
+    """:func:`rmsnorm_modulate` for inputs of this signature: the RMSNorm's launch bound now,
+    the modulation's at the first call, on the norm's output."""
+    norm, modulate = trms.bind(x, weight, eps, form), None
+
+    def launch(x, weight, eps, form, scale, shift):
+        nonlocal modulate
+        y = norm(x, weight)
+        if modulate is None:
+            modulate = tmod.bind(y, scale, shift)
+        return modulate(y, scale, shift)
+
+    return launch
+
+
 def rmsnorm_modulate(x, weight, eps, form, scale, shift):
     """Launch; the caller has checked :func:`can_use`."""
-    return tmod.modulate(trms.rms_norm(x, weight, eps, form), scale, shift)
+    return bind(x, weight, eps, form, scale, shift)(x, weight, eps, form, scale, shift)
 
 
-rmsnorm_modulate.can_use = can_use
+rmsnorm_modulate.can_use, rmsnorm_modulate.bind = can_use, bind

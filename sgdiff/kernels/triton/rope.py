@@ -176,23 +176,41 @@ def _plan(x, cos, sin, table_shape, form):
     return out.stride(), grid, ints, dict(BLOCK_R=block_r, BLOCK_D=block_d)
 
 
-def _launch(x, cos, sin, table_shape, form, product_dtype, complex_fma=0):
+def _bind(x, cos, sin, table_shape, form, product_dtype, complex_fma=0):
+    """``launch(x, cos, sin)`` for inputs of this signature."""
     out_strides, grid, ints, blocks = _plan(x, cos, sin, table_shape, form)
-    out = torch.empty_strided(x.shape, out_strides, dtype=x.dtype, device=x.device)
-    _rope_kernel[grid](x, cos, sin, out, *ints, FORM=form, PRODUCT_DTYPE=TL_DTYPE[product_dtype],
-                       COMPLEX_FMA=complex_fma, **blocks, num_warps=4, enable_fp_fusion=False)
-    return out
+    kernel = _rope_kernel.bound(grid, FORM=form, PRODUCT_DTYPE=TL_DTYPE[product_dtype], COMPLEX_FMA=complex_fma,
+                                **blocks, num_warps=4, enable_fp_fusion=False)
+    shape = x.shape
+
+    def launch(x, cos, sin):
+        out = torch.empty_strided(shape, out_strides, dtype=x.dtype, device=x.device)
+        kernel(x, cos, sin, out, *ints)
+        return out
+
+    return launch
+
+
+def bind(x, cos, sin, interleaved):
+    """:func:`rope` for inputs of this signature, its host arithmetic done."""
+    launch = _bind(x, cos, sin, x.shape, 0 if interleaved else 1, torch.float32)
+    return lambda x, cos, sin, *_: launch(x, cos, sin)
 
 
 def rope(x, cos, sin, interleaved):
     """Launch; the caller has checked :func:`can_use`."""
-    return _launch(x, cos, sin, x.shape, 0 if interleaved else 1, torch.float32)
+    return bind(x, cos, sin, interleaved)(x, cos, sin)
+
+
+def bind_even_odd(x, cos, sin):
+    """:func:`rope_even_odd` for inputs of this signature, its host arithmetic done."""
+    product = torch.promote_types(x.dtype, torch.promote_types(cos.dtype, sin.dtype))
+    return _bind(x, cos, sin, (*x.shape[:-1], x.shape[-1] // 2), 2, product)
 
 
 def rope_even_odd(x, cos, sin):
     """Launch; the caller has checked :func:`can_use_even_odd`."""
-    product = torch.promote_types(x.dtype, torch.promote_types(cos.dtype, sin.dtype))
-    return _launch(x, cos, sin, (*x.shape[:-1], x.shape[-1] // 2), 2, product)
+    return bind_even_odd(x, cos, sin)(x, cos, sin)
 
 
 #: the contraction ATen's complex multiply gets from nvcc (complex_product's FMA). Not yet pinned
@@ -215,13 +233,24 @@ def can_use_complex(x, freqs) -> bool:
     return x.is_cuda and supported_layout_complex(x, freqs)
 
 
+def _cos_sin(freqs):
+    """cos and sin of complex64 ``freqs``: its real and imaginary parts, as fp32 views."""
+    parts = torch.view_as_real(freqs)  # [..., D/2, 2]
+    return parts[..., 0], parts[..., 1]
+
+
+def bind_complex(x, freqs, complex_fma=None):
+    """:func:`rope_complex` for inputs of this signature, its host arithmetic done."""
+    launch = _bind(x, *_cos_sin(freqs), (*x.shape[:-1], x.shape[-1] // 2), 3, torch.float32,
+                   COMPLEX_FMA if complex_fma is None else complex_fma)
+    return lambda x, freqs, *_: launch(x, *_cos_sin(freqs))
+
+
 def rope_complex(x, freqs, complex_fma=None):
     """Launch; the caller has checked :func:`can_use_complex`."""
-    parts = torch.view_as_real(freqs)  # [..., D/2, 2] fp32: cos is the real part, sin the imaginary
-    return _launch(x, parts[..., 0], parts[..., 1], (*x.shape[:-1], x.shape[-1] // 2), 3, torch.float32,
-                   COMPLEX_FMA if complex_fma is None else complex_fma)
+    return bind_complex(x, freqs, complex_fma)(x, freqs)
 
 
-rope.can_use = can_use
-rope_even_odd.can_use = can_use_even_odd
-rope_complex.can_use = can_use_complex
+rope.can_use, rope.bind = can_use, bind
+rope_even_odd.can_use, rope_even_odd.bind = can_use_even_odd, bind_even_odd
+rope_complex.can_use, rope_complex.bind = can_use_complex, bind_complex
