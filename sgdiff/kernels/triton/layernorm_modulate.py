@@ -282,6 +282,12 @@ if gluon is not None:
         return gl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, 0, 0x1f, -1;", "=r,r", [v],
                                          dtype=gl.float32, is_pure=True, pack=1)
 
+    @gluon.jit
+    def _warp_row_tile(l, j, k, row_ok, n_vec):
+        """Columns and mask of the k-th ``[rows, 128, 4]`` tile: ATen thread l's vector l + 128 k."""
+        v = l + k * THREADS_C
+        return v[None, :, None] * VEC_C + j[None, None, :], row_ok[:, None, None] & (v < n_vec)[None, :, None]
+
     @LeanKernel
     @gluon.jit
     def _layernorm_modulate_warp_row_kernel(
@@ -322,9 +328,7 @@ if gluon is not None:
         x_row = (bi * stride_xb + si * stride_xs)[:, None, None]
         vecs = ()
         for k in gl.static_range(ITERS):  # every load issued before any is used
-            v = l + k * THREADS_C
-            col = v[None, :, None] * VEC_C + j[None, None, :]
-            mask = row_ok[:, None, None] & (v < n_vec)[None, :, None]
+            col, mask = _warp_row_tile(l, j, k, row_ok, n_vec)
             vecs = vecs + (gl.load(x_ptr + x_row + col, mask=mask, other=0.0),)
         zero = gl.zeros([ROWS, THREADS_C], gl.float32, LANES)
         mean, m2, n = zero, zero, zero
@@ -350,9 +354,7 @@ if gluon is not None:
         sc_row = (bi * stride_scb + si * stride_scs)[:, None, None]
         sh_row = (bi * stride_shb + si * stride_shs)[:, None, None]
         for k in gl.static_range(ITERS):
-            v = l + k * THREADS_C
-            col = v[None, :, None] * VEC_C + j[None, None, :]
-            mask = row_ok[:, None, None] & (v < n_vec)[None, :, None]
+            col, mask = _warp_row_tile(l, j, k, row_ok, n_vec)
             vec = gl.load(x_ptr + x_row + col, mask=mask, other=0.0)  # again, from L1: a row in registers
             # takes twice the registers and was slower (PixArt 14.2 -> 18.4 µs)
             y = _normalize(vec.to(gl.float32), mean[:, None, None], rstd[:, None, None], w_ptr, b_ptr,
@@ -451,7 +453,7 @@ def _plan(x, scale, shift):
         triton.cdiv(N // VEC, THREADS)
 
 
-KEEP_ROW_MAX_ROWS, KEEP_ROW_MAX_ITERS = 8192, 5
+FEW_ROWS, SHORT_ITERS = 8192, 5  # _few_short_rows: at most this many rows of at most this many vectors a thread
 
 
 def _few_short_rows(rows: int, iters: int) -> bool:
@@ -460,7 +462,7 @@ def _few_short_rows(rows: int, iters: int) -> bool:
     warp-row kernel (PixArt 18.9 -> 14.3 µs, Sana 6.9 -> 6.7 on an H200). On long rows or
     many of them it is slower (Flux +7 µs, Wan 2.1 1.3B +5, Wan-14B +75): the rows' registers
     a thread, four times the 4-warp kernel's, cost more than the instructions saved."""
-    return rows <= KEEP_ROW_MAX_ROWS and iters <= KEEP_ROW_MAX_ITERS
+    return rows <= FEW_ROWS and iters <= SHORT_ITERS
 
 
 def _keep_row(x, rows: int, iters: int) -> bool:
