@@ -132,7 +132,8 @@ def _warp_row_ptx(rows=1, warps=1, dtype="bf16", iters=3, affine=False):
     fn = tk._layernorm_modulate_warp_row_kernel.fn
     tl_dtype = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}[dtype]
     const = dict(ITERS=iters, HAS_WEIGHT=affine, HAS_BIAS=affine, HAS_SHIFT=True, PLUS_ONE=True, DTYPE=tl_dtype,
-                 INTERPRET=False, HAS_SCALE=True, ROWS=rows, LAYOUT=tk.warp_row_layout(rows, warps))
+                 INTERPRET=False, HAS_SCALE=True, ROWS=rows, LAYOUT=tk.warp_row_layout(rows, warps),
+                 N={1: 500, 3: 1152, 5: 2240}[iters])  # rows with a partial vector
     sig = {n: "constexpr" if n in const else f"*{dtype}" if n.endswith("_ptr") else "fp32" if n == "eps" else "i32"
            for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n.endswith("_ptr")}
@@ -181,16 +182,17 @@ def _modulate_once(B, S, N):
 
 
 @needs_gluon
-def test_few_short_rows_take_the_warp_row_kernel(monkeypatch):
+def test_short_rows_take_the_warp_row_kernel(monkeypatch):
     gluon, plain = _modulate_kernels(monkeypatch)
     _modulate_once(2, 1024, 2240)  # Sana: 2048 rows of 5 vectors a thread
-    _modulate_once(1, 8192, 1152)  # PixArt's rows, 8192 of them
-    assert gluon.launches == 2 and plain.launches == 0
-    assert [o["ROWS"] for o in gluon.options] == [tk.WARP_ROW_PROGRAM[0]] * 2
+    _modulate_once(1, 32760, 1536)  # Wan 2.1 1.3B: many rows of 3
+    _modulate_once(1, 64, 3072)  # Flux: 6 vectors a thread
+    assert gluon.launches == 3 and plain.launches == 0
+    assert [o["ROWS"] for o in gluon.options] == [tk.WARP_ROW_PROGRAM[0]] * 3
     assert gluon.options[0]["num_warps"] == tk.WARP_ROW_PROGRAM[1] and gluon.options[0]["ITERS"] == 5
-    _modulate_once(1, 8193, 1152)  # more rows
-    _modulate_once(1, 64, 3072)  # longer rows: 6 vectors a thread (Flux)
-    assert gluon.launches == 2 and plain.launches == 2
+    _modulate_once(1, 64, 3076)  # 7 vectors a thread
+    _modulate_once(1, 8, 5120)  # Wan-14B: 10
+    assert gluon.launches == 3 and plain.launches == 2
 
 
 @needs_gluon

@@ -35,7 +35,7 @@ REAL = [(2, 1024, 2240), (2, 4096, 1152), (1, 4608, 3072), (1, 4429, 2432), (1, 
 @pytest.mark.parametrize("kernel", ["warp_row", "row_in_registers", "row_read_again"])
 def test_real_shapes_bitexact(shape, dtype, affine, kernel, monkeypatch):
     # every kernel and way, whichever the shape picks
-    monkeypatch.setattr(tk, "_few_short_rows", lambda *_: kernel == "warp_row")
+    monkeypatch.setattr(tk, "_warp_row", lambda *_: kernel == "warp_row")
     monkeypatch.setattr(tk, "_keep_row", lambda *_: kernel == "row_in_registers")
     B, S, N = shape
     x = torch.randn(shape, device="cuda", dtype=dtype) * 3 + 1
@@ -104,7 +104,7 @@ def test_any_layout_is_exact_or_falls_back(B, S, N, dtype, layout, shift, affine
     args = (x, w, b, eps, sc, sh if shift else None, True) + ((torch.float32, dtype) if casts else ())
     want = eager(x.float() if casts else x, w, b, eps, sc, sh if shift else None).to(dtype)
     if four_warps and tk.can_use(*args):
-        with mock.patch.object(tk, "_few_short_rows", lambda *_: False):
+        with mock.patch.object(tk, "_warp_row", lambda *_: False):
             got = tk.layernorm_modulate(*args)
     else:
         got = OP(*args)

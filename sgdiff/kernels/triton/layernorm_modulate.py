@@ -13,9 +13,9 @@ result cast to ``out_dtype`` when stored, as Wan's ``(norm(x.float()) ... ).type
 
 One program normalizes one row with 4 warps, as ATen does; it reads the row once for the
 statistics and normalizes it from registers or, where registers are better spent
-(:func:`_keep_row`), reads it again from cache. Where rows are few and short (Sana, PixArt:
-:func:`_few_short_rows`) a Gluon kernel gives each row one warp instead, each lane holding
-four of ATen's threads: the same combines in the same order, a third fewer instructions.
+(:func:`_keep_row`), reads it again from cache. Where rows are short (Sana, PixArt, Flux,
+Wan 2.1 1.3B: :func:`_warp_row`) a Gluon kernel gives each row one warp instead, each lane
+holding four of ATen's threads: the same combines in the same order, far fewer instructions.
 ``scale``/``shift`` are read through broadcast strides ``[B, S, N]`` so chunk views,
 ``[:, None]`` rows and per-token tensors need no copy.
 
@@ -72,7 +72,7 @@ def _layernorm_modulate_kernel(
     shift_ptr,  # shift, likewise (unused unless HAS_SHIFT)
     out_ptr,  # [B, S, N] contiguous output
     S,  # rows per batch entry
-    N,  # normalized size, a multiple of 4
+    N: tl.constexpr,  # normalized size, a multiple of 4, compiled in: full vectors' masks fold away
     stride_xb, stride_xs,  # x strides (elements)
     stride_scb, stride_scs, stride_scn,  # scale strides (0 where broadcast)
     stride_shb, stride_shs, stride_shn,  # shift strides (0 where broadcast)
@@ -292,7 +292,9 @@ if gluon is not None:
     @gluon.jit
     def _layernorm_modulate_warp_row_kernel(
         x_ptr, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr,  # as _layernorm_modulate_kernel's
-        S, N, stride_xb, stride_xs, stride_scb, stride_scs, stride_scn, stride_shb, stride_shs, stride_shn,
+        S,
+        N: gl.constexpr,  # compiled in: a full vector's masks and loads' offsets fold away
+        stride_xb, stride_xs, stride_scb, stride_scs, stride_scn, stride_shb, stride_shs, stride_shn,
         eps, rows,
         ITERS: gl.constexpr,
         HAS_WEIGHT: gl.constexpr,
@@ -453,25 +455,30 @@ def _plan(x, scale, shift):
         triton.cdiv(N // VEC, THREADS)
 
 
-FEW_ROWS, SHORT_ITERS = 8192, 5  # _few_short_rows: at most this many rows of at most this many vectors a thread
+WARP_ROW_ITERS = 6  # _warp_row: rows of at most this many vectors a thread
 
 
-def _few_short_rows(rows: int, iters: int) -> bool:
-    """A grid of few programs over short rows (Sana, PixArt), where the 4-warp kernel is bound
-    by its instructions' issue, a third of them the four warps' shuffle trees: these take the
-    warp-row kernel (PixArt 18.9 -> 14.3 µs, Sana 6.9 -> 6.7 on an H200). On long rows or
-    many of them it is slower (Flux +7 µs, Wan 2.1 1.3B +5, Wan-14B +75): the rows' registers
-    a thread, four times the 4-warp kernel's, cost more than the instructions saved."""
-    return rows <= FEW_ROWS and iters <= SHORT_ITERS
+def _warp_row(iters: int) -> bool:
+    """Rows of at most 6 vectors a thread take the warp-row kernel: there the 4-warp kernel is
+    bound by its instructions' issue, a third of them the four warps' shuffle trees. Measured
+    on an H200 (one run, both kernels with the row length compiled in): PixArt 18.6 -> 10.6
+    µs, Sana 7.0 -> 6.1, Wan 2.1 1.3B's 32760 rows of 1536 66.1 -> 52.7, Flux 18.1 -> 17.9.
+    On Wan-14B's rows of 10 vectors it is slower (bf16 189 -> 223, fp32 327 -> 465): a row's
+    registers a thread, four times the 4-warp kernel's, cost more than the instructions saved."""
+    return iters <= WARP_ROW_ITERS
+
+
+FEW_ROWS, SHORT_ITERS = 8192, 5  # _keep_row: at most this many rows of at most this many vectors a thread
 
 
 def _keep_row(x, rows: int, iters: int) -> bool:
-    """Normalize the row from registers rather than reading it again. Measured on an H200: it
-    pays where the second read is costly (x fp32 in memory: Wan-14B's rows of 5120, 404 -> 328
-    µs) and where a grid of few, short rows is latency-bound (Sana, PixArt: 0.3 to 1 µs); with
-    many bf16 rows or more than 5 vectors a thread the registers it takes cost more (Wan-14B
-    bf16 +20 µs, Flux affine +2 µs)."""
-    return x.element_size() == 4 or _few_short_rows(rows, iters)
+    """The 4-warp kernel (long rows, or a Triton without Gluon) normalizes the row from
+    registers rather than reading it again. Measured on an H200: it pays where the second read
+    is costly (x fp32 in memory: Wan-14B's rows of 5120, 404 -> 328 µs) and where a grid of
+    few, short rows is latency-bound (Sana, PixArt: 0.3 to 1 µs); with many bf16 rows or more
+    than 5 vectors a thread the registers it takes cost more (Wan-14B bf16 +20 µs, Flux
+    affine +2 µs)."""
+    return x.element_size() == 4 or (rows <= FEW_ROWS and iters <= SHORT_ITERS)
 
 
 WARP_ROW_PROGRAM = (1, 1)  # the warp-row kernel's rows a program and warps, as measured
@@ -495,7 +502,7 @@ def _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype
     def bind_triton():
         return _layernorm_modulate_kernel.bound(grid, KEEP_ROW=_keep_row(x, rows, iters), num_warps=4, **options)
 
-    warp_row = _layernorm_modulate_warp_row_kernel is not None and _few_short_rows(rows, iters)
+    warp_row = _layernorm_modulate_warp_row_kernel is not None and _warp_row(iters)
     kernel = _gluon_or_triton(bind_gluon if warp_row else None, bind_triton,
                               f"layernorm_modulate's Gluon kernel for rows of {N}")
 
