@@ -127,13 +127,13 @@ def test_a_gluon_kernel_that_runs_is_kept(monkeypatch):
     assert gluon.launches == 3 and plain.launches == 0 and not tk._gluon_failed
 
 
-def _warp_row_ptx(rows=1, warps=1, dtype="bf16", iters=3, affine=False):
+def _warp_row_ptx(rows=1, warps=1, dtype="bf16", iters=3, affine=False, even_rows=True, N=None):
     from triton.experimental.gluon._runtime import GluonASTSource
     fn = tk._layernorm_modulate_warp_row_kernel.fn
     tl_dtype = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}[dtype]
     const = dict(ITERS=iters, HAS_WEIGHT=affine, HAS_BIAS=affine, HAS_SHIFT=True, PLUS_ONE=True, DTYPE=tl_dtype,
                  INTERPRET=False, HAS_SCALE=True, ROWS=rows, LAYOUT=tk.warp_row_layout(rows, warps),
-                 N={1: 500, 3: 1152, 5: 2240}[iters])  # rows with a partial vector
+                 EVEN_ROWS=even_rows, N=N or {1: 500, 3: 1152, 5: 2240}[iters])  # rows with a partial tile
     sig = {n: "constexpr" if n in const else f"*{dtype}" if n.endswith("_ptr") else "fp32" if n == "eps" else "i32"
            for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n.endswith("_ptr")}
@@ -142,10 +142,10 @@ def _warp_row_ptx(rows=1, warps=1, dtype="bf16", iters=3, affine=False):
 
 
 @needs_gluon
-@pytest.mark.parametrize("rows,warps,dtype,iters,affine", [(1, 1, "bf16", 3, False), (4, 4, "fp16", 5, True),
-                                                          (2, 1, "fp32", 1, False)])
-def test_warp_row_tree_is_atens_order(rows, warps, dtype, iters, affine):
-    ptx = _warp_row_ptx(rows, warps, dtype, iters, affine)
+@pytest.mark.parametrize("rows,warps,dtype,iters,affine,even_rows", [
+    (1, 1, "bf16", 3, False, True), (4, 4, "fp16", 5, True, False), (2, 1, "fp32", 1, False, True)])
+def test_warp_row_tree_is_atens_order(rows, warps, dtype, iters, affine, even_rows):
+    ptx = _warp_row_ptx(rows, warps, dtype, iters, affine, even_rows)
     assert not re.search(r"(ld|st)\.shared|bar\.sync", ptx)  # a row within a warp's registers
     offsets = [int(o) for o in re.findall(r"shfl\.sync\.bfly\.b32\s+%r\d+, %r\d+, (\d+),", ptx)]
     sets = rows // warps  # rows a lane holds in registers
@@ -165,6 +165,21 @@ def test_warp_row_tree_is_atens_order(rows, warps, dtype, iters, affine):
     rcps = len(re.findall(r"rcp\.approx\.ftz\.f32", ptx))
     assert rcps == 12 if sets == 1 else 12 <= rcps <= 12 * sets
     assert len(re.findall(r"div\.rn\.f32", ptx)) == sets
+
+
+@needs_gluon
+@pytest.mark.parametrize("affine", [False, True])
+def test_warp_row_full_tiles_load_unmasked(affine):
+    """Where every row is in the grid, the tiles that lie in the row load and store without a
+    mask (a masked load zeroes its registers first); a partial last tile keeps its mask, and
+    so does every tile of a grid whose last program may pass the last row."""
+    def accesses(ptx):  # (masked, unmasked) global loads and stores
+        ops = re.findall(r"^\s*(@%p\d+ )?(?:ld|st)\.global", ptx, re.M)
+        return sum(1 for p in ops if p), sum(1 for p in ops if not p)
+    assert accesses(_warp_row_ptx(1, 1, "bf16", 2, affine, even_rows=True, N=1024))[0] == 0  # 2 full tiles
+    masked, unmasked = accesses(_warp_row_ptx(1, 1, "bf16", 3, affine, even_rows=True))  # 1152: the third partial
+    assert 0 < masked < unmasked
+    assert accesses(_warp_row_ptx(1, 1, "bf16", 3, affine, even_rows=False))[1] == 0
 
 
 def _modulate_kernels(monkeypatch, gluon_error=None):

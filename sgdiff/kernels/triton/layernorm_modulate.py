@@ -144,16 +144,17 @@ def _modulate(y, sc, sh, PLUS_ONE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SH
 
 @triton.jit
 def _normalize(x, mean, rstd, w_ptr, b_ptr, col, mask, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """ATen's ``gamma * (rstd * (x - mean)) + beta`` in fp32 (nvcc's FMA), before rounding."""
+    """ATen's ``gamma * (rstd * (x - mean)) + beta`` in fp32 (nvcc's FMA), before rounding.
+    Masked-off entries are never stored: their loads leave registers as they are."""
     y = rstd * (x - mean)
     if HAS_WEIGHT:
-        w = tl.load(w_ptr + col, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + col, mask=mask).to(tl.float32)
         if HAS_BIAS:
-            y = tl.fma(w, y, tl.load(b_ptr + col, mask=mask, other=0.0).to(tl.float32))
+            y = tl.fma(w, y, tl.load(b_ptr + col, mask=mask).to(tl.float32))
         else:
             y = w * y
     elif HAS_BIAS:
-        y = tl.fma(rstd, x - mean, tl.load(b_ptr + col, mask=mask, other=0.0).to(tl.float32))
+        y = tl.fma(rstd, x - mean, tl.load(b_ptr + col, mask=mask).to(tl.float32))
     return y
 
 
@@ -283,10 +284,19 @@ if gluon is not None:
                                          dtype=gl.float32, is_pure=True, pack=1)
 
     @gluon.jit
-    def _warp_row_tile(l, j, k, row_ok, n_vec):
+    def _warp_row_tile(l, j, k: gl.constexpr, row_ok, N: gl.constexpr, EVEN_ROWS: gl.constexpr):
         """Columns and mask of the k-th ``[rows, 128, 4]`` tile: ATen thread l's vector l + 128 k."""
         v = l + k * THREADS_C
-        return v[None, :, None] * VEC_C + j[None, None, :], row_ok[:, None, None] & (v < n_vec)[None, :, None]
+        mask = (v < N // VEC_C)[None, :, None]
+        if not EVEN_ROWS:
+            mask = row_ok[:, None, None] & mask
+        return v[None, :, None] * VEC_C + j[None, None, :], mask
+
+    @gluon.constexpr_function
+    def _full_tile(k, N, EVEN_ROWS):
+        """Whether the k-th tile lies in the row for every row of the grid: its loads need no
+        mask (a masked load zeroes its registers first, an instruction a load)."""
+        return EVEN_ROWS and (k + 1) * THREADS_C * VEC_C <= N
 
     @LeanKernel
     @gluon.jit
@@ -306,6 +316,7 @@ if gluon is not None:
         HAS_SCALE: gl.constexpr,
         ROWS: gl.constexpr,
         LAYOUT: gl.constexpr,  # warp_row_layout(ROWS, num_warps)
+        EVEN_ROWS: gl.constexpr,  # rows a multiple of ROWS: no row mask
     ):
         """_layernorm_modulate_kernel with a row a warp instead of a row a 4-warp program.
 
@@ -330,8 +341,12 @@ if gluon is not None:
         x_row = (bi * stride_xb + si * stride_xs)[:, None, None]
         vecs = ()
         for k in gl.static_range(ITERS):  # every load issued before any is used
-            col, mask = _warp_row_tile(l, j, k, row_ok, n_vec)
-            vecs = vecs + (gl.load(x_ptr + x_row + col, mask=mask, other=0.0),)
+            col, mask = _warp_row_tile(l, j, k, row_ok, N, EVEN_ROWS)
+            if _full_tile(k, N, EVEN_ROWS):
+                vec = gl.load(x_ptr + x_row + col)
+            else:  # idle threads fold in zeros, as ATen's
+                vec = gl.load(x_ptr + x_row + col, mask=mask, other=0.0)
+            vecs = vecs + (vec,)
         zero = gl.zeros([ROWS, THREADS_C], gl.float32, LANES)
         mean, m2, n = zero, zero, zero
         for k in gl.static_range(ITERS):  # each thread's serial Welford, as row_welford's
@@ -356,13 +371,15 @@ if gluon is not None:
         sc_row = (bi * stride_scb + si * stride_scs)[:, None, None]
         sh_row = (bi * stride_shb + si * stride_shs)[:, None, None]
         for k in gl.static_range(ITERS):
-            col, mask = _warp_row_tile(l, j, k, row_ok, n_vec)
-            vec = gl.load(x_ptr + x_row + col, mask=mask, other=0.0)  # again, from L1: a row in registers
+            col, mask = _warp_row_tile(l, j, k, row_ok, N, EVEN_ROWS)
+            if _full_tile(k, N, EVEN_ROWS):
+                mask = None
+            vec = gl.load(x_ptr + x_row + col, mask=mask)  # again, from L1: a row in registers
             # takes twice the registers and was slower (PixArt 14.2 -> 18.4 µs)
             y = _normalize(vec.to(gl.float32), mean[:, None, None], rstd[:, None, None], w_ptr, b_ptr,
                            col, mask, HAS_WEIGHT, HAS_BIAS).to(DTYPE)
-            sc = gl.load(scale_ptr + sc_row + col * stride_scn, mask=mask, other=0.0) if HAS_SCALE else None
-            sh = gl.load(shift_ptr + sh_row + col * stride_shn, mask=mask, other=0.0) if HAS_SHIFT else None
+            sc = gl.load(scale_ptr + sc_row + col * stride_scn, mask=mask) if HAS_SCALE else None
+            sh = gl.load(shift_ptr + sh_row + col * stride_shn, mask=mask) if HAS_SHIFT else None
             y = _modulate(y, sc, sh, PLUS_ONE, HAS_SCALE, HAS_SHIFT, DTYPE)
             gl.store(out_ptr + row[:, None, None] * N + col, y.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -497,7 +514,8 @@ def _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype
     def bind_gluon():
         per, warps = WARP_ROW_PROGRAM
         return _layernorm_modulate_warp_row_kernel.bound(
-            (triton.cdiv(rows, per),), ROWS=per, LAYOUT=warp_row_layout(per, warps), num_warps=warps, **options)
+            (triton.cdiv(rows, per),), ROWS=per, LAYOUT=warp_row_layout(per, warps), EVEN_ROWS=rows % per == 0,
+            num_warps=warps, **options)
 
     def bind_triton():
         return _layernorm_modulate_kernel.bound(grid, KEEP_ROW=_keep_row(x, rows, iters), num_warps=4, **options)
