@@ -20,6 +20,7 @@ from sgdiff.kernels.triton.rows import (
     DTYPES,
     TL_DTYPE,
     cached_plan,
+    even_tiles,
     innermost_last,
     launch_rows,
     rows_fit,
@@ -32,7 +33,8 @@ from sgdiff.kernels.triton.rows import (
 @triton.jit
 def _modulate_kernel(
     x_ptr, scale_ptr, shift_ptr, out_ptr,
-    n_rows, n1, n2, D,
+    n_rows,
+    n1: tl.constexpr, n2: tl.constexpr, D: tl.constexpr,  # the shape, compiled in: its divisions are multiplications
     so0, so1, so2, so3,
     sx0, sx1, sx2, sx3,
     sc0, sc1, sc2, sc3,
@@ -41,8 +43,9 @@ def _modulate_kernel(
     HAS_SHIFT: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    EVEN: tl.constexpr,  # the blocks tile the rows exactly: no masks (row_tile)
 ):
-    rows, d, mask = row_tile(n_rows, D, BLOCK_R, BLOCK_D, False)
+    rows, d, mask = row_tile(n_rows, D, BLOCK_R, BLOCK_D, False, EVEN)
     x = tl.load(x_ptr + tile_offsets(rows, d, n1, n2, sx0, sx1, sx2, sx3), mask=mask, other=0.0)
     s = tl.load(scale_ptr + tile_offsets(rows, d, n1, n2, sc0, sc1, sc2, sc3), mask=mask,
                 other=0.0)
@@ -82,7 +85,8 @@ def _plan(x, scale, shift):
     n_rows = shape[0] * shape[1] * shape[2]
     grid, block_r, block_d = launch_rows(n_rows, shape[3], max_block=2048)
     ints = (n_rows, shape[1], shape[2], shape[3], *so, *sx, *sc, *sh)
-    return out_dtype, grid, ints, dict(PRODUCT_DTYPE=TL_DTYPE[product], BLOCK_R=block_r, BLOCK_D=block_d)
+    return out_dtype, grid, ints, dict(PRODUCT_DTYPE=TL_DTYPE[product], BLOCK_R=block_r, BLOCK_D=block_d,
+                                      EVEN=even_tiles(n_rows, shape[3], block_r, block_d))
 
 
 def bind(x, scale, shift):

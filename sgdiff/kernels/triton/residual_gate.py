@@ -27,7 +27,7 @@ import triton.language as tl
 
 from sgdiff.kernels.triton.cuda_math import INTERPRET, libdevice_options, tanhf
 from sgdiff.kernels.triton.launch import LeanKernel
-from sgdiff.kernels.triton.rows import DTYPES, TL_DTYPE, cached_plan, launch_rows, row_tile, rows_fit
+from sgdiff.kernels.triton.rows import DTYPES, TL_DTYPE, cached_plan, even_tiles, launch_rows, row_tile, rows_fit
 
 
 @LeanKernel
@@ -39,8 +39,8 @@ def _residual_gate_kernel(
     bias_ptr,  # the update's bias, likewise (unused unless HAS_BIAS)
     out_ptr,  # [B, S, D] contiguous output
     n_rows,  # B * S
-    S,  # rows per batch entry
-    D,  # row length
+    S: tl.constexpr,  # rows per batch entry (compiled in: divisions by it are multiplications)
+    D: tl.constexpr,  # row length (compiled in)
     stride_gb, stride_gs, stride_gd,
     stride_ub, stride_us, stride_ud,
     stride_bb, stride_bs, stride_bd,
@@ -54,9 +54,10 @@ def _residual_gate_kernel(
     GATED: tl.constexpr,  # False: residual + update (sgdiff::residual_add; gate_ptr unused)
     BLOCK_R: tl.constexpr,  # rows a program
     BLOCK_D: tl.constexpr,  # columns a program (launch_rows, flat)
+    EVEN: tl.constexpr,  # the blocks tile the rows exactly: no masks (row_tile)
     INTERPRET: tl.constexpr,
 ):
-    r32, d, mask = row_tile(n_rows, D, BLOCK_R, BLOCK_D, True)  # 32-bit rows: a 64-bit division is long
+    r32, d, mask = row_tile(n_rows, D, BLOCK_R, BLOCK_D, True, EVEN)  # 32-bit rows: a 64-bit division is long
     row = r32.to(tl.int64)[:, None]
     bi = (r32 // S).to(tl.int64)[:, None]
     si = (r32 % S).to(tl.int64)[:, None]
@@ -142,7 +143,7 @@ def _plan(residual, gate, update, update_bias):
     ints = (B * S, S, D, *gate_strides, *update.expand(shape).stride(), *bias_strides)
     grid, block_r, block_d = launch_rows(B * S, D, max_block=_elements_a_program(B * S * D), flat=True)
     return shape, grid, ints, updated, product, torch.promote_types(residual.dtype, product), \
-        dict(BLOCK_R=block_r, BLOCK_D=block_d)
+        dict(BLOCK_R=block_r, BLOCK_D=block_d, EVEN=even_tiles(B * S, D, block_r, block_d))
 
 
 def _bind(residual, gate, update, tanh_gate, update_bias, update_divisor, out_dtype=None):

@@ -96,12 +96,15 @@ def row_offsets(rows, n1, n2, s0, s1, s2):
 
 
 @triton.jit
-def row_tile(n_rows, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, FLAT: tl.constexpr):
+def row_tile(n_rows, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, FLAT: tl.constexpr, EVEN: tl.constexpr = False):
     """This program's rows (32-bit: :func:`rows_fit`) and columns of a [n_rows, D] elementwise
     launch (:func:`launch_rows`), and the mask of those inside it. ``FLAT``: one grid axis,
     consecutive programs along a row's column blocks, so that they walk memory in order (which
     pays on long rows: silu_mul's and residual_gate's notes); otherwise rows on axis 0 and
-    column blocks on axis 1, consecutive programs down a column of row blocks."""
+    column blocks on axis 1, consecutive programs down a column of row blocks. ``EVEN``: the
+    blocks tile [n_rows, D] exactly (:func:`even_tiles`); the mask is then a constant that
+    Triton folds away, and loads and stores go unpredicated (a masked load zeroes its
+    registers first, an instruction a load)."""
     if FLAT:
         col_blocks = tl.cdiv(D, BLOCK_D)
         row_block = tl.program_id(0) // col_blocks
@@ -111,7 +114,14 @@ def row_tile(n_rows, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, FLAT: tl.c
         col_block = tl.program_id(1)
     rows = row_block * BLOCK_R + tl.arange(0, BLOCK_R)
     d = col_block * BLOCK_D + tl.arange(0, BLOCK_D)
+    if EVEN:
+        return rows, d, tl.full([BLOCK_R, BLOCK_D], 1, tl.int1)
     return rows, d, (rows < n_rows)[:, None] & (d < D)[None, :]
+
+
+def even_tiles(n_rows: int, d: int, block_r: int, block_d: int) -> bool:
+    """Whether ``[block_r, block_d]`` blocks tile ``[n_rows, d]`` exactly (row_tile's EVEN)."""
+    return n_rows % block_r == 0 and d % block_d == 0
 
 
 @triton.jit

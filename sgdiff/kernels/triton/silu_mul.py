@@ -33,6 +33,7 @@ from sgdiff.kernels.triton.rows import (
     DTYPES,
     TL_DTYPE,
     cached_plan,
+    even_tiles,
     innermost_last,
     launch_rows,
     rows_fit,
@@ -46,7 +47,8 @@ from sgdiff.kernels.triton.rows import (
 def _silu_mul_kernel(
     a_ptr, b_ptr, out_ptr,
     a_bias_ptr, b_bias_ptr,  # biases broadcast to the output (zero strides but the channel's)
-    n_rows, n1, n2, D,
+    n_rows,
+    n1: tl.constexpr, n2: tl.constexpr, D: tl.constexpr,  # the shape, compiled in: its divisions are multiplications
     so0, so1, so2, so3,
     sa0, sa1, sa2, sa3,
     sb0, sb1, sb2, sb3,
@@ -57,10 +59,11 @@ def _silu_mul_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    EVEN: tl.constexpr,  # the blocks tile the rows exactly: no masks (row_tile)
     FLAT: tl.constexpr,  # launch_rows(flat=...)
     INTERPRET: tl.constexpr,
 ):
-    rows, d, mask = row_tile(n_rows, D, BLOCK_R, BLOCK_D, FLAT)
+    rows, d, mask = row_tile(n_rows, D, BLOCK_R, BLOCK_D, FLAT, EVEN)
     a = tl.load(a_ptr + tile_offsets(rows, d, n1, n2, sa0, sa1, sa2, sa3),
                 mask=mask, other=0.0).to(tl.float32)
     if HAS_BIAS:  # ATen's add_ of the bias: fp32 sum rounded to a.dtype
@@ -108,7 +111,8 @@ def _plan(a, b, a_bias, b_bias):
     flat = b is not None and block_r == 1
     grid, block_r, block_d = launch_rows(n_rows, shape[3], max_block=1024, flat=flat)
     ints = (n_rows, shape[1], shape[2], shape[3], *so, *sa, *sb, *sab, *sbb)
-    return out.stride(), grid, ints, dict(BLOCK_R=block_r, BLOCK_D=block_d, FLAT=flat)
+    return out.stride(), grid, ints, dict(BLOCK_R=block_r, BLOCK_D=block_d, FLAT=flat,
+                                         EVEN=even_tiles(n_rows, shape[3], block_r, block_d))
 
 
 def _bind(a, b, a_bias, b_bias):
