@@ -374,8 +374,10 @@ if gluon is not None:
             col, mask = _warp_row_tile(l, j, k, row_ok, N, EVEN_ROWS)
             if _full_tile(k, N, EVEN_ROWS):
                 mask = None
-            vec = gl.load(x_ptr + x_row + col, mask=mask)  # again, from L1: a row in registers
-            # takes twice the registers and was slower (PixArt 14.2 -> 18.4 µs)
+            # the row again: the compiler may keep the first pass's registers instead (no store between;
+            # at PixArt's shape it does). Converting it to fp32 once and keeping that doubled the
+            # registers and was slower (PixArt 14.2 -> 18.4 µs, before N was compiled in)
+            vec = gl.load(x_ptr + x_row + col, mask=mask)
             y = _normalize(vec.to(gl.float32), mean[:, None, None], rstd[:, None, None], w_ptr, b_ptr,
                            col, mask, HAS_WEIGHT, HAS_BIAS).to(DTYPE)
             sc = gl.load(scale_ptr + sc_row + col * stride_scn, mask=mask) if HAS_SCALE else None
@@ -525,11 +527,11 @@ def _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype
                               f"layernorm_modulate's Gluon kernel for rows of {N}")
 
     def launch(x, weight, bias, scale, shift):
-        out = torch.empty(shape, dtype=out_dtype, device=x.device)
+        out = torch.empty(view, dtype=out_dtype, device=x.device)  # the kernel takes pointers: no view
         scale_arg = scale if scale is not None else x
         kernel(x, weight if weight is not None else x, bias if bias is not None else x,
                scale_arg, shift if shift is not None else scale_arg, out, *ints, eps, rows)
-        return out.view(view)
+        return out
 
     return launch
 
@@ -575,7 +577,7 @@ def layer_norm_bind(x, weight, bias, eps, x_dtype=None, out_dtype=None):
     if N > SHORT_ROW:
         rows = torch.empty(shape, dtype=x.dtype, device="meta")  # the geometry of x.contiguous() as rows
         launch = _bind(rows, weight, bias, eps, None, None, False, x_dtype, out_dtype)
-        return lambda x, weight, bias, *_: launch(x.contiguous().view(shape), weight, bias, None, None).view(view)
+        return lambda x, weight, bias, *_: launch(x.contiguous(), weight, bias, None, None).view(view)
     dtype = x_dtype or x.dtype
     out_dtype = out_dtype or dtype
     options = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, DTYPE=TL_DTYPE[dtype],
@@ -593,10 +595,10 @@ def layer_norm_bind(x, weight, bias, eps, x_dtype=None, out_dtype=None):
                               f"layer_norm's Gluon kernel for rows of {N}")
 
     def launch(x, weight, bias, *_):
-        rows = x.contiguous().view(shape)
-        out = torch.empty(shape, dtype=out_dtype, device=x.device)
+        rows = x.contiguous()  # the kernel takes pointers: no views
+        out = torch.empty(view, dtype=out_dtype, device=x.device)
         kernel(rows, weight if weight is not None else rows, bias if bias is not None else rows, out, M, N, eps)
-        return out.view(view)
+        return out
 
     return launch
 

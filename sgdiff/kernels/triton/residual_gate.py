@@ -144,7 +144,7 @@ def _plan(residual, gate, update, update_bias):
 
 def _bind(residual, gate, update, tanh_gate, update_bias, update_divisor, out_dtype=None):
     """The launch for inputs of this signature: ``launch(residual, gate, update, bias)``."""
-    shape, grid, ints, updated, product, total, blocks = _plan(residual, gate, update, update_bias)
+    _, grid, ints, updated, product, total, blocks = _plan(residual, gate, update, update_bias)
     dtype, view = out_dtype or total, residual.shape
     inv = reciprocal(update_divisor) if update_divisor is not None else 1.0
     kernel = _residual_gate_kernel.bound(
@@ -154,10 +154,10 @@ def _bind(residual, gate, update, tanh_gate, update_bias, update_divisor, out_dt
         enable_fp_fusion=False, **libdevice_options())
 
     def launch(residual, gate, update, bias):
-        out = torch.empty(shape, dtype=dtype, device=residual.device)
+        out = torch.empty(view, dtype=dtype, device=residual.device)  # the kernel takes pointers: no view
         kernel(residual, gate if gate is not None else update, update, bias if bias is not None else update,
                out, *ints, inv)
-        return out.view(view)
+        return out
 
     return launch
 
