@@ -138,13 +138,13 @@ def _plan(residual, gate, update, update_bias):
     # 1024 elements a program (8 a thread), measured with the shape compiled in: Sana 4.4 -> 4.2 µs
     # and residual_add 5.1 -> 4.3 against 2048, PixArt, Flux and Wan-14B the same or better (H200)
     grid, block_r, block_d = launch_rows(B * S, D, max_block=1024, flat=True)
-    return shape, grid, ints, updated, product, torch.promote_types(residual.dtype, product), \
+    return grid, ints, updated, product, torch.promote_types(residual.dtype, product), \
         dict(BLOCK_R=block_r, BLOCK_D=block_d, EVEN=even_tiles(B * S, D, block_r, block_d))
 
 
 def _bind(residual, gate, update, tanh_gate, update_bias, update_divisor, out_dtype=None):
     """The launch for inputs of this signature: ``launch(residual, gate, update, bias)``."""
-    _, grid, ints, updated, product, total, blocks = _plan(residual, gate, update, update_bias)
+    grid, ints, updated, product, total, blocks = _plan(residual, gate, update, update_bias)
     dtype, view = out_dtype or total, residual.shape
     inv = reciprocal(update_divisor) if update_divisor is not None else 1.0
     kernel = _residual_gate_kernel.bound(
