@@ -19,7 +19,7 @@ from sgdiff.kernels.triton.rows import DTYPES, cached_plan
 @triton.jit
 def _linear_attention_out_kernel(
     h_ptr, out_ptr,
-    n_heads, D, N,  # D = head_dim: h has D + 1 rows per head
+    n_heads: tl.constexpr, D: tl.constexpr, N: tl.constexpr,  # D = head_dim: h has D + 1 rows per head (compiled in)
     sh0, sh1, sh2, sh3,
     eps,
     BLOCK_I: tl.constexpr,
@@ -30,9 +30,12 @@ def _linear_attention_out_kernel(
     i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     j = tl.program_id(2) * BLOCK_J + tl.arange(0, BLOCK_J)
     base = h_ptr + (pid // n_heads).to(tl.int64) * sh0 + (pid % n_heads).to(tl.int64) * sh1
-    mask = (i < D)[:, None] & (j < N)[None, :]
+    if D % BLOCK_I == 0 and N % BLOCK_J == 0:  # whole tiles: constant masks, which Triton drops
+        mask, col_ok = tl.full([BLOCK_I, BLOCK_J], 1, tl.int1), tl.full([BLOCK_J], 1, tl.int1)
+    else:
+        mask, col_ok = (i < D)[:, None] & (j < N)[None, :], j < N
     num = tl.load(base + i[:, None] * sh2 + j[None, :] * sh3, mask=mask, other=0.0).to(tl.float32)
-    den = tl.load(base + D * sh2 + j * sh3, mask=j < N, other=1.0).to(tl.float32) + eps
+    den = tl.load(base + D * sh2 + j * sh3, mask=col_ok, other=1.0).to(tl.float32) + eps
     y = tl.math.div_rn(num, den[None, :])
     tl.store(out_ptr + s * D * N + i[:, None] * N + j[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
