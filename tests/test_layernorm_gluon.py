@@ -133,7 +133,8 @@ def _warp_row_ptx(rows=1, warps=1, dtype="bf16", iters=3, affine=False, even_row
     tl_dtype = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}[dtype]
     const = dict(ITERS=iters, HAS_WEIGHT=affine, HAS_BIAS=affine, HAS_SHIFT=True, PLUS_ONE=True, DTYPE=tl_dtype,
                  INTERPRET=False, HAS_SCALE=True, ROWS=rows, LAYOUT=tk.warp_row_layout(rows, warps),
-                 EVEN_ROWS=even_rows, N=N or {1: 500, 3: 1152, 5: 2240}[iters])  # rows with a partial tile
+                 EVEN_ROWS=even_rows, N=N or {1: 448, 3: 1152, 5: 2240}[iters])  # rows with a partial tile
+    const["TREE"] = tk.warp_row_tree_terms(const["N"])
     sig = {n: "constexpr" if n in const else f"*{dtype}" if n.endswith("_ptr") else "fp32" if n == "eps" else "i32"
            for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n.endswith("_ptr")}
@@ -149,22 +150,70 @@ def test_warp_row_tree_is_atens_order(rows, warps, dtype, iters, affine, even_ro
     assert not re.search(r"(ld|st)\.shared|bar\.sync", ptx)  # a row within a warp's registers
     offsets = [int(o) for o in re.findall(r"shfl\.sync\.bfly\.b32\s+%r\d+, %r\d+, (\d+),", ptx)]
     sets = rows // warps  # rows a lane holds in registers
-    # per row: the 16 lanes of lo for a = 0 and a = 1 (mean, m2, count each: 8, 4, 2, 1), then b
-    # at 16 (rows held together interleave theirs: the same steps, the 16s last)
-    tree = [o for o in [8, 4, 2, 1] * 2 + [16] for _ in range(3)]
-    assert sorted(offsets) == sorted(tree * sets)
-    assert offsets[:len(tree) - 3] == tree[:-3] and offsets[-3 * sets:] == [16] * 3 * sets
+    # per row: the 16 lanes of lo for a = 0 and a = 1 (mean and m2 each: 8, 4, 2, 1), then b at
+    # 16; no count is shuffled (rows held together interleave theirs, the 16s last)
+    tree = [o for o in [8, 4, 2, 1] * 2 + [16] for _ in range(2)]
+    assert sorted(offsets) == sorted(tree * sets) and offsets[-2 * sets:] == [16] * 2 * sets
     shfl = re.search(r"shfl\.sync\.bfly\.b32\s+(%r\d+), (%r\d+), 8,", ptx)
     sub = re.search(r"sub\.rn\.f32\s+%r\d+, (%r\d+), (%r\d+);", ptx[shfl.end():])
     assert sub.groups() == (shfl.group(2), shfl.group(1))  # (own, other)
     # lane 0's mean and m2 to the whole warp
     assert len(re.findall(r"shfl\.sync\.idx\.b32\s+%r\d+, %r\d+, 0, 0x1f, -1;", ptx)) == 2 * sets
-    # 12 combines a row (2 + 2 * 4 in the warps' trees, 2 across them), each one reciprocal of a
-    # count (rows held together may share them: their counts are alike); one IEEE division for
-    # the variance
-    rcps = len(re.findall(r"rcp\.approx\.ftz\.f32", ptx))
-    assert rcps == 12 if sets == 1 else 12 <= rcps <= 12 * sets
+    # every count on the tree's path compiled in: no reciprocal; one IEEE division, the variance
+    assert not re.search(r"rcp\.", ptx)
     assert len(re.findall(r"div\.rn\.f32", ptx)) == sets
+
+
+def _shuffle_down_terms(N):
+    """The count terms of the combines that reach thread 0 in ATen's block of 128 threads, from
+    its counts alone: ``{(level, warp): {terms}}``, levels as in warp_row_tree_terms. Each
+    term is computed as welford_combine computes it: fp32 products with 1 / n rounded to fp32."""
+    f32 = torch.float32
+    n_vec, iters = N // 4, -(-N // 512)
+    count = [4 * sum(1 for k in range(iters) if t + 128 * k < n_vec) for t in range(128)]
+
+    def terms(own, oth):
+        n = torch.tensor(float(own + oth), dtype=f32)
+        coef = torch.tensor(1.0, dtype=f32) / n
+        return (float(torch.tensor(float(oth), dtype=f32) * coef), float(torch.tensor(float(own), dtype=f32) * coef),
+                float(oth), bool(n > 0)) if own + oth else (0.0, 0.0, 0.0, False)
+
+    seen = {}
+    for w in range(4):  # a warp's shuffle-down: lane i < offset takes lane i + offset, and feeds lane 0
+        lanes = count[32 * w:32 * w + 32]
+        for level, offset in enumerate((16, 8, 4, 2, 1)):
+            for i in range(offset):
+                seen.setdefault((level, w), set()).add(terms(lanes[i], lanes[i + offset]))
+            lanes = [lanes[i] + lanes[i + offset] if i < offset else lanes[i] for i in range(32)]
+        count[32 * w] = lanes[0]
+    warp = [count[32 * w] for w in range(4)]
+    for b in range(2):
+        seen[(5, b)] = {terms(warp[b], warp[b + 2])}
+    seen[(6, 0)] = {terms(warp[0] + warp[2], warp[1] + warp[3])}
+    return seen
+
+
+@pytest.mark.parametrize("N", [64, 448, 1152, 1536, 2240, 2432, 3072, 5120, 64 * 47])
+def test_warp_row_tree_terms_are_atens(N):
+    """The table the warp-row kernel compiles in: for every combine on thread 0's path of ATen's
+    tree, the terms its counts give; and only one set of terms a level and warp (the kernel
+    applies them to every lane of a half-warp)."""
+    from sgdiff.kernels.triton.welford import warp_row_tree_terms
+    table, seen = warp_row_tree_terms(N), _shuffle_down_terms(N)
+    for (level, w), terms in seen.items():
+        assert len(terms) == 1, (level, w, terms)
+        a, b = (w // 2, w % 2) if level < 5 else (0, w)
+        assert table[level][a][b] == next(iter(terms)), (level, w)
+
+
+def test_warp_row_tree_terms_differ_with_the_row():
+    """A near miss: another row length's table (other counts on the path) is another table, and
+    rows whose counts differ within a half-warp have none."""
+    from sgdiff.kernels.triton.welford import warp_row_tree_terms
+    assert warp_row_tree_terms(2240) != warp_row_tree_terms(2176)
+    assert any(len(t) > 1 for t in _shuffle_down_terms(2240 + 4).values())
+    with pytest.raises(AssertionError):
+        warp_row_tree_terms(2240 + 4)
 
 
 @needs_gluon
@@ -207,7 +256,24 @@ def test_short_rows_take_the_warp_row_kernel(monkeypatch):
     assert gluon.options[0]["num_warps"] == tk.WARP_ROW_PROGRAM[1] and gluon.options[0]["ITERS"] == 5
     _modulate_once(1, 64, 3076)  # 7 vectors a thread
     _modulate_once(1, 8, 5120)  # Wan-14B: 10
-    assert gluon.launches == 3 and plain.launches == 2
+    _modulate_once(2, 7, 2244)  # 5 vectors a thread, but N % 64 != 0: counts that differ along a half-warp
+    assert gluon.launches == 3 and plain.launches == 3
+
+
+@needs_gluon
+def test_warp_row_keeps_an_affine_row_when_the_grid_is_resident(monkeypatch):
+    """The second read of the row is skipped only for affine rows whose grid fits one wave."""
+    gluon, plain = _modulate_kernels(monkeypatch)
+    monkeypatch.setattr(tk, "_sm_count", lambda device: 132)  # an H200's
+
+    def keep(B, S, N, affine):
+        x, s, w = torch.randn(B, S, N), torch.randn(B, 1, N), torch.randn(N) if affine else None
+        tk.bind(x, w, w, 1e-6, s, s)(x, w, w, 1e-6, s, s)
+        return gluon.options[-1]["KEEP_ROW"]
+    assert keep(2, 1024, 2240, True)  # Sana's 2048 rows
+    assert not keep(2, 1024, 2240, False)
+    assert not keep(1, 4608, 3072, True)  # Flux's 4608 rows: more than 16 a multiprocessor
+    assert keep(1, 16 * 132, 1152, True) and not keep(1, 16 * 132 + 1, 1152, True)
 
 
 @needs_gluon

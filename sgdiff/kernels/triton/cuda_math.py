@@ -53,6 +53,17 @@ def count_reciprocal(n):
 
 
 @triton.jit
+def to_fp32(x):
+    """``x.to(float32)``. A bf16 pair held in one 32-bit register widens in two instructions
+    (a shift for the low half, a mask for the high one) where the plain conversion takes
+    three (ptxas extracts the high half first)."""
+    if x.dtype == tl.bfloat16 and not INTERPRET_C:
+        return tl.inline_asm_elementwise("{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }", "=r,=r,r", [x],
+                                         dtype=tl.float32, is_pure=True, pack=2)
+    return x.to(tl.float32)
+
+
+@triton.jit
 def expf(x, INTERPRET: tl.constexpr):
     """CUDA's ``expf`` (libdevice ``__nv_expf``)."""
     if INTERPRET:

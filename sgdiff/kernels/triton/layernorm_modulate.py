@@ -15,7 +15,8 @@ One program normalizes one row with 4 warps, as ATen does; it reads the row once
 statistics and normalizes it from registers or, where registers are better spent
 (:func:`_keep_row`), reads it again from cache. Where rows are short (Sana, PixArt, Flux,
 Wan 2.1 1.3B: :func:`_warp_row`) a Gluon kernel gives each row one warp instead, each lane
-holding four of ATen's threads: the same combines in the same order, far fewer instructions.
+holding four of ATen's threads: the same combines in the same order, far fewer instructions,
+and the counts on the tree's path compiled in (:func:`warp_row_tree_terms`).
 ``scale``/``shift`` are read through broadcast strides ``[B, S, N]`` so chunk views,
 ``[:, None]`` rows and per-token tensors need no copy.
 
@@ -33,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgdiff.kernels.triton.cuda_math import INTERPRET, rsqrtf
+from sgdiff.kernels.triton.cuda_math import INTERPRET, rsqrtf, to_fp32
 from sgdiff.kernels.triton.launch import LeanKernel
 from sgdiff.kernels.triton.rows import DTYPES, TL_DTYPE, cached_plan
 from sgdiff.kernels.triton.welford import (
@@ -42,6 +43,7 @@ from sgdiff.kernels.triton.welford import (
     VEC,
     VEC_C,
     aligned_vec4,
+    combine_with_terms,
     fold_empty_warps,
     fold_vector,
     load_row,
@@ -51,6 +53,7 @@ from sgdiff.kernels.triton.welford import (
     vector_welford,
     welford_combine,
     welford_combine_pow2,
+    warp_row_tree_terms,
 )
 
 log = logging.getLogger("sgdiff")
@@ -118,7 +121,7 @@ def _modulate_tile(k, vec, x_row, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr, r
     mask = col < N
     if vec is None:  # read the row again (from L2)
         vec = tl.load(x_row + col, mask=mask, other=0.0)
-    y = _normalize(vec.to(tl.float32), mean, rstd, w_ptr, b_ptr, col, mask, HAS_WEIGHT, HAS_BIAS).to(dtype)
+    y = _normalize(to_fp32(vec), mean, rstd, w_ptr, b_ptr, col, mask, HAS_WEIGHT, HAS_BIAS).to(dtype)
     sc = tl.load(scale_ptr + bi * stride_scb + si * stride_scs + col * stride_scn, mask=mask, other=0.0) \
         if HAS_SCALE else None
     sh = tl.load(shift_ptr + bi * stride_shb + si * stride_shs + col * stride_shn, mask=mask, other=0.0) \
@@ -148,13 +151,13 @@ def _normalize(x, mean, rstd, w_ptr, b_ptr, col, mask, HAS_WEIGHT: tl.constexpr,
     Masked-off entries are never stored: their loads leave registers as they are."""
     y = rstd * (x - mean)
     if HAS_WEIGHT:
-        w = tl.load(w_ptr + col, mask=mask).to(tl.float32)
+        w = to_fp32(tl.load(w_ptr + col, mask=mask))
         if HAS_BIAS:
-            y = tl.fma(w, y, tl.load(b_ptr + col, mask=mask).to(tl.float32))
+            y = tl.fma(w, y, to_fp32(tl.load(b_ptr + col, mask=mask)))
         else:
             y = w * y
     elif HAS_BIAS:
-        y = tl.fma(rstd, x - mean, tl.load(b_ptr + col, mask=mask).to(tl.float32))
+        y = tl.fma(rstd, x - mean, to_fp32(tl.load(b_ptr + col, mask=mask)))
     return y
 
 
@@ -180,7 +183,7 @@ def _layer_norm_short_rows_kernel(
     col = (t[:, None] * VEC_C + lane[None, :])[None, :, :]  # [1, 32, 4]
     mask = active[:, :, None]
     offs = rows[:, None, None] * N + col
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    x = to_fp32(tl.load(x_ptr + offs, mask=mask, other=0.0))
     mean, m2, _ = short_rows_welford(x, active)
     var = tl.math.div_rn(m2, tl.full(m2.shape, N, tl.float32))
     rstd = rsqrtf(var + eps, INTERPRET)
@@ -244,7 +247,7 @@ if gluon is not None:
         col = t[None, :, None] * VEC_C + j[None, None, :]
         mask = active[:, :, None]
         offs = rows[:, None, None] * N + col
-        x = gl.load(x_ptr + offs, mask=mask, other=0.0).to(gl.float32)
+        x = to_fp32(gl.load(x_ptr + offs, mask=mask, other=0.0))
         even, odd = gl.split(gl.reshape(x, [ROWS, 32, 2, 2]))  # entries (0, 2) and (1, 3)
         x0, x2 = gl.split(even)
         x1, x3 = gl.split(odd)
@@ -283,6 +286,77 @@ if gluon is not None:
         return gl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, 0, 0x1f, -1;", "=r,r", [v],
                                          dtype=gl.float32, is_pure=True, pack=1)
 
+    @gluon.constexpr_function
+    def _lane_xor_asm(offset):
+        return f"shfl.sync.bfly.b32 $0, $1, {offset}, 0x1f, -1;"
+
+    @gluon.jit
+    def _lane_xor(v, OFFSET: gl.constexpr):
+        """Every lane takes lane ``lane ^ OFFSET``'s value (fp32, one shuffle a register)."""
+        return gl.inline_asm_elementwise(_lane_xor_asm(OFFSET), "=r,r", [v], dtype=gl.float32, is_pure=True, pack=1)
+
+    @gluon.constexpr_function
+    def _tree_term(tree, level, a, b, i):
+        return tree[level][a][b][i]
+
+    @gluon.jit
+    def _known_combine(own_mean, own_m2, oth_mean, oth_m2, b0, TREE: gl.constexpr, LEVEL: gl.constexpr,
+                       A: gl.constexpr):
+        """welford_combine of ATen warp (A, b)'s states at one level of the tree, its count terms
+        compiled in (``TREE``: :func:`warp_row_tree_terms`); ``b0``: the lanes of b = 0."""
+        n_a = gl.where(b0, _tree_term(TREE, LEVEL, A, 0, 0), _tree_term(TREE, LEVEL, A, 1, 0))
+        n_b = gl.where(b0, _tree_term(TREE, LEVEL, A, 0, 1), _tree_term(TREE, LEVEL, A, 1, 1))
+        oth_n = gl.where(b0, _tree_term(TREE, LEVEL, A, 0, 2), _tree_term(TREE, LEVEL, A, 1, 2))
+        nonempty = gl.where(b0, _tree_term(TREE, LEVEL, A, 0, 3), _tree_term(TREE, LEVEL, A, 1, 3))
+        return combine_with_terms(own_mean, own_m2, oth_mean, oth_m2, n_a, n_b, oth_n, nonempty)
+
+    @gluon.jit
+    def _by_warp_and_hi(v, ROWS: gl.constexpr):
+        """A ``[rows, 128]`` tile of ATen's threads (l = 64 a + 32 b + 16 hi + lo) as its four
+        ``[rows, b, lo]`` parts ``((a0 hi0, a0 hi1), (a1 hi0, a1 hi1))``: a and hi are a
+        thread's registers, so no data moves."""
+        v = gl.permute(gl.reshape(v, [ROWS, 2, 2, 2, 16]), [0, 2, 4, 1, 3])  # [row, b, lo, a, hi]
+        hi0, hi1 = gl.split(v)
+        a0hi0, a1hi0 = gl.split(hi0)
+        a0hi1, a1hi1 = gl.split(hi1)
+        return (a0hi0, a0hi1), (a1hi0, a1hi1)
+
+    @gluon.jit
+    def _as_threads(v, ROWS: gl.constexpr, LANES: gl.constexpr):
+        """A ``[rows, b, lo]`` value every lane of a row's warp holds alike, as a ``[rows, 128]`` tile."""
+        v = gl.join(v, v)
+        v = gl.permute(gl.join(v, v), [0, 3, 1, 4, 2])  # [row, a, b, hi, lo]
+        return gl.convert_layout(gl.reshape(v, [ROWS, THREADS_C]), LANES)
+
+    @gluon.jit
+    def _warp_row_stats(mean, m2, l, eps, N: gl.constexpr, TREE: gl.constexpr, LANES: gl.constexpr,
+                        INTERPRET: gl.constexpr):
+        """Mean and rstd of each row from ATen's 128 threads' Welford states (``[rows, 128]``,
+        l = 64 a + 32 b + 16 hi + lo; lane 16 b + lo holds a, hi in registers), as
+        ``[rows, 128]`` tiles.
+
+        ATen's tree in its order: offset 16 pairs registers (hi); offsets 8 to 1 are butterfly
+        shuffles over the 16 lanes of lo, each lane combining (own, other), so that lane 0
+        follows shuffle-down's path; the cross-warp steps 0 <- 2, 1 <- 3 pair registers (a),
+        and 0 <- 1 is a shuffle at offset 16 (b). Lane 0 ends with ATen's state and every lane
+        takes it. The counts on lane 0's path are known from N, so each combine's terms are
+        constants (other lanes combine garbage that never reaches lane 0): no count is
+        shuffled, no reciprocal taken."""
+        ROWS: gl.constexpr = mean.shape[0]
+        b0 = _by_warp_and_hi(gl.zeros_like(mean) + (l[None, :] // 32 % 2 == 0).to(gl.float32), ROWS)[0][0] != 0.0
+        means, m2s = _by_warp_and_hi(mean, ROWS), _by_warp_and_hi(m2, ROWS)
+        warps = ()
+        for a in gl.static_range(2):
+            mu, v = _known_combine(means[a][0], m2s[a][0], means[a][1], m2s[a][1], b0, TREE, 0, a)  # offset 16
+            for level in gl.static_range(1, 5):  # offsets 8, 4, 2, 1
+                mu, v = _known_combine(mu, v, _lane_xor(mu, 16 >> level), _lane_xor(v, 16 >> level), b0, TREE, level, a)
+            warps = warps + ((mu, v),)
+        mu, v = _known_combine(warps[0][0], warps[0][1], warps[1][0], warps[1][1], b0, TREE, 5, 0)  # 0 <- 2, 1 <- 3
+        mu, v = _known_combine(mu, v, _lane_xor(mu, 16), _lane_xor(v, 16), b0, TREE, 6, 0)  # warps 0 <- 1
+        mu, v = _warp_lane0(mu), _warp_lane0(v)
+        rstd = rsqrtf(gl.div_rn(v, gl.full(v.shape, N, gl.float32, v.type.layout)) + eps, INTERPRET)
+        return _as_threads(mu, ROWS, LANES), _as_threads(rstd, ROWS, LANES)
+
     @gluon.jit
     def _warp_row_tile(l, j, k: gl.constexpr, row_ok, N: gl.constexpr, EVEN_ROWS: gl.constexpr):
         """Columns and mask of the k-th ``[rows, 128, 4]`` tile: ATen thread l's vector l + 128 k."""
@@ -317,17 +391,16 @@ if gluon is not None:
         ROWS: gl.constexpr,
         LAYOUT: gl.constexpr,  # warp_row_layout(ROWS, num_warps)
         EVEN_ROWS: gl.constexpr,  # rows a multiple of ROWS: no row mask
+        TREE: gl.constexpr,  # warp_row_tree_terms(N)
+        KEEP_ROW: gl.constexpr = False,  # normalize the first pass's registers rather than reading the row again
     ):
-        """_layernorm_modulate_kernel with a row a warp instead of a row a 4-warp program.
+        """_layernorm_modulate_kernel with a row a warp instead of a row a 4-warp program, for
+        rows of N % 64 == 0 (:func:`_warp_row`).
 
         ATen's 128 threads of a row are ``l = 64 a + 32 b + 16 hi + lo``; lane ``16 b + lo``
-        holds the states of threads with a, hi in {0, 1}. The warps' shuffle-down trees then
-        cost two combines a level rather than four warps' one each: offset 16 pairs registers
-        (hi), offsets 8 to 1 are ``gl.reduce`` over the 16 lanes of ``lo`` (a butterfly whose
-        first lane follows shuffle-down's path, as in _layer_norm_warp_rows_kernel); the
-        cross-warp steps 0 <- 2, 1 <- 3 pair registers (a), and 0 <- 1 is the shuffle at
-        offset 16 (b). Lane 0 ends with ATen's state and every lane takes it: no shared memory,
-        no barrier, and a program's warps never wait for one another."""
+        holds the states of threads with a, hi in {0, 1}, and :func:`_warp_row_stats` takes
+        ATen's tree over them with its count terms compiled in: no shared memory, no barrier,
+        and a program's warps never wait for one another."""
         LANES: gl.constexpr = gl.SliceLayout(2, LAYOUT)  # [ROWS, 128]: ATen's threads' states
         ROW: gl.constexpr = gl.SliceLayout(1, LANES)
         r = gl.program_id(0) * ROWS + gl.arange(0, ROWS, layout=ROW)  # 32-bit
@@ -350,36 +423,29 @@ if gluon is not None:
         zero = gl.zeros([ROWS, THREADS_C], gl.float32, LANES)
         mean, m2, n = zero, zero, zero
         for k in gl.static_range(ITERS):  # each thread's serial Welford, as row_welford's
-            even, odd = gl.split(gl.reshape(vecs[k].to(gl.float32), [ROWS, THREADS_C, 2, 2]))
+            even, odd = gl.split(gl.reshape(to_fp32(vecs[k]), [ROWS, THREADS_C, 2, 2]))
             x0, x2 = gl.split(even)
             x1, x3 = gl.split(odd)
             xs = (gl.convert_layout(x0, LANES), gl.convert_layout(x1, LANES),  # the same layout: no data moves
                   gl.convert_layout(x2, LANES), gl.convert_layout(x3, LANES))
             active = (l[None, :] + k * THREADS_C < n_vec) & (zero == 0.0)  # [ROWS, 128]
             mean, m2, n = fold_vector(mean, m2, n, xs, active, k, ITERS)
-        mean = gl.permute(gl.reshape(mean, [ROWS, 2, 2, 2, 16]), [0, 1, 2, 4, 3])  # [row, a, b, lo, hi]
-        m2 = gl.permute(gl.reshape(m2, [ROWS, 2, 2, 2, 16]), [0, 1, 2, 4, 3])
-        n = gl.permute(gl.reshape(n, [ROWS, 2, 2, 2, 16]), [0, 1, 2, 4, 3])
-        mean, m2, n = _fold_last_axis(mean, m2, n, False)  # offset 16
-        mean, m2, n = gl.reduce((mean, m2, n), 3, welford_combine)  # offsets 8, 4, 2, 1
-        mean, m2, n = _fold_last_axis(gl.permute(mean, [0, 2, 1]), gl.permute(m2, [0, 2, 1]),
-                                      gl.permute(n, [0, 2, 1]), False)  # warps 0 <- 2, 1 <- 3
-        mean, m2, n = gl.reduce((mean, m2, n), 1, welford_combine)  # warps 0 <- 1
-        mean, m2 = gl.convert_layout(_warp_lane0(mean), ROW), gl.convert_layout(_warp_lane0(m2), ROW)
-        var = gl.div_rn(m2, gl.full(m2.shape, N, gl.float32, ROW))
-        rstd = rsqrtf(var + eps, INTERPRET)
+        mean, rstd = _warp_row_stats(mean, m2, l, eps, N, TREE, LANES, INTERPRET)
         sc_row = (bi * stride_scb + si * stride_scs)[:, None, None]
         sh_row = (bi * stride_shb + si * stride_shs)[:, None, None]
         for k in gl.static_range(ITERS):
             col, mask = _warp_row_tile(l, j, k, row_ok, N, EVEN_ROWS)
             if _full_tile(k, N, EVEN_ROWS):
                 mask = None
-            # the row again: the compiler may keep the first pass's registers instead (no store between;
-            # at PixArt's shape it does). Converting it to fp32 once and keeping that doubled the
-            # registers and was slower (PixArt 14.2 -> 18.4 µs, before N was compiled in)
-            vec = gl.load(x_ptr + x_row + col, mask=mask)
-            y = _normalize(vec.to(gl.float32), mean[:, None, None], rstd[:, None, None], w_ptr, b_ptr,
-                           col, mask, HAS_WEIGHT, HAS_BIAS).to(DTYPE)
+            # the row again unless KEEP_ROW (the compiler may keep the first pass's registers anyway: no
+            # store between). Keeping it converted to fp32 doubled the registers and was slower (PixArt
+            # 14.2 -> 18.4 µs, before N was compiled in)
+            if KEEP_ROW:
+                vec = vecs[k]
+            else:
+                vec = gl.load(x_ptr + x_row + col, mask=mask)
+            y = _normalize(to_fp32(vec), mean[:, :, None], rstd[:, :, None], w_ptr, b_ptr, col, mask,
+                           HAS_WEIGHT, HAS_BIAS).to(DTYPE)
             sc = gl.load(scale_ptr + sc_row + col * stride_scn, mask=mask) if HAS_SCALE else None
             sh = gl.load(shift_ptr + sh_row + col * stride_shn, mask=mask) if HAS_SHIFT else None
             y = _modulate(y, sc, sh, PLUS_ONE, HAS_SCALE, HAS_SHIFT, DTYPE)
@@ -477,14 +543,16 @@ def _plan(x, scale, shift):
 WARP_ROW_ITERS = 6  # _warp_row: rows of at most this many vectors a thread
 
 
-def _warp_row(iters: int) -> bool:
-    """Rows of at most 6 vectors a thread take the warp-row kernel: there the 4-warp kernel is
+def _warp_row(N: int, iters: int) -> bool:
+    """Rows of at most 6 vectors a thread take the warp-row kernel, where N % 64 == 0 (every
+    real model's: the counts on its tree's path are then known, see :func:`warp_row_tree_terms`;
+    other rows take the 4-warp kernel). There the 4-warp kernel is
     bound by its instructions' issue, a third of them the four warps' shuffle trees. Measured
     on an H200 (one run, both kernels with the row length compiled in): PixArt 18.6 -> 10.6
     µs, Sana 7.0 -> 6.1, Wan 2.1 1.3B's 32760 rows of 1536 66.1 -> 52.7, Flux 18.1 -> 17.9.
     On Wan-14B's rows of 10 vectors it is slower (bf16 189 -> 223, fp32 327 -> 465): a row's
     registers a thread, four times the 4-warp kernel's, cost more than the instructions saved."""
-    return iters <= WARP_ROW_ITERS
+    return iters <= WARP_ROW_ITERS and N % 64 == 0
 
 
 FEW_ROWS, SHORT_ITERS = 8192, 5  # _keep_row: at most this many rows of at most this many vectors a thread
@@ -501,6 +569,22 @@ def _keep_row(x, rows: int, iters: int) -> bool:
 
 
 WARP_ROW_PROGRAM = (1, 1)  # the warp-row kernel's rows a program and warps, as measured
+ONE_WAVE_WARPS = 16  # one-warp programs an SM holds at the registers of a row kept (up to 128 a thread)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+
+
+def _warp_row_keeps_row(rows: int, weight) -> bool:
+    """The warp-row kernel normalizes the row from the first pass's registers where the
+    LayerNorm is affine and the whole grid is resident at once (then nothing overlaps the
+    second pass: its five loads a vector, the row's among them, are the kernel's tail).
+    Measured on an H200 (one run): Sana's 2048 rows of 2240, affine, 6.5 -> 5.85 µs; with more
+    rows it loses (PixArt's 8192 affine 10.8 -> 11.0, Flux's 4608 affine 19.2 -> 22.3), and so
+    it does without the affine (Sana 5.7 -> 5.85)."""
+    return weight is not None and rows <= ONE_WAVE_WARPS * _sm_count(weight.device)  # x may stand in (meta)
 
 
 def _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype):
@@ -517,12 +601,13 @@ def _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype
         per, warps = WARP_ROW_PROGRAM
         return _layernorm_modulate_warp_row_kernel.bound(
             (triton.cdiv(rows, per),), ROWS=per, LAYOUT=warp_row_layout(per, warps), EVEN_ROWS=rows % per == 0,
+            TREE=warp_row_tree_terms(N), KEEP_ROW=_warp_row_keeps_row(rows, weight),
             num_warps=warps, **options)
 
     def bind_triton():
         return _layernorm_modulate_kernel.bound(grid, KEEP_ROW=_keep_row(x, rows, iters), num_warps=4, **options)
 
-    warp_row = _layernorm_modulate_warp_row_kernel is not None and _warp_row(iters)
+    warp_row = _layernorm_modulate_warp_row_kernel is not None and _warp_row(N, iters)
     kernel = _gluon_or_triton(bind_gluon if warp_row else None, bind_triton,
                               f"layernorm_modulate's Gluon kernel for rows of {N}")
 

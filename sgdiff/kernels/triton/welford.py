@@ -27,11 +27,14 @@ combine with swapped operands is not exact, so the order is what it looks like).
 contracts ``a * b + c`` into FMAs; these kernels are compiled with ``enable_fp_fusion=False``
 and write each FMA explicitly.
 """
+import functools
+import struct
+
 import torch
 import triton
 import triton.language as tl
 
-from sgdiff.kernels.triton.cuda_math import count_reciprocal
+from sgdiff.kernels.triton.cuda_math import count_reciprocal, to_fp32
 from sgdiff.kernels.triton.rows import halves
 
 THREADS = 128  # ATen: 32 x 4 threads per row
@@ -64,14 +67,66 @@ def welford_combine_pow2(own_mean, own_m2, own_n, oth_mean, oth_m2, oth_n):
 @triton.jit
 def _combine_by(own_mean, own_m2, own_n, oth_mean, oth_m2, oth_n, coef):
     """The combine, ``coef`` being 1 / (own_n + oth_n)."""
-    delta = own_mean - oth_mean
     n = oth_n + own_n
-    n_a = oth_n * coef
-    n_b = own_n * coef
+    mean, m2 = combine_with_terms(own_mean, own_m2, oth_mean, oth_m2, oth_n * coef, own_n * coef, oth_n, n > 0.0)
+    return mean, m2, n
+
+
+@triton.jit
+def combine_with_terms(own_mean, own_m2, oth_mean, oth_m2, n_a, n_b, oth_n, nonempty):
+    """cuWelfordCombine given its count terms ``n_a = oth_n / n``, ``n_b = own_n / n`` (each a
+    product with the rounded ``1 / n``) and ``nonempty = n > 0``: computed, or known up front
+    (:func:`known_combine_terms`)."""
+    delta = own_mean - oth_mean
     mean = tl.fma(n_a, oth_mean, n_b * own_mean)
     m2 = tl.fma(delta * delta * oth_n, n_b, oth_m2 + own_m2)
-    nonempty = n > 0.0
-    return tl.where(nonempty, mean, 0.0), tl.where(nonempty, m2, 0.0), n
+    return tl.where(nonempty, mean, 0.0), tl.where(nonempty, m2, 0.0)
+
+
+def _fp32(v: float) -> float:
+    """``v`` rounded to the nearest fp32 (ties to even)."""
+    return struct.unpack("f", struct.pack("f", v))[0]
+
+
+def known_combine_terms(own_n: int, oth_n: int) -> tuple:
+    """``(n_a, n_b, oth_n, nonempty)`` of a combine of states holding these counts, the bits
+    :func:`welford_combine` computes: ``1 / n`` rounded to fp32 (through a double: division
+    rounded twice this way is still correctly rounded), products of two fp32 values exact in
+    a double and rounded once. Two empty states: zeros (their combine is empty)."""
+    n = own_n + oth_n
+    if n == 0:
+        return 0.0, 0.0, 0.0, False
+    coef = _fp32(1.0 / n)
+    return _fp32(oth_n * coef), _fp32(own_n * coef), float(oth_n), True
+
+
+@functools.lru_cache(maxsize=None)
+def warp_row_tree_terms(N: int) -> tuple:
+    """The count terms of every combine that reaches lane 0 in ATen's tree for a row of ``N``
+    (:func:`known_combine_terms`), where they do not depend on the lane within a half-warp
+    (N % 64 == 0: the row's last, partial 128-thread tile ends on a multiple of 16 threads).
+
+    ATen's thread ``l = 32 w + t`` (warp w = 2 a + b, lane t = 16 hi + lo) counts 4 elements
+    for each of its vectors ``l + 128 k`` in the row. Levels, as ``terms[level][a][b]``:
+    0, shuffle-down offset 16 (hi = 0 <- hi = 1); 1 to 4, offsets 8, 4, 2, 1 (lane lo <-
+    lo + offset: equal counts); 5, warps 0 <- 2 and 1 <- 3 (a = 0 <- a = 1, listed for both
+    a); 6, warp 0 <- 1 (b = 0 <- b = 1, listed for every a and b)."""
+    assert N % 64 == 0, N
+    n_vec = N // VEC
+    iters = -(-n_vec // THREADS)
+    count = [VEC * sum(1 for k in range(iters) if l + THREADS * k < n_vec) for l in range(THREADS)]
+    warp = [[count[64 * a + 32 * b] + count[64 * a + 32 * b + 16] for b in range(2)] for a in range(2)]
+    levels = [[[known_combine_terms(count[64 * a + 32 * b], count[64 * a + 32 * b + 16]) for b in range(2)]
+               for a in range(2)]]
+    for level in range(4):  # a warp's lanes lo and lo + offset hold 2**level states of one count each
+        levels.append([[known_combine_terms(warp[a][b] << level, warp[a][b] << level) for b in range(2)]
+                       for a in range(2)])
+    warp = [[16 * warp[a][b] for b in range(2)] for a in range(2)]  # a warp's count
+    cross = [known_combine_terms(warp[0][b], warp[1][b]) for b in range(2)]
+    levels.append([cross, cross])
+    last = known_combine_terms(warp[0][0] + warp[1][0], warp[0][1] + warp[1][1])
+    levels.append([[last, last], [last, last]])
+    return tuple(tuple(tuple(terms) for terms in level) for level in levels)
 
 
 @triton.jit
@@ -100,7 +155,7 @@ def row_welford(vecs, n_vec, ITERS: tl.constexpr):
     zero = tl.zeros((THREADS_C,), tl.float32)
     mean, m2, n = zero, zero, zero
     for k in tl.static_range(ITERS):
-        mean, m2, n = fold_vector(mean, m2, n, unpack4(vecs[k].to(tl.float32)), t + k * THREADS_C < n_vec, k, ITERS)
+        mean, m2, n = fold_vector(mean, m2, n, unpack4(to_fp32(vecs[k])), t + k * THREADS_C < n_vec, k, ITERS)
     # One element per thread (128 threads, 4 warps): Triton reduces with a shuffle tree over
     # lanes (16, 8, 4, 2, 1), the combine taking (own, other), then across warps through
     # shared memory the same way. Lane 0 of that tree folds exactly what ATen's does.
