@@ -62,7 +62,9 @@ def _plan(x, pad, contiguous):
     pad = list(pad) + [0] * (4 - len(pad))
     shape = (*x.shape[:2], x.shape[2] + pad[3], x.shape[3] + pad[1])
     strides = contiguous_strides(shape) if contiguous or any(pad) else like_strides(x)
-    block_i = min(32, triton.next_power_of_2(shape[2]))
+    # the whole of a head's rows a tile, up to 64: Sana's v padded to 33 rows takes one 64 x 64 tile
+    # rather than 32 x 128 and a tile of one row (H200, one run: 6.9 -> 6.5 µs; q's 32 rows unchanged)
+    block_i = min(64, triton.next_power_of_2(shape[2]))
     block_j = max(16, min(128, 4096 // block_i, triton.next_power_of_2(shape[3])))
     grid = (shape[0] * shape[1], triton.cdiv(shape[2], block_i), triton.cdiv(shape[3], block_j))
     ints = (x.shape[1], x.shape[2], x.shape[3], shape[2], shape[3], *x.stride(), *strides)

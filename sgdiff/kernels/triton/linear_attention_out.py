@@ -54,7 +54,8 @@ def _plan(h):
     B, H, R, N = h.shape
     D = R - 1
     block_i = min(32, triton.next_power_of_2(D))
-    block_j = max(16, min(128, 4096 // block_i, triton.next_power_of_2(N)))
+    # 64 tokens a tile: twice the programs of 128 for Sana's 140 heads (H200, one run: 5.25 -> 4.75 µs)
+    block_j = max(16, min(64, 4096 // block_i, triton.next_power_of_2(N)))
     grid = (B * H, triton.cdiv(D, block_i), triton.cdiv(N, block_j))
     shape, strides = (B, N, H * D), (H * D * N, 1, N)
     return shape, strides, grid, (H, D, N, *h.stride()), dict(BLOCK_I=block_i, BLOCK_J=block_j)
