@@ -546,12 +546,12 @@ WARP_ROW_ITERS = 6  # _warp_row: rows of at most this many vectors a thread
 def _warp_row(N: int, iters: int) -> bool:
     """Rows of at most 6 vectors a thread take the warp-row kernel, where N % 64 == 0 (every
     real model's: the counts on its tree's path are then known, see :func:`warp_row_tree_terms`;
-    other rows take the 4-warp kernel). There the 4-warp kernel is
-    bound by its instructions' issue, a third of them the four warps' shuffle trees. Measured
-    on an H200 (one run, both kernels with the row length compiled in): PixArt 18.6 -> 10.6
-    µs, Sana 7.0 -> 6.1, Wan 2.1 1.3B's 32760 rows of 1536 66.1 -> 52.7, Flux 18.1 -> 17.9.
-    On Wan-14B's rows of 10 vectors it is slower (bf16 189 -> 223, fp32 327 -> 465): a row's
-    registers a thread, four times the 4-warp kernel's, cost more than the instructions saved."""
+    other rows take the 4-warp kernel). There the 4-warp kernel is bound by its instructions'
+    issue, a third of them the four warps' shuffle trees. Measured on an H200 (one run, both
+    kernels with the row length compiled in): PixArt 18.6 -> 10.6 µs, Sana 7.0 -> 6.1, Wan 2.1
+    1.3B's 32760 rows of 1536 66.1 -> 52.7, Flux 18.1 -> 17.9. On Wan-14B's rows of 10 vectors
+    it is slower (bf16 189 -> 223, fp32 327 -> 465): a row's registers a thread, four times the
+    4-warp kernel's, cost more than the instructions saved."""
     return iters <= WARP_ROW_ITERS and N % 64 == 0
 
 
