@@ -28,8 +28,8 @@ contracts ``a * b + c`` into FMAs; these kernels are compiled with ``enable_fp_f
 and write each FMA explicitly.
 """
 import functools
-import struct
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -83,21 +83,15 @@ def combine_with_terms(own_mean, own_m2, oth_mean, oth_m2, n_a, n_b, oth_n, none
     return tl.where(nonempty, mean, 0.0), tl.where(nonempty, m2, 0.0)
 
 
-def _fp32(v: float) -> float:
-    """``v`` rounded to the nearest fp32 (ties to even)."""
-    return struct.unpack("f", struct.pack("f", v))[0]
-
-
 def known_combine_terms(own_n: int, oth_n: int) -> tuple:
     """``(n_a, n_b, oth_n, nonempty)`` of a combine of states holding these counts, the bits
-    :func:`welford_combine` computes: ``1 / n`` rounded to fp32 (through a double: division
-    rounded twice this way is still correctly rounded), products of two fp32 values exact in
-    a double and rounded once. Two empty states: zeros (their combine is empty)."""
-    n = own_n + oth_n
-    if n == 0:
+    :func:`welford_combine` computes (fp32 arithmetic: ``1 / n``, then its products). Two
+    empty states: zeros (their combine is empty)."""
+    own, oth = np.float32(own_n), np.float32(oth_n)
+    if own_n + oth_n == 0:
         return 0.0, 0.0, 0.0, False
-    coef = _fp32(1.0 / n)
-    return _fp32(oth_n * coef), _fp32(own_n * coef), float(oth_n), True
+    coef = np.float32(1.0) / (own + oth)
+    return float(oth * coef), float(own * coef), float(oth), True
 
 
 @functools.lru_cache(maxsize=None)
