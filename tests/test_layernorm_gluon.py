@@ -127,19 +127,45 @@ def test_a_gluon_kernel_that_runs_is_kept(monkeypatch):
     assert gluon.launches == 3 and plain.launches == 0 and not tk._gluon_failed
 
 
-def _warp_row_ptx(rows=1, warps=1, dtype="bf16", iters=3, affine=False, even_rows=True, N=None):
+def _warp_row_ptx(rows=1, warps=1, dtype="bf16", iters=3, affine=False, even_rows=True, N=None, group=1,
+                  s_const=0):
     from triton.experimental.gluon._runtime import GluonASTSource
     fn = tk._layernorm_modulate_warp_row_kernel.fn
     tl_dtype = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}[dtype]
     const = dict(ITERS=iters, HAS_WEIGHT=affine, HAS_BIAS=affine, HAS_SHIFT=True, PLUS_ONE=True, DTYPE=tl_dtype,
                  INTERPRET=False, HAS_SCALE=True, ROWS=rows, LAYOUT=tk.warp_row_layout(rows, warps),
-                 EVEN_ROWS=even_rows, N=N or {1: 448, 3: 1152, 5: 2240}[iters])  # rows with a partial tile
+                 EVEN_ROWS=even_rows, N=N or {1: 448, 3: 1152, 5: 2240}[iters], GROUP=group,  # rows with a partial tile
+                 S_CONST=s_const)
     const["TREE"] = tk.warp_row_tree_terms(const["N"])
     sig = {n: "constexpr" if n in const else f"*{dtype}" if n.endswith("_ptr") else "fp32" if n == "eps" else "i32"
            for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n.endswith("_ptr")}
     return triton.compile(GluonASTSource(fn, sig, attrs=attrs, constexprs=const), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": warps, "enable_fp_fusion": False}).asm["ptx"]
+
+
+@needs_gluon
+@pytest.mark.parametrize("affine", [False, True])
+def test_warp_row_second_pass_groups_its_loads(affine):
+    """With GROUP = ITERS every global load of the second pass goes out before the first store;
+    tile by tile, loads follow stores (the compiler never hoists a load over a store)."""
+    def order(group):
+        ptx = _warp_row_ptx(iters=5, affine=affine, group=group)
+        ops = re.findall(r"\b(ld|st)\.global", ptx)
+        return ops.index("st"), len(ops) - 1 - ops[::-1].index("ld")
+    first_store, last_load = order(5)
+    assert last_load < first_store
+    first_store, last_load = order(1)
+    assert last_load > first_store
+    first_store, last_load = order(2)  # tiles 0-1, 2-3, 4
+    assert last_load > first_store
+
+
+@needs_gluon
+def test_warp_row_batch_index_with_s_compiled_in():
+    """S compiled in: the batch index is an unsigned multiply, no division; at run time, a division."""
+    assert not re.search(r"\b(div|rem)\.", _warp_row_ptx(s_const=1000).split("sub.rn.f32")[0])
+    assert re.search(r"\b(div|rem)\.s32", _warp_row_ptx(s_const=0))
 
 
 @needs_gluon
@@ -261,19 +287,36 @@ def test_short_rows_take_the_warp_row_kernel(monkeypatch):
 
 
 @needs_gluon
-def test_warp_row_keeps_an_affine_row_when_the_grid_is_resident(monkeypatch):
-    """The second read of the row is skipped only for affine rows whose grid fits one wave."""
+def test_warp_row_second_pass_plan(monkeypatch):
+    """The row is kept only for affine rows whose grid fits one wave (with S at run time); other
+    grids of few waves group their second pass's loads, Flux's rows of 6 vectors two tiles at a
+    time, and grids of many waves go tile by tile; S is compiled in wherever the row is read again."""
     gluon, plain = _modulate_kernels(monkeypatch)
     monkeypatch.setattr(tk, "_sm_count", lambda device: 132)  # an H200's
 
-    def keep(B, S, N, affine):
+    def plan(B, S, N, affine):
         x, s, w = torch.randn(B, S, N), torch.randn(B, 1, N), torch.randn(N) if affine else None
         tk.bind(x, w, w, 1e-6, s, s)(x, w, w, 1e-6, s, s)
-        return gluon.options[-1]["KEEP_ROW"]
-    assert keep(2, 1024, 2240, True)  # Sana's 2048 rows
-    assert not keep(2, 1024, 2240, False)
-    assert not keep(1, 4608, 3072, True)  # Flux's 4608 rows: more than 16 a multiprocessor
-    assert keep(1, 16 * 132, 1152, True) and not keep(1, 16 * 132 + 1, 1152, True)
+        return tuple(gluon.options[-1][k] for k in ("KEEP_ROW", "GROUP", "S_CONST"))
+    assert plan(2, 1024, 2240, True) == (True, 1, 0)  # Sana's 2048 rows
+    assert plan(2, 1024, 2240, False) == (False, 5, 1024)
+    assert plan(2, 4096, 1152, True) == (False, 3, 4096)  # PixArt's 8192 rows: more than 16 a multiprocessor
+    assert plan(1, 4608, 3072, False) == (False, 2, 4608)  # Flux: 6 vectors a thread
+    assert plan(1, 4608, 3072, True) == (False, 1, 4608)
+    assert plan(1, 32760, 1536, False) == (False, 1, 32760)  # Wan 2.1 1.3B: more than 64 a multiprocessor
+    assert plan(1, 16 * 132, 1152, True)[0] and not plan(1, 16 * 132 + 1, 1152, True)[0]
+    assert plan(1, 64 * 132, 1152, False)[1] == 3 and plan(1, 64 * 132 + 1, 1152, False)[1] == 1
+
+
+@needs_gluon
+def test_layer_norm_plans_on_the_rows_device(monkeypatch):
+    """layer_norm binds the rows as a meta tensor: the plan takes the input's device."""
+    seen = []
+    monkeypatch.setattr(tk, "_sm_count", lambda device: seen.append(device) or 132)
+    gluon, plain = _modulate_kernels(monkeypatch)
+    x = torch.randn(3, 5, 1152)
+    tk.layer_norm_bind(x, None, None, 1e-6)(x, None, None)
+    assert seen and all(d.type == "cpu" for d in seen)
 
 
 @needs_gluon

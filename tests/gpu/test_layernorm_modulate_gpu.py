@@ -50,6 +50,24 @@ def test_real_shapes_bitexact(shape, dtype, affine, kernel, monkeypatch):
     assert torch.equal(bits(got), bits(want)), f"{int((got != want).sum())} of {got.numel()} differ"
 
 
+@pytest.mark.parametrize("shape", REAL[:3])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("affine", [False, True])
+@pytest.mark.parametrize("keep,group,s_const", [(True, 1, False), (False, 1, True), (False, 2, False),
+                                                (False, 6, True), (True, 6, True)])
+def test_warp_row_second_pass_modes_bitexact(shape, dtype, affine, keep, group, s_const, monkeypatch):
+    """Every way of the warp-row kernel's second pass, whichever the shape picks."""
+    monkeypatch.setattr(tk, "_warp_row_second_pass", lambda rows, S, *_: dict(
+        KEEP_ROW=keep, GROUP=group, S_CONST=S if s_const else 0))
+    B, S, N = shape
+    x = torch.randn(shape, device="cuda", dtype=dtype) * 3 + 1
+    shift, scale = torch.randn(B, 6 * N, device="cuda", dtype=dtype)[:, None].chunk(6, dim=-1)[:2]
+    w, b = (torch.randn(N, device="cuda", dtype=dtype) for _ in range(2)) if affine else (None, None)
+    got = tk.layernorm_modulate(x, w, b, 1e-6, scale, shift, True)
+    want = eager(x, w, b, 1e-6, scale, shift)
+    assert torch.equal(bits(got), bits(want)), f"{int((got != want).sum())} of {got.numel()} differ"
+
+
 @pytest.mark.parametrize("shape", [(2, 1024, 2240), (1, 32760, 1536), (1, 32760, 5120)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_wan_casts_bitexact(shape, dtype):

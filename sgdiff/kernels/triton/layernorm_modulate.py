@@ -16,7 +16,8 @@ statistics and normalizes it from registers or, where registers are better spent
 (:func:`_keep_row`), reads it again from cache. Where rows are short (Sana, PixArt, Flux,
 Wan 2.1 1.3B: :func:`_warp_row`) a Gluon kernel gives each row one warp instead, each lane
 holding four of ATen's threads: the same combines in the same order, far fewer instructions,
-and the counts on the tree's path compiled in (:func:`warp_row_tree_terms`).
+and the counts on the tree's path compiled in (:func:`warp_row_tree_terms`); its second pass
+sends a group of tiles' loads out before their stores (:func:`_warp_row_second_pass`).
 ``scale``/``shift`` are read through broadcast strides ``[B, S, N]`` so chunk views,
 ``[:, None]`` rows and per-token tensors need no copy.
 
@@ -150,14 +151,22 @@ def _normalize(x, mean, rstd, w_ptr, b_ptr, col, mask, HAS_WEIGHT: tl.constexpr,
     """ATen's ``gamma * (rstd * (x - mean)) + beta`` in fp32 (nvcc's FMA), before rounding.
     Masked-off entries are never stored: their loads leave registers as they are."""
     y = rstd * (x - mean)
-    if HAS_WEIGHT:
-        w = to_fp32(tl.load(w_ptr + col, mask=mask))
-        if HAS_BIAS:
-            y = tl.fma(w, y, to_fp32(tl.load(b_ptr + col, mask=mask)))
+    w = to_fp32(tl.load(w_ptr + col, mask=mask)) if HAS_WEIGHT else None
+    b = to_fp32(tl.load(b_ptr + col, mask=mask)) if HAS_BIAS else None
+    return _affine(y, rstd, x - mean, w, b)
+
+
+@triton.jit
+def _affine(y, rstd, centered, w, b):
+    """``y = rstd * centered`` through the LayerNorm's weight ``w`` and bias ``b`` (fp32, either
+    None where absent) as ATen's kernel takes it: ``fma(w, y, b)``, ``w * y`` or ``fma(rstd, centered, b)``."""
+    if w is not None:
+        if b is not None:
+            y = tl.fma(w, y, b)
         else:
             y = w * y
-    elif HAS_BIAS:
-        y = tl.fma(rstd, x - mean, to_fp32(tl.load(b_ptr + col, mask=mask)))
+    elif b is not None:
+        y = tl.fma(rstd, centered, b)
     return y
 
 
@@ -393,6 +402,8 @@ if gluon is not None:
         EVEN_ROWS: gl.constexpr,  # rows a multiple of ROWS: no row mask
         TREE: gl.constexpr,  # warp_row_tree_terms(N)
         KEEP_ROW: gl.constexpr = False,  # normalize the first pass's registers rather than reading the row again
+        GROUP: gl.constexpr = 1,  # second-pass tiles whose loads go out together, before their stores
+        S_CONST: gl.constexpr = 0,  # S compiled in (the batch index an unsigned multiply), or 0: S at run time
     ):
         """_layernorm_modulate_kernel with a row a warp instead of a row a 4-warp program, for
         rows of N % 64 == 0 (:func:`_warp_row`).
@@ -406,8 +417,12 @@ if gluon is not None:
         r = gl.program_id(0) * ROWS + gl.arange(0, ROWS, layout=ROW)  # 32-bit
         row_ok = r < rows
         row = r.to(gl.int64)
-        bi = (r // S).to(gl.int64)
-        si = (r % S).to(gl.int64)
+        if S_CONST:
+            bi = (r.to(gl.uint32) // S_CONST).to(gl.int64)
+            si = (r.to(gl.uint32) % S_CONST).to(gl.int64)
+        else:
+            bi = (r // S).to(gl.int64)
+            si = (r % S).to(gl.int64)
         l = gl.arange(0, THREADS_C, layout=gl.SliceLayout(0, LANES))
         j = gl.arange(0, VEC_C, layout=gl.SliceLayout(0, gl.SliceLayout(1, LAYOUT)))
         n_vec = N // VEC_C
@@ -433,23 +448,37 @@ if gluon is not None:
         mean, rstd = _warp_row_stats(mean, m2, l, eps, N, TREE, LANES, INTERPRET)
         sc_row = (bi * stride_scb + si * stride_scs)[:, None, None]
         sh_row = (bi * stride_shb + si * stride_shs)[:, None, None]
-        for k in gl.static_range(ITERS):
-            col, mask = _warp_row_tile(l, j, k, row_ok, N, EVEN_ROWS)
-            if _full_tile(k, N, EVEN_ROWS):
-                mask = None
-            # the row again unless KEEP_ROW (the compiler may keep the first pass's registers anyway: no
-            # store between). Keeping it converted to fp32 doubled the registers and was slower (PixArt
-            # 14.2 -> 18.4 µs, before N was compiled in)
-            if KEEP_ROW:
-                vec = vecs[k]
-            else:
-                vec = gl.load(x_ptr + x_row + col, mask=mask)
-            y = _normalize(to_fp32(vec), mean[:, :, None], rstd[:, :, None], w_ptr, b_ptr, col, mask,
-                           HAS_WEIGHT, HAS_BIAS).to(DTYPE)
-            sc = gl.load(scale_ptr + sc_row + col * stride_scn, mask=mask) if HAS_SCALE else None
-            sh = gl.load(shift_ptr + sh_row + col * stride_shn, mask=mask) if HAS_SHIFT else None
-            y = _modulate(y, sc, sh, PLUS_ONE, HAS_SCALE, HAS_SHIFT, DTYPE)
-            gl.store(out_ptr + row[:, None, None] * N + col, y.to(out_ptr.dtype.element_ty), mask=mask)
+        xs, ws, bs, scs, shs = (), (), (), (), ()
+        for g in gl.static_range(0, ITERS, GROUP):
+            # a group's loads all go out before its first store: the compiler never moves a load
+            # past a store (out may alias the inputs), so tile by tile each waits its own latency
+            for k in gl.static_range(g, g + GROUP):
+                if k < ITERS:
+                    col, mask = _warp_row_tile(l, j, k, row_ok, N, EVEN_ROWS)
+                    if _full_tile(k, N, EVEN_ROWS):
+                        mask = None
+                    # the row again unless KEEP_ROW. Keeping it converted to fp32 doubled the registers
+                    # and was slower (PixArt 14.2 -> 18.4 µs, before N was compiled in)
+                    xs = xs + (vecs[k] if KEEP_ROW else gl.load(x_ptr + x_row + col, mask=mask),)
+                    if HAS_WEIGHT:
+                        ws = ws + (gl.load(w_ptr + col, mask=mask),)
+                    if HAS_BIAS:
+                        bs = bs + (gl.load(b_ptr + col, mask=mask),)
+                    if HAS_SCALE:
+                        scs = scs + (gl.load(scale_ptr + sc_row + col * stride_scn, mask=mask),)
+                    if HAS_SHIFT:
+                        shs = shs + (gl.load(shift_ptr + sh_row + col * stride_shn, mask=mask),)
+            for k in gl.static_range(g, g + GROUP):
+                if k < ITERS:
+                    col, mask = _warp_row_tile(l, j, k, row_ok, N, EVEN_ROWS)
+                    if _full_tile(k, N, EVEN_ROWS):
+                        mask = None
+                    centered = to_fp32(xs[k]) - mean[:, :, None]
+                    y = _affine(rstd[:, :, None] * centered, rstd[:, :, None], centered,
+                                to_fp32(ws[k]) if HAS_WEIGHT else None, to_fp32(bs[k]) if HAS_BIAS else None)
+                    y = _modulate(y.to(DTYPE), scs[k] if HAS_SCALE else None, shs[k] if HAS_SHIFT else None,
+                                  PLUS_ONE, HAS_SCALE, HAS_SHIFT, DTYPE)
+                    gl.store(out_ptr + row[:, None, None] * N + col, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @functools.lru_cache(maxsize=None)
     def warp_row_layout(rows: int, warps: int):
@@ -570,6 +599,7 @@ def _keep_row(x, rows: int, iters: int) -> bool:
 
 WARP_ROW_PROGRAM = (1, 1)  # the warp-row kernel's rows a program and warps, as measured
 ONE_WAVE_WARPS = 16  # one-warp programs an SM holds at the registers of a row kept (up to 128 a thread)
+FEW_WAVES_WARPS = 64  # rows an SM at most where the second pass's loads all go out together
 
 
 @functools.lru_cache(maxsize=None)
@@ -577,18 +607,33 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
 
 
-def _warp_row_keeps_row(rows: int, weight) -> bool:
-    """The warp-row kernel normalizes the row from the first pass's registers where the
-    LayerNorm is affine and the whole grid is resident at once (then nothing overlaps the
-    second pass: its five loads a vector, the row's among them, are the kernel's tail).
-    Measured on an H200 (one run): Sana's 2048 rows of 2240, affine, 6.5 -> 5.85 µs; with more
-    rows it loses (PixArt's 8192 affine 10.8 -> 11.0, Flux's 4608 affine 19.2 -> 22.3), and so
-    it does without the affine (Sana 5.7 -> 5.85)."""
-    return weight is not None and rows <= ONE_WAVE_WARPS * _sm_count(weight.device)  # x may stand in (meta)
+def _warp_row_second_pass(rows: int, S: int, iters: int, affine: bool, device: torch.device) -> dict:
+    """How the warp-row kernel's second pass reads its operands: KEEP_ROW, GROUP (tiles whose
+    loads go out before their stores) and S_CONST. Measured on an H200:
+
+    - an affine row whose grid is resident at once is kept in registers (Sana affine 6.5 ->
+      5.9 µs: nothing overlaps the second pass, its five loads a vector are the kernel's tail),
+      tile by tile with S at run time: compiled in, ptxas spreads each tile's loads (6.0 -> 7.1);
+      grouped, the kept row and four operands a tile take more than 128 registers (6.9);
+    - otherwise the row is read again with S compiled in and, where an SM holds at most 64 rows,
+      the tiles' loads grouped: all of them for rows of up to 5 vectors a thread, two at a time
+      for Flux's 6 unless affine (all: 18.5, and affine 19.2 -> 24.9). Against tile by tile with
+      S at run time, one run: Sana 5.8 -> 5.55, fp16 5.9 -> 5.45, PixArt 9.15 -> 8.35 (affine
+      10.8 -> 10.2, fp16 9.2 -> 8.5), Flux 17.7 -> 16.9 (affine 19.1 -> 19.0, fp16 17.5 -> 16.7).
+      Where rows take many waves (Wan 2.1 1.3B) grouped loads cost more registers than the
+      latency they hide (52.2 -> 53.7): tile by tile."""
+    sms = _sm_count(device)
+    if affine and rows <= ONE_WAVE_WARPS * sms:
+        return dict(KEEP_ROW=True, GROUP=1, S_CONST=0)
+    group = 1
+    if rows <= FEW_WAVES_WARPS * sms:
+        group = iters if iters <= 5 else 1 if affine else 2
+    return dict(KEEP_ROW=False, GROUP=group, S_CONST=S)
 
 
-def _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype):
-    """The launch for inputs of this signature: ``launch(x, weight, bias, scale, shift)``."""
+def _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype, device=None):
+    """The launch for inputs of this signature: ``launch(x, weight, bias, scale, shift)``; ``device``
+    where x stands in (meta) for the rows."""
     shape, grid, ints, iters = _plan(x, scale, shift)
     rows, N = grid[0], shape[-1]
     dtype = x_dtype or x.dtype
@@ -599,10 +644,10 @@ def _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype
 
     def bind_gluon():
         per, warps = WARP_ROW_PROGRAM
+        second_pass = _warp_row_second_pass(rows, shape[1], iters, weight is not None, device or x.device)
         return _layernorm_modulate_warp_row_kernel.bound(
             (triton.cdiv(rows, per),), ROWS=per, LAYOUT=warp_row_layout(per, warps), EVEN_ROWS=rows % per == 0,
-            TREE=warp_row_tree_terms(N), KEEP_ROW=_warp_row_keeps_row(rows, weight),
-            num_warps=warps, **options)
+            TREE=warp_row_tree_terms(N), **second_pass, num_warps=warps, **options)
 
     def bind_triton():
         return _layernorm_modulate_kernel.bound(grid, KEEP_ROW=_keep_row(x, rows, iters), num_warps=4, **options)
@@ -661,7 +706,7 @@ def layer_norm_bind(x, weight, bias, eps, x_dtype=None, out_dtype=None):
     M, N = shape
     if N > SHORT_ROW:
         rows = torch.empty(shape, dtype=x.dtype, device="meta")  # the geometry of x.contiguous() as rows
-        launch = _bind(rows, weight, bias, eps, None, None, False, x_dtype, out_dtype)
+        launch = _bind(rows, weight, bias, eps, None, None, False, x_dtype, out_dtype, x.device)
         return lambda x, weight, bias, *_: launch(x.contiguous(), weight, bias, None, None).view(view)
     dtype = x_dtype or x.dtype
     out_dtype = out_dtype or dtype
