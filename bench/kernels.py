@@ -387,9 +387,9 @@ def measure(case: Case) -> dict:
         inductor_max_diff=float((ind.float() - want.float()).abs().max()),
         eager_us=gpu_us(case.eager), inductor_us=gpu_us(inductor_fn),
         sgdiff_us=gpu_us(case.sgdiff_raw), copy_us=gpu_us(lambda: dst.copy_(case.copy_src)),
-        wall_eager_us=wall_us(case.eager), wall_sgdiff_us=wall_us(case.sgdiff_op),
-        wall_sgdiff_raw_us=wall_us(case.sgdiff_raw),
-        wall_sgdiff_launcher_us=wall_us(case.sgdiff_launcher), wall_sgdiff_via="call site",
+        **wall_us(dict(wall_eager_us=case.eager, wall_sgdiff_us=case.sgdiff_op, wall_sgdiff_raw_us=case.sgdiff_raw,
+                       wall_sgdiff_launcher_us=case.sgdiff_launcher)),
+        wall_sgdiff_via="call site",
     )
     if case.own_kernel is not None:
         row["kernel_us"] = gpu_us(case.own_kernel)
@@ -423,7 +423,9 @@ def write_report(result: dict, out: pathlib.Path) -> None:
     (out / "kernels.json").write_text(json.dumps(result, indent=1))
     lines = [f"# sgdiff kernels on {result['gpu']}",
              f"torch {result['torch']}, triton {result['triton']}, commit {result['commit']}. "
-             "GPU times in µs per call from CUDA-graph replay; wall = host time per call, eager chain vs "
+             "GPU times in µs per call from CUDA-graph replay; wall = host time per call (the median of rounds "
+             "that alternate between the ways; rows measured before 2026-11-30 took each way's rounds in turn), "
+             "eager chain vs "
              "sgdiff as a compiled graph with static shapes calls it (a call site: an alignment lookup and a launch "
              "bound to the signature; † marks runs that timed the op launcher instead: a signature lookup and "
              "the launch) and through the registered op (torch.ops.sgdiff, dispatcher included). ‡: sgdiff/copy "

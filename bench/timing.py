@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Dict
 
 import torch
 
@@ -34,16 +34,20 @@ def gpu_us(fn: Callable[[], object], calls_per_graph: int = 20, replays: int = 2
     return statistics.median(times)
 
 
-def wall_us(fn: Callable[[], object], calls: int = 200, rounds: int = 5) -> float:
-    """Median wall time of one call in µs (host dispatch included), synchronized per round."""
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
+def wall_us(fns: Dict[str, Callable[[], object]], calls: int = 200, rounds: int = 7) -> Dict[str, float]:
+    """Median wall time of one call of each of ``fns`` in µs (host dispatch included), synchronized
+    per round. Their rounds alternate, so that a drift of the host's speed (a process's first
+    calls, other load) reaches every one of them alike and their ratios hold."""
+    for fn in fns.values():
+        for _ in range(10):
             fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e6 / calls)
-    return statistics.median(times)
+    torch.cuda.synchronize()
+    times: Dict[str, list] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - t0) * 1e6 / calls)
+    return {name: statistics.median(t) for name, t in times.items()}
