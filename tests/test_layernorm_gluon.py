@@ -308,6 +308,32 @@ def test_warp_row_second_pass_plan(monkeypatch):
     assert plan(1, 64 * 132, 1152, False)[1] == 3 and plan(1, 64 * 132 + 1, 1152, False)[1] == 1
 
 
+def test_four_warp_kernel_groups_its_loads_unless_it_keeps_the_row(monkeypatch):
+    """Rows the warp-row kernel does not take (Wan-14B's 10 vectors a thread) load all their
+    second-pass tiles before the first store, unless the row is kept in registers."""
+    fn = tk._layernorm_modulate_kernel.fn
+    gluon, plain = _modulate_kernels(monkeypatch)
+    for dtype in (torch.bfloat16, torch.float32):  # an fp32 row is kept
+        x, s = torch.randn(1, 32760, 5120, dtype=dtype), torch.randn(1, 1, 5120, dtype=dtype)
+        tk.bind(x, None, None, 1e-6, s, s)(x, None, None, 1e-6, s, s)
+    assert [(o["KEEP_ROW"], o["GROUP"]) for o in plain.options] == [(False, 10), (True, 1)]
+
+    def order(group):
+        from triton.compiler import ASTSource
+        const = dict(N=5120, ITERS=10, HAS_WEIGHT=True, HAS_BIAS=True, HAS_SHIFT=True, PLUS_ONE=True,
+                     DTYPE=tl.bfloat16, INTERPRET=False, HAS_SCALE=True, KEEP_ROW=False, GROUP=group)
+        sig = {n: "constexpr" if n in const else "*bf16" if n.endswith("_ptr") else "fp32" if n == "eps" else "i32"
+               for n in fn.arg_names}
+        ptx = triton.compile(ASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
+                             options={"num_warps": 4, "enable_fp_fusion": False}).asm["ptx"]
+        ops = re.findall(r"\b(ld|st)\.global", ptx)
+        return ops.index("st"), len(ops) - 1 - ops[::-1].index("ld")
+    first_store, last_load = order(10)
+    assert last_load < first_store
+    first_store, last_load = order(1)
+    assert last_load > first_store
+
+
 @needs_gluon
 def test_layer_norm_plans_on_the_rows_device(monkeypatch):
     """layer_norm binds the rows as a meta tensor: the plan takes the input's device."""

@@ -91,6 +91,7 @@ def _layernorm_modulate_kernel(
     INTERPRET: tl.constexpr,
     HAS_SCALE: tl.constexpr = True,  # False: the LayerNorm alone (sgdiff::layer_norm)
     KEEP_ROW: tl.constexpr = False,  # normalize the row held in registers rather than reading it again
+    GROUP: tl.constexpr = 1,  # second-pass tiles whose loads go out together, before their stores (load_tile)
 ):
     pid = tl.program_id(0)  # 32-bit: a 64-bit division is a long software sequence
     row = pid.to(tl.int64)
@@ -102,33 +103,56 @@ def _layernorm_modulate_kernel(
     var = tl.math.div_rn(m2, tl.full(m2.shape, N, tl.float32))
     rstd = rsqrtf(var + eps, INTERPRET)
 
-    for k in tl.static_range(ITERS):
-        vec = vecs[k] if KEEP_ROW else None  # None: read it again
-        _modulate_tile(k, vec, x_row, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr, row, bi, si, N, mean, rstd,
-                       stride_scb, stride_scs, stride_scn, stride_shb, stride_shs, stride_shn,
-                       HAS_WEIGHT, HAS_BIAS, HAS_SHIFT, PLUS_ONE, HAS_SCALE, DTYPE)
+    t = tl.arange(0, THREADS_C)
+    lane = tl.arange(0, VEC_C)
+    sc_row = scale_ptr + bi * stride_scb + si * stride_scs
+    sh_row = shift_ptr + bi * stride_shb + si * stride_shs
+    tiles = ((), (), (), (), ())
+    for g in tl.static_range(0, ITERS, GROUP):
+        for k in tl.static_range(g, g + GROUP):
+            if k < ITERS:
+                col = (t + k * THREADS_C)[:, None] * VEC_C + lane[None, :]  # [128, 4]
+                tiles = load_tile(tiles, vecs, k, x_row, w_ptr, b_ptr, sc_row, sh_row, col, stride_scn, stride_shn,
+                                  col < N, KEEP_ROW, HAS_WEIGHT, HAS_BIAS, HAS_SCALE, HAS_SHIFT)
+        for k in tl.static_range(g, g + GROUP):
+            if k < ITERS:
+                col = (t + k * THREADS_C)[:, None] * VEC_C + lane[None, :]
+                store_tile(tiles, k, out_ptr + row * N, col, col < N, mean, rstd, PLUS_ONE, DTYPE)
 
 
 @triton.jit
-def _modulate_tile(k, vec, x_row, w_ptr, b_ptr, scale_ptr, shift_ptr, out_ptr, row, bi, si, N, mean, rstd,
-                   stride_scb, stride_scs, stride_scn, stride_shb, stride_shs, stride_shn,
-                   HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SHIFT: tl.constexpr,
-                   PLUS_ONE: tl.constexpr, HAS_SCALE: tl.constexpr, DTYPE: tl.constexpr):
-    """Normalize and modulate the k-th [128, 4] tile of the row, rounding as eager does."""
-    dtype = DTYPE
-    t = tl.arange(0, THREADS_C)
-    lane = tl.arange(0, VEC_C)
-    col = (t + k * THREADS_C)[:, None] * VEC_C + lane[None, :]  # [128, 4]
-    mask = col < N
-    if vec is None:  # read the row again (from L2)
-        vec = tl.load(x_row + col, mask=mask, other=0.0)
-    y = _normalize(to_fp32(vec), mean, rstd, w_ptr, b_ptr, col, mask, HAS_WEIGHT, HAS_BIAS).to(dtype)
-    sc = tl.load(scale_ptr + bi * stride_scb + si * stride_scs + col * stride_scn, mask=mask, other=0.0) \
-        if HAS_SCALE else None
-    sh = tl.load(shift_ptr + bi * stride_shb + si * stride_shs + col * stride_shn, mask=mask, other=0.0) \
-        if HAS_SHIFT else None
-    y = _modulate(y, sc, sh, PLUS_ONE, HAS_SCALE, HAS_SHIFT, dtype)
-    tl.store(out_ptr + row * N + col, y.to(out_ptr.dtype.element_ty), mask=mask)
+def load_tile(tiles, vecs, k: tl.constexpr, x_row, w_ptr, b_ptr, sc_row, sh_row, col, stride_scn, stride_shn, mask,
+              KEEP_ROW: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr,
+              HAS_SHIFT: tl.constexpr):
+    """``tiles`` (the row's vectors, weights, biases, scales and shifts of the tiles loaded so
+    far) with the k-th, at columns ``col``, appended: the row's ``vecs[k]`` where it is kept, else
+    read again (from L2); ``*_row`` point at the row's x, scale and shift. A second pass loads a group of tiles before it stores any: the compiler never moves
+    a load past a store (the output may alias an input), so tile by tile each waits its latency."""
+    xs, ws, bs, scs, shs = tiles
+    xs = xs + (vecs[k] if KEEP_ROW else tl.load(x_row + col, mask=mask),)
+    if HAS_WEIGHT:
+        ws = ws + (tl.load(w_ptr + col, mask=mask),)
+    if HAS_BIAS:
+        bs = bs + (tl.load(b_ptr + col, mask=mask),)
+    if HAS_SCALE:
+        scs = scs + (tl.load(sc_row + col * stride_scn, mask=mask),)
+    if HAS_SHIFT:
+        shs = shs + (tl.load(sh_row + col * stride_shn, mask=mask),)
+    return xs, ws, bs, scs, shs
+
+
+@triton.jit
+def store_tile(tiles, k: tl.constexpr, out_row, col, mask, mean, rstd, PLUS_ONE: tl.constexpr,
+               DTYPE: tl.constexpr):
+    """Normalize and modulate the k-th of ``tiles`` (:func:`load_tile`), rounding as eager does,
+    and store it at columns ``col`` of the output's row ``out_row``."""
+    xs, ws, bs, scs, shs = tiles
+    centered = to_fp32(xs[k]) - mean
+    y = _affine(rstd * centered, rstd, centered, to_fp32(ws[k]) if len(ws) > 0 else None,
+                to_fp32(bs[k]) if len(bs) > 0 else None)
+    y = _modulate(y.to(DTYPE), scs[k] if len(scs) > 0 else None, shs[k] if len(shs) > 0 else None, PLUS_ONE,
+                  len(scs) > 0, len(shs) > 0, DTYPE)
+    tl.store(out_row + col, y.to(out_row.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -448,37 +472,25 @@ if gluon is not None:
         mean, rstd = _warp_row_stats(mean, m2, l, eps, N, TREE, LANES, INTERPRET)
         sc_row = (bi * stride_scb + si * stride_scs)[:, None, None]
         sh_row = (bi * stride_shb + si * stride_shs)[:, None, None]
-        xs, ws, bs, scs, shs = (), (), (), (), ()
+        tiles = ((), (), (), (), ())
         for g in gl.static_range(0, ITERS, GROUP):
-            # a group's loads all go out before its first store: the compiler never moves a load
-            # past a store (out may alias the inputs), so tile by tile each waits its own latency
             for k in gl.static_range(g, g + GROUP):
                 if k < ITERS:
                     col, mask = _warp_row_tile(l, j, k, row_ok, N, EVEN_ROWS)
                     if _full_tile(k, N, EVEN_ROWS):
                         mask = None
-                    # the row again unless KEEP_ROW. Keeping it converted to fp32 doubled the registers
-                    # and was slower (PixArt 14.2 -> 18.4 µs, before N was compiled in)
-                    xs = xs + (vecs[k] if KEEP_ROW else gl.load(x_ptr + x_row + col, mask=mask),)
-                    if HAS_WEIGHT:
-                        ws = ws + (gl.load(w_ptr + col, mask=mask),)
-                    if HAS_BIAS:
-                        bs = bs + (gl.load(b_ptr + col, mask=mask),)
-                    if HAS_SCALE:
-                        scs = scs + (gl.load(scale_ptr + sc_row + col * stride_scn, mask=mask),)
-                    if HAS_SHIFT:
-                        shs = shs + (gl.load(shift_ptr + sh_row + col * stride_shn, mask=mask),)
+                    # keeping the row converted to fp32 doubled the registers and was slower (PixArt
+                    # 14.2 -> 18.4 µs, before N was compiled in)
+                    tiles = load_tile(tiles, vecs, k, x_ptr + x_row, w_ptr, b_ptr, scale_ptr + sc_row,
+                                      shift_ptr + sh_row, col, stride_scn, stride_shn, mask,
+                                      KEEP_ROW, HAS_WEIGHT, HAS_BIAS, HAS_SCALE, HAS_SHIFT)
             for k in gl.static_range(g, g + GROUP):
                 if k < ITERS:
                     col, mask = _warp_row_tile(l, j, k, row_ok, N, EVEN_ROWS)
                     if _full_tile(k, N, EVEN_ROWS):
                         mask = None
-                    centered = to_fp32(xs[k]) - mean[:, :, None]
-                    y = _affine(rstd[:, :, None] * centered, rstd[:, :, None], centered,
-                                to_fp32(ws[k]) if HAS_WEIGHT else None, to_fp32(bs[k]) if HAS_BIAS else None)
-                    y = _modulate(y.to(DTYPE), scs[k] if HAS_SCALE else None, shs[k] if HAS_SHIFT else None,
-                                  PLUS_ONE, HAS_SCALE, HAS_SHIFT, DTYPE)
-                    gl.store(out_ptr + row[:, None, None] * N + col, y.to(out_ptr.dtype.element_ty), mask=mask)
+                    store_tile(tiles, k, out_ptr + row[:, None, None] * N, col, mask, mean[:, :, None],
+                               rstd[:, :, None], PLUS_ONE, DTYPE)
 
     @functools.lru_cache(maxsize=None)
     def warp_row_layout(rows: int, warps: int):
@@ -650,7 +662,12 @@ def _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype
             TREE=warp_row_tree_terms(N), **second_pass, num_warps=warps, **options)
 
     def bind_triton():
-        return _layernorm_modulate_kernel.bound(grid, KEEP_ROW=_keep_row(x, rows, iters), num_warps=4, **options)
+        keep = _keep_row(x, rows, iters)
+        # the tiles' loads grouped where the row is read again (Wan-14B 188.5 -> 166.8 µs, affine 179 ->
+        # 171.6, fp16 190.7 -> 168.7; H200, one run); kept (fp32 rows), the row's registers leave too few
+        # for them (326.4 -> 327.3)
+        return _layernorm_modulate_kernel.bound(grid, KEEP_ROW=keep, GROUP=1 if keep else iters, num_warps=4,
+                                                **options)
 
     warp_row = _layernorm_modulate_warp_row_kernel is not None and _warp_row(N, iters)
     kernel = _gluon_or_triton(bind_gluon if warp_row else None, bind_triton,
