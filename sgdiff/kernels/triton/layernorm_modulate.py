@@ -472,7 +472,9 @@ if gluon is not None:
         mean, rstd = _warp_row_stats(mean, m2, l, eps, N, TREE, LANES, INTERPRET)
         sc_row = (bi * stride_scb + si * stride_scs)[:, None, None]
         sh_row = (bi * stride_shb + si * stride_shs)[:, None, None]
-        tiles = ((), (), (), (), ())
+        # load_tile and store_tile written out: through the helpers, ptxas schedules this kernel
+        # otherwise (Sana: 96 -> 128 registers, 5.5 -> 5.8 µs on an H200, one run)
+        xs, ws, bs, scs, shs = (), (), (), (), ()
         for g in gl.static_range(0, ITERS, GROUP):
             for k in gl.static_range(g, g + GROUP):
                 if k < ITERS:
@@ -481,16 +483,26 @@ if gluon is not None:
                         mask = None
                     # keeping the row converted to fp32 doubled the registers and was slower (PixArt
                     # 14.2 -> 18.4 µs, before N was compiled in)
-                    tiles = load_tile(tiles, vecs, k, x_ptr + x_row, w_ptr, b_ptr, scale_ptr + sc_row,
-                                      shift_ptr + sh_row, col, stride_scn, stride_shn, mask,
-                                      KEEP_ROW, HAS_WEIGHT, HAS_BIAS, HAS_SCALE, HAS_SHIFT)
+                    xs = xs + (vecs[k] if KEEP_ROW else gl.load(x_ptr + x_row + col, mask=mask),)
+                    if HAS_WEIGHT:
+                        ws = ws + (gl.load(w_ptr + col, mask=mask),)
+                    if HAS_BIAS:
+                        bs = bs + (gl.load(b_ptr + col, mask=mask),)
+                    if HAS_SCALE:
+                        scs = scs + (gl.load(scale_ptr + sc_row + col * stride_scn, mask=mask),)
+                    if HAS_SHIFT:
+                        shs = shs + (gl.load(shift_ptr + sh_row + col * stride_shn, mask=mask),)
             for k in gl.static_range(g, g + GROUP):
                 if k < ITERS:
                     col, mask = _warp_row_tile(l, j, k, row_ok, N, EVEN_ROWS)
                     if _full_tile(k, N, EVEN_ROWS):
                         mask = None
-                    store_tile(tiles, k, out_ptr + row[:, None, None] * N, col, mask, mean[:, :, None],
-                               rstd[:, :, None], PLUS_ONE, DTYPE)
+                    centered = to_fp32(xs[k]) - mean[:, :, None]
+                    y = _affine(rstd[:, :, None] * centered, rstd[:, :, None], centered,
+                                to_fp32(ws[k]) if HAS_WEIGHT else None, to_fp32(bs[k]) if HAS_BIAS else None)
+                    y = _modulate(y.to(DTYPE), scs[k] if HAS_SCALE else None, shs[k] if HAS_SHIFT else None,
+                                  PLUS_ONE, HAS_SCALE, HAS_SHIFT, DTYPE)
+                    gl.store(out_ptr + row[:, None, None] * N + col, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @functools.lru_cache(maxsize=None)
     def warp_row_layout(rows: int, warps: int):
