@@ -149,16 +149,15 @@ def _warp_row_ptx(rows=1, warps=1, dtype="bf16", iters=3, affine=False, even_row
 def test_warp_row_second_pass_groups_its_loads(affine):
     """With GROUP = ITERS every global load of the second pass goes out before the first store;
     tile by tile, loads follow stores (the compiler never hoists a load over a store)."""
-    def order(group):
-        ptx = _warp_row_ptx(iters=5, affine=affine, group=group)
-        ops = re.findall(r"\b(ld|st)\.global", ptx)
-        return ops.index("st"), len(ops) - 1 - ops[::-1].index("ld")
-    first_store, last_load = order(5)
-    assert last_load < first_store
-    first_store, last_load = order(1)
-    assert last_load > first_store
-    first_store, last_load = order(2)  # tiles 0-1, 2-3, 4
-    assert last_load > first_store
+    assert _loads_before_first_store(_warp_row_ptx(iters=5, affine=affine, group=5))
+    assert not _loads_before_first_store(_warp_row_ptx(iters=5, affine=affine, group=1))
+    assert not _loads_before_first_store(_warp_row_ptx(iters=5, affine=affine, group=2))  # tiles 0-1, 2-3, 4
+
+
+def _loads_before_first_store(ptx: str) -> bool:
+    """Whether every global load of a kernel's PTX comes before its first global store."""
+    ops = re.findall(r"\b(ld|st)\.global", ptx)
+    return "ld" not in ops[ops.index("st"):]
 
 
 @needs_gluon
@@ -318,20 +317,15 @@ def test_four_warp_kernel_groups_its_loads_unless_it_keeps_the_row(monkeypatch):
         tk.bind(x, None, None, 1e-6, s, s)(x, None, None, 1e-6, s, s)
     assert [(o["KEEP_ROW"], o["GROUP"]) for o in plain.options] == [(False, 10), (True, 1)]
 
-    def order(group):
+    def ptx(group):
         from triton.compiler import ASTSource
         const = dict(N=5120, ITERS=10, HAS_WEIGHT=True, HAS_BIAS=True, HAS_SHIFT=True, PLUS_ONE=True,
                      DTYPE=tl.bfloat16, INTERPRET=False, HAS_SCALE=True, KEEP_ROW=False, GROUP=group)
         sig = {n: "constexpr" if n in const else "*bf16" if n.endswith("_ptr") else "fp32" if n == "eps" else "i32"
                for n in fn.arg_names}
-        ptx = triton.compile(ASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
-                             options={"num_warps": 4, "enable_fp_fusion": False}).asm["ptx"]
-        ops = re.findall(r"\b(ld|st)\.global", ptx)
-        return ops.index("st"), len(ops) - 1 - ops[::-1].index("ld")
-    first_store, last_load = order(10)
-    assert last_load < first_store
-    first_store, last_load = order(1)
-    assert last_load > first_store
+        return triton.compile(ASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": 4, "enable_fp_fusion": False}).asm["ptx"]
+    assert _loads_before_first_store(ptx(10)) and not _loads_before_first_store(ptx(1))
 
 
 @needs_gluon
