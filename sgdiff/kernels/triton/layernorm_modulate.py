@@ -126,8 +126,9 @@ def load_tile(tiles, vecs, k: tl.constexpr, x_row, w_ptr, b_ptr, sc_row, sh_row,
               HAS_SHIFT: tl.constexpr):
     """``tiles`` (the row's vectors, weights, biases, scales and shifts of the tiles loaded so
     far) with the k-th, at columns ``col``, appended: the row's ``vecs[k]`` where it is kept, else
-    read again (from L2); ``*_row`` point at the row's x, scale and shift. A second pass loads a group of tiles before it stores any: the compiler never moves
-    a load past a store (the output may alias an input), so tile by tile each waits its latency."""
+    read again (from L2); ``*_row`` point at the row's x, scale and shift. A second pass loads a
+    group of tiles before it stores any: the compiler never moves a load past a store (the
+    output may alias an input), so tile by tile each tile waits its loads' latency."""
     xs, ws, bs, scs, shs = tiles
     xs = xs + (vecs[k] if KEEP_ROW else tl.load(x_row + col, mask=mask),)
     if HAS_WEIGHT:
