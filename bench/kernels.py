@@ -424,7 +424,7 @@ def write_report(result: dict, out: pathlib.Path) -> None:
     lines = [f"# sgdiff kernels on {result['gpu']}",
              f"torch {result['torch']}, triton {result['triton']}, commit {result['commit']}. "
              "GPU times in µs per call from CUDA-graph replay; wall = host time per call (the median of rounds "
-             "that alternate between the ways; rows measured before 2026-11-30 took each way's rounds in turn), "
+             "that alternate between the ways; rows at fa815d7 and earlier commits took each way's rounds in turn), "
              "eager chain vs "
              "sgdiff as a compiled graph with static shapes calls it (a call site: an alignment lookup and a launch "
              "bound to the signature; † marks runs that timed the op launcher instead: a signature lookup and "
