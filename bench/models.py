@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from bench.kernels import _meta, fold_runs  # noqa: E402
+from bench.timing import alternating  # noqa: E402
 
 VARIANTS = {
     "eager": None,
@@ -111,15 +112,8 @@ def paired_times(eager: Callable, fn: Callable, device: torch.device, repeats: i
     two alternating in one process: host speed drifts between processes and over minutes (eager
     Sana read 26 and 40 ms a step in two runs of the same code), which a ratio taken this way
     cancels."""
-    times: Dict[str, list] = {"paired_eager_ms": [], "paired_ms": []}
-    for _ in range(repeats):
-        for key, f in (("paired_eager_ms", eager), ("paired_ms", fn)):
-            _sync(device)
-            t0 = time.perf_counter()
-            f()
-            _sync(device)
-            times[key].append((time.perf_counter() - t0) * 1e3)
-    return {k: statistics.median(v) for k, v in times.items()}
+    steps = alternating({"paired_eager_ms": eager, "paired_ms": fn}, 1, repeats, lambda: _sync(device))
+    return {key: t * 1e3 for key, t in steps.items()}
 
 
 def euler(fn: Callable, kwargs: dict, steps: int):

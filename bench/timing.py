@@ -34,20 +34,27 @@ def gpu_us(fn: Callable[[], object], calls_per_graph: int = 20, replays: int = 2
     return statistics.median(times)
 
 
-def wall_us(fns: Dict[str, Callable[[], object]], calls: int = 200, rounds: int = 7) -> Dict[str, float]:
-    """Median wall time of one call of each of ``fns`` in µs (host dispatch included), synchronized
-    per round. Their rounds alternate, so that a drift of the host's speed (a process's first
-    calls, other load) reaches every one of them alike and their ratios hold."""
-    for fn in fns.values():
-        for _ in range(10):
-            fn()
-    torch.cuda.synchronize()
+def alternating(fns: Dict[str, Callable[[], object]], calls: int, rounds: int,
+                sync: Callable[[], None]) -> Dict[str, float]:
+    """Median seconds a call of each of ``fns``: ``rounds`` rounds of ``calls`` calls each, then
+    ``sync()``, the rounds of the functions alternating, so that a drift of the host's speed (a
+    process's first calls, other load) reaches every one of them alike and their ratios hold."""
+    sync()
     times: Dict[str, list] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
-            torch.cuda.synchronize()
-            times[name].append((time.perf_counter() - t0) * 1e6 / calls)
+            sync()
+            times[name].append((time.perf_counter() - t0) / calls)
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def wall_us(fns: Dict[str, Callable[[], object]], calls: int = 200, rounds: int = 7) -> Dict[str, float]:
+    """Median wall time of one call of each of ``fns`` in µs (host dispatch included), after 10
+    warm-up calls, from :func:`alternating` rounds synchronized every ``calls`` calls."""
+    for fn in fns.values():
+        for _ in range(10):
+            fn()
+    return {name: t * 1e6 for name, t in alternating(fns, calls, rounds, torch.cuda.synchronize).items()}
