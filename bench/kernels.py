@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from bench.timing import gpu_us, wall_us  # noqa: E402
+from bench.timing import gpu_times, wall_us  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -385,14 +385,13 @@ def measure(case: Case) -> dict:
         mismatches=int((got != want).sum()),
         inductor_bitexact=bool(torch.equal(ind, want)),
         inductor_max_diff=float((ind.float() - want.float()).abs().max()),
-        eager_us=gpu_us(case.eager), inductor_us=gpu_us(inductor_fn),
-        sgdiff_us=gpu_us(case.sgdiff_raw), copy_us=gpu_us(lambda: dst.copy_(case.copy_src)),
+        **gpu_times(dict(eager_us=case.eager, inductor_us=inductor_fn, sgdiff_us=case.sgdiff_raw,
+                         copy_us=lambda: dst.copy_(case.copy_src),
+                         **({} if case.own_kernel is None else dict(kernel_us=case.own_kernel)))),
         **wall_us(dict(wall_eager_us=case.eager, wall_sgdiff_us=case.sgdiff_op, wall_sgdiff_raw_us=case.sgdiff_raw,
                        wall_sgdiff_launcher_us=case.sgdiff_launcher)),
         wall_sgdiff_via="call site",
     )
-    if case.own_kernel is not None:
-        row["kernel_us"] = gpu_us(case.own_kernel)
     row["copy_gbps"] = nbytes / row["copy_us"] / 1e3
     row["sgdiff_gbps"] = nbytes / row.get("kernel_us", row["sgdiff_us"]) / 1e3
     return row

@@ -8,8 +8,8 @@ from typing import Callable, Dict
 import torch
 
 
-def gpu_us(fn: Callable[[], object], calls_per_graph: int = 20, replays: int = 20) -> float:
-    """Median GPU time of one call in µs, from CUDA-graph replays (launch gaps removed)."""
+def _graph(fn: Callable[[], object], calls: int) -> torch.cuda.CUDAGraph:
+    """``calls`` calls of ``fn`` captured in a CUDA graph (after warm-up calls on a side stream)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -19,19 +19,28 @@ def gpu_us(fn: Callable[[], object], calls_per_graph: int = 20, replays: int = 2
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(calls_per_graph):
+        for _ in range(calls):
             fn()
     graph.replay()
     torch.cuda.synchronize()
-    times = []
+    return graph
+
+
+def gpu_times(fns: Dict[str, Callable[[], object]], calls_per_graph: int = 20,
+              replays: int = 20) -> Dict[str, float]:
+    """Median GPU time of one call of each of ``fns`` in µs, from CUDA-graph replays (launch gaps
+    removed) that alternate between them, so that a drift of the GPU's clocks reaches each alike."""
+    graphs = {name: _graph(fn, calls_per_graph) for name, fn in fns.items()}
+    times: Dict[str, list] = {name: [] for name in fns}
     for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls_per_graph)
-    return statistics.median(times)
+        for name, graph in graphs.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) * 1e3 / calls_per_graph)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def alternating(fns: Dict[str, Callable[[], object]], calls: int, rounds: int,
