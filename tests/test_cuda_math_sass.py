@@ -37,8 +37,9 @@ def _branches(kernel, constexprs: dict) -> int:
     return len(re.findall(r"\bBRA\b", sass))
 
 
-# what a launch on contiguous rows specializes: rows merged, unit strides
-UNIT = dict(n1=1, n2=1, so3=1, sa3=1, sb3=1, sab3=1, sbb3=1)
+# SwiGLU's halves of a [rows, 2 * 4096] projection, as a launch compiles them in: rows merged
+UNIT = dict(n1=1, n2=1, D=4096, so0=4096, so1=0, so2=0, so3=1, sa0=8192, sa1=0, sa2=0, sa3=1,
+            sb0=8192, sb1=0, sb2=0, sb3=1, **{f"s{o}{d}": 0 for o in ("ab", "bb") for d in range(4)})
 
 
 def test_silu_branches_do_not_grow_with_the_elements():

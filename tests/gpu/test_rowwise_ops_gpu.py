@@ -428,6 +428,23 @@ def test_cast_copy_sana_linear_attention(dtype, B):
         assert torch.equal(bits(op["cast_copy"](*args)), bits(want))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("out_dtype", [torch.float32, "same"])
+def test_cast_copy_relu_every_16bit_value(dtype, out_dtype):
+    """Every bf16/fp16 bit pattern (NaNs with their payloads, both zeros, subnormals) through the
+    ReLU and the cast, read through Sana's transposed view: the kernel takes no rounding step
+    back to x's dtype, so each output must come out exactly as eager's."""
+    out_dtype = dtype if out_dtype == "same" else out_dtype
+    every = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32, device="cuda").to(torch.int16).view(dtype)
+    x = every.view(1, 1024, 2 * 32).transpose(1, 2).unflatten(1, (2, 32))  # [B, heads, head_dim, tokens]
+    for contiguous in (True, False):
+        args = (x, out_dtype, True, [], 0.0, contiguous)
+        want = torch.relu(x).to(out_dtype)
+        want = want.contiguous() if contiguous else want
+        got = tcast.cast_copy(*args)
+        assert torch.equal(bits(got), bits(want)) and same_layout(got, want), contiguous
+
+
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(B=st.integers(1, 3), N=st.integers(1, 300), H=st.integers(1, 6), D=st.sampled_from([8, 32, 64]),
        dtype=st.sampled_from([torch.bfloat16, torch.float16]), which=st.sampled_from(["q", "k", "v"]),

@@ -41,9 +41,11 @@ def _residual_gate_kernel(
     n_rows,  # B * S
     S: tl.constexpr,  # rows per batch entry (compiled in: divisions by it are multiplications)
     D: tl.constexpr,  # row length (compiled in)
-    stride_gb, stride_gs, stride_gd,
-    stride_ub, stride_us, stride_ud,
-    stride_bb, stride_bs, stride_bd,
+    # the operands' strides compiled in too (a kernel per layout; a model has a few): Sana 4.68 ->
+    # 4.39 µs, PixArt 14.29 -> 14.09, Flux 21.28 -> 21.19, Wan 1.3B 71.6 -> 71.3 (H200, one run)
+    stride_gb: tl.constexpr, stride_gs: tl.constexpr, stride_gd: tl.constexpr,
+    stride_ub: tl.constexpr, stride_us: tl.constexpr, stride_ud: tl.constexpr,
+    stride_bb: tl.constexpr, stride_bs: tl.constexpr, stride_bd: tl.constexpr,
     inv_divisor,  # 1 / divisor rounded to fp32, as ATen takes it on the host (unused unless DIVIDE)
     UPDATE_DTYPE: tl.constexpr,  # promote(update, bias)
     PRODUCT_DTYPE: tl.constexpr,  # promote(gate, update + bias)

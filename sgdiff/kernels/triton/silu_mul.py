@@ -49,11 +49,13 @@ def _silu_mul_kernel(
     a_bias_ptr, b_bias_ptr,  # biases broadcast to the output (zero strides but the channel's)
     n_rows,
     n1: tl.constexpr, n2: tl.constexpr, D: tl.constexpr,  # the shape, compiled in: its divisions are multiplications
-    so0, so1, so2, so3,
-    sa0, sa1, sa2, sa3,
-    sb0, sb1, sb2, sb3,
-    sab0, sab1, sab2, sab3,
-    sbb0, sbb1, sbb2, sbb3,
+    # and the strides (a kernel per layout): Sana's GLU 17.91 -> 17.79 µs, SwiGLU 79.12 -> 78.87, the
+    # conv_silu_mul epilogue 85.02 -> 84.57 with its convolution (H200, one run)
+    so0: tl.constexpr, so1: tl.constexpr, so2: tl.constexpr, so3: tl.constexpr,
+    sa0: tl.constexpr, sa1: tl.constexpr, sa2: tl.constexpr, sa3: tl.constexpr,
+    sb0: tl.constexpr, sb1: tl.constexpr, sb2: tl.constexpr, sb3: tl.constexpr,
+    sab0: tl.constexpr, sab1: tl.constexpr, sab2: tl.constexpr, sab3: tl.constexpr,
+    sbb0: tl.constexpr, sbb1: tl.constexpr, sbb2: tl.constexpr, sbb3: tl.constexpr,
     SILU_DTYPE: tl.constexpr,  # a.dtype
     HAS_B: tl.constexpr,  # False: out = silu(a)
     HAS_BIAS: tl.constexpr,
