@@ -29,11 +29,14 @@ def _graph(fn: Callable[[], object], calls: int) -> torch.cuda.CUDAGraph:
 def gpu_times(fns: Dict[str, Callable[[], object]], calls_per_graph: int = 20,
               replays: int = 20) -> Dict[str, float]:
     """Median GPU time of one call of each of ``fns`` in µs, from CUDA-graph replays (launch gaps
-    removed) that alternate between them, so that a drift of the GPU's clocks reaches each alike."""
+    removed) that alternate between them, so that a drift of the GPU's clocks reaches each alike.
+    Each timed replay follows an untimed one of the same graph: it finds the cache as the last of
+    its own calls left it, as in back-to-back replays, not as another function's left it."""
     graphs = {name: _graph(fn, calls_per_graph) for name, fn in fns.items()}
     times: Dict[str, list] = {name: [] for name in fns}
     for _ in range(replays):
         for name, graph in graphs.items():
+            graph.replay()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             graph.replay()

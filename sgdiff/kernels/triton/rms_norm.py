@@ -131,20 +131,15 @@ def fused_sum_squares(acc, v):
 
 
 @triton.jit
-def fused_inv_rms(acc, N: tl.constexpr, eps, INTERPRET: tl.constexpr):
+def fused_inv_rms(acc, N, eps, INTERPRET: tl.constexpr):
     """``rsqrtf(sum / N + eps)`` per row from [R, T] thread accumulators (T = 32 or 128):
-    each warp's shuffle-down tree, then warps (0 + 2) + (1 + 3), then an IEEE division: for N a
-    power of two the product with 1 / N, which is exact, so the product is the quotient
-    rounded once, as div.rn's (whose range check and slow path are a branch a row)."""
+    each warp's shuffle-down tree, then warps (0 + 2) + (1 + 3), then an IEEE division."""
     R: tl.constexpr = acc.shape[0]
     T: tl.constexpr = acc.shape[1]
     total = halving_sum(tl.reshape(acc, (R * (T // 32), 32)), 5)
     if T == 128:
         total = halving_sum(tl.reshape(total, (R, 4)), 2)
-    if N & (N - 1) == 0:
-        var = total * (1.0 / N)
-    else:
-        var = tl.math.div_rn(total, tl.full(total.shape, N, tl.float32))
+    var = tl.math.div_rn(total, tl.full(total.shape, N, tl.float32))
     return rsqrtf(var + eps, INTERPRET)
 
 
@@ -152,8 +147,7 @@ def fused_inv_rms(acc, N: tl.constexpr, eps, INTERPRET: tl.constexpr):
 @triton.jit
 def _rms_norm_fused_kernel(
     x_ptr, w_ptr, out_ptr,
-    n_rows, n1, n2,
-    N: tl.constexpr,  # compiled in: fused_inv_rms's division
+    n_rows, n1, n2, N,
     sx0, sx1, sx2,
     so0, so1, so2,
     eps,
