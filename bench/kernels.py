@@ -2,7 +2,7 @@
 
     python bench/kernels.py [--out bench/results] [--ops layernorm_modulate,...] [--quick]
 
-For every case, in one run: GPU time (CUDA-graph replay) of the eager chain, of
+For every case, in one run: GPU time (CUDA-graph replays, alternating) of the eager chain, of
 ``torch.compile`` (default Inductor) on the same chain, of the sgdiff kernel, and of a copy of
 the same bytes; wall time per call of eager and of sgdiff through its op; bit-exactness of the
 sgdiff output (``torch.equal`` with eager). Writes kernels.json, kernels.md and kernels.png.
@@ -422,8 +422,10 @@ def write_report(result: dict, out: pathlib.Path) -> None:
     (out / "kernels.json").write_text(json.dumps(result, indent=1))
     lines = [f"# sgdiff kernels on {result['gpu']}",
              f"torch {result['torch']}, triton {result['triton']}, commit {result['commit']}. "
-             "GPU times in µs per call from CUDA-graph replay; wall = host time per call (the median of rounds "
-             "that alternate between the ways; rows at fa815d7 and earlier commits took each way's rounds in turn), "
+             "GPU times in µs per call, the median of CUDA-graph replays that alternate between the ways, each "
+             "after an untimed replay of its own (rows at 6b96321 and earlier: each way's replays in turn); "
+             "wall = host time per call (the median of rounds that alternate between the ways; rows at fa815d7 "
+             "and earlier: each way's rounds in turn), "
              "eager chain vs "
              "sgdiff as a compiled graph with static shapes calls it (a call site: an alignment lookup and a launch "
              "bound to the signature; † marks runs that timed the op launcher instead: a signature lookup and "
