@@ -95,6 +95,20 @@ def test_opcheck():
     torch.library.opcheck(cast_copy, (q.transpose(2, 3), torch.float32, True, [], 0.0, False))
 
 
+def test_cast_copy_kernel_refuses_grids_past_its_axes():
+    """The kernel's slices and row tiles go on grid axes 2 and 1 (at most 65535 each): past them
+    it refuses, and the op runs the eager chain."""
+    pytest.importorskip("triton")
+    from sgdiff.kernels.triton import cast_copy as tcast
+
+    def ok(shape, pad=()):
+        return tcast.supported_layout(torch.empty(shape, device="meta", dtype=torch.bfloat16), torch.float32,
+                                      True, list(pad), 0.0, True)
+
+    assert ok((2, 70, 32, 1024)) and ok((1, 65535, 32, 8)) and ok((1, 2, 65534, 8), (0, 0, 0, 1))
+    assert not ok((1, 65536, 32, 8)) and not ok((2, 32768, 32, 8)) and not ok((1, 2, 65535, 8), (0, 0, 0, 1))
+
+
 def attention_output(B=2, H=3, D=4, N=5):
     g = torch.Generator().manual_seed(0)
     return (torch.randn(B, H, D + 1, N, generator=g) * 3,)
