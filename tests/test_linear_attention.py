@@ -1,6 +1,8 @@
 """Family `linear_attention`: Sana's linear-attention operands (ReLU, fp32 cast, contiguous copy
 or padding) as one cast_copy pass each, and its output (normalized by its last row, heads joined,
 cast back) as one linear_attention_out pass; bitwise equal to eager, in eager's layouts."""
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -107,6 +109,40 @@ def test_cast_copy_kernel_refuses_grids_past_its_axes():
 
     assert ok((2, 70, 32, 1024)) and ok((1, 65535, 32, 8)) and ok((1, 2, 65534, 8), (0, 0, 0, 1))
     assert not ok((1, 65536, 32, 8)) and not ok((2, 32768, 32, 8)) and not ok((1, 2, 65535, 8), (0, 0, 0, 1))
+
+
+def _cast_copy_loads(shape, pad, transposed=True):
+    """The global loads in the PTX (sm_90, compiled on the CPU) of cast_copy's kernel as a launch
+    of a bf16 ``x`` of ``shape`` (Sana's transposed view of a projection, or contiguous) compiles
+    it: its sizes and strides in, a ReLU where there is no padding."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from sgdiff.kernels.triton import cast_copy as tcast
+
+    B, H, D, N = shape
+    x = torch.empty(B, N, H * D, device="meta").transpose(1, 2).unflatten(1, (H, D)) if transposed \
+        else torch.empty(shape, device="meta")
+    _, _, _, consts = tcast._plan(x, tuple(pad), True)
+    fn = tcast._cast_copy_kernel.fn
+    sig = {n: "constexpr" if n in consts or n == "RELU" else t
+           for n, t in zip(fn.arg_names, ["*bf16", "*fp32", "fp32"] + [None] * len(fn.arg_names))}
+    attrs = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
+    src = ASTSource(fn, sig, constexprs=dict(consts, RELU=not any(pad)), attrs=attrs)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, enable_fp_fusion=False)).asm["ptx"]
+    return re.findall(r"^\s*(@%p\d+\s+)?ld\.global\S*", ptx, re.M)
+
+
+def test_cast_copy_masks_its_loads_only_where_the_grid_passes_the_input():
+    """Sana's q (tiles that fit, no padding): no load is predicated. A padded copy's grid covers
+    the output, one row longer than the input, so every load is (64 rows padded to 65 take two
+    64-row tiles: the second reads past the input, with tiles that fit the input exactly)."""
+    loads = _cast_copy_loads((2, 70, 32, 1024), ())
+    assert loads and not any(pred for pred in loads)
+    for shape, transposed in (((1, 2, 64, 128), True), ((1, 2, 64, 128), False), ((2, 70, 32, 1024), True)):
+        loads = _cast_copy_loads(shape, (0, 0, 0, 1), transposed)
+        assert loads and all(pred for pred in loads), shape
 
 
 def attention_output(B=2, H=3, D=4, N=5):
