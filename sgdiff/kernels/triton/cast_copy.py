@@ -33,11 +33,14 @@ def _cast_copy_kernel(
     WIDE: tl.constexpr,  # offsets past 2**31: 64-bit arithmetic
 ):
     s = tl.program_id(2)  # (batch, head)
+    if WIDE:
+        s = s.to(tl.int64)
+    s0, s1 = s // N1, s % N1
     i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     j = tl.program_id(0) * BLOCK_J + tl.arange(0, BLOCK_J)
+    # i and j to 64 bits apart from s: converted together, ptxas scheduled Sana's q otherwise (5.75 -> 5.95 µs)
     if WIDE:
-        s, i, j = s.to(tl.int64), i.to(tl.int64), j.to(tl.int64)
-    s0, s1 = s // N1, s % N1
+        i, j = i.to(tl.int64), j.to(tl.int64)
     src = x_ptr + s0 * SX0 + s1 * SX1 + i[:, None] * SX2 + j[None, :] * SX3
     dst = out_ptr + s0 * SO0 + s1 * SO1 + i[:, None] * SO2 + j[None, :] * SO3
     inside = (i < I_IN)[:, None] & (j < J_IN)[None, :]
