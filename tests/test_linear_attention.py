@@ -126,8 +126,7 @@ def _cast_copy_loads(shape, pad, transposed=True):
         else torch.empty(shape, device="meta")
     _, _, _, consts = tcast._plan(x, tuple(pad), True)
     fn = tcast._cast_copy_kernel.fn
-    sig = {n: "constexpr" if n in consts or n == "RELU" else t
-           for n, t in zip(fn.arg_names, ["*bf16", "*fp32", "fp32"] + [None] * len(fn.arg_names))}
+    sig = {n: {"x_ptr": "*bf16", "out_ptr": "*fp32", "value": "fp32"}.get(n, "constexpr") for n in fn.arg_names}
     attrs = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
     src = ASTSource(fn, sig, constexprs=dict(consts, RELU=not any(pad)), attrs=attrs)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, enable_fp_fusion=False)).asm["ptx"]

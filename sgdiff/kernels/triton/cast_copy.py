@@ -66,12 +66,17 @@ def supported_layout(x, dtype, relu, pad, value, contiguous) -> bool:
     """can_use without the device check: a 4-D float tensor, a float dtype, padding only after
     the last two dims' ends (as ``F.pad(v, (0, 0, 0, 1))``), and slices and row tiles that the
     grid's second and third axes hold (at most 65535 each)."""
-    if not (x.dim() == 4 and x.dtype in DTYPES and dtype in DTYPES and x.numel() > 0):
+    if not (x.dim() == 4 and x.dtype in DTYPES and dtype in DTYPES and x.numel() > 0 and len(pad) <= 4):
         return False
-    pad = list(pad)
-    if not (len(pad) <= 4 and all(p >= 0 for p in pad) and all(p == 0 for p in pad[0::2])):
+    pad = _pad4(pad)
+    if not (all(p >= 0 for p in pad) and all(p == 0 for p in pad[0::2])):
         return False
-    return x.shape[0] * x.shape[1] < 2 ** 16 and x.shape[2] + (pad[3] if len(pad) > 3 else 0) < 2 ** 16
+    return x.shape[0] * x.shape[1] < 2 ** 16 and x.shape[2] + pad[3] < 2 ** 16
+
+
+def _pad4(pad):
+    """``F.pad``'s list for the last two dims, (left, right, top, bottom), zeros where absent."""
+    return list(pad) + [0] * (4 - len(pad))
 
 
 def can_use(x, dtype, relu, pad, value, contiguous) -> bool:
@@ -80,7 +85,7 @@ def can_use(x, dtype, relu, pad, value, contiguous) -> bool:
 
 @cached_plan
 def _plan(x, pad, contiguous):
-    pad = list(pad) + [0] * (4 - len(pad))
+    pad = _pad4(pad)
     shape = (*x.shape[:2], x.shape[2] + pad[3], x.shape[3] + pad[1])
     strides = contiguous_strides(shape) if contiguous or any(pad) else like_strides(x)
     # the whole of a head's rows a tile, up to 64 (Sana's v padded to 33 rows: one 64-row tile rather
