@@ -128,14 +128,14 @@ def test_a_gluon_kernel_that_runs_is_kept(monkeypatch):
 
 
 def _warp_row_ptx(rows=1, warps=1, dtype="bf16", iters=3, affine=False, even_rows=True, N=None, group=1,
-                  s_const=0):
+                  s_const=0, ahead=0, early=False):
     from triton.experimental.gluon._runtime import GluonASTSource
     fn = tk._layernorm_modulate_warp_row_kernel.fn
     tl_dtype = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}[dtype]
     const = dict(ITERS=iters, HAS_WEIGHT=affine, HAS_BIAS=affine, HAS_SHIFT=True, PLUS_ONE=True, DTYPE=tl_dtype,
                  INTERPRET=False, HAS_SCALE=True, ROWS=rows, LAYOUT=tk.warp_row_layout(rows, warps),
                  EVEN_ROWS=even_rows, N=N or {1: 448, 3: 1152, 5: 2240}[iters], GROUP=group,  # rows with a partial tile
-                 S_CONST=s_const)
+                 S_CONST=s_const, AHEAD=ahead, EARLY=early)
     const["TREE"] = tk.warp_row_tree_terms(const["N"])
     sig = {n: "constexpr" if n in const else f"*{dtype}" if n.endswith("_ptr") else "fp32" if n == "eps" else "i32"
            for n in fn.arg_names}
@@ -152,6 +152,26 @@ def test_warp_row_second_pass_groups_its_loads(affine):
     assert _loads_before_first_store(_warp_row_ptx(iters=5, affine=affine, group=5))
     assert not _loads_before_first_store(_warp_row_ptx(iters=5, affine=affine, group=1))
     assert not _loads_before_first_store(_warp_row_ptx(iters=5, affine=affine, group=2))  # tiles 0-1, 2-3, 4
+
+
+@needs_gluon
+@pytest.mark.parametrize("affine", [False, True])
+def test_warp_row_second_pass_sends_loads_ahead(affine):
+    """AHEAD = 1: a tile's loads go out before the previous tile's stores; EARLY: step 0's
+    loads (with AHEAD = 1, tiles 0 and 1) go out before the statistics' shuffles. One tile's
+    loads: those between the statistics and the first store, tile by tile."""
+    plain = _warp_row_ptx(iters=5, affine=affine)
+    tile = _loads_before(plain, "st") - _loads_before(plain, "shfl")
+    assert tile > 0  # x read again, scale, shift (weight, bias)
+    assert _loads_before(_warp_row_ptx(iters=5, affine=affine, ahead=1), "st") == _loads_before(plain, "st") + tile
+    early = _warp_row_ptx(iters=5, affine=affine, ahead=1, early=True)
+    assert _loads_before(early, "shfl") == _loads_before(plain, "shfl") + 2 * tile
+
+
+def _loads_before(ptx: str, op: str) -> int:
+    """Global loads in a kernel's PTX before its first ``op`` (``st``: global store; ``shfl``)."""
+    ops = re.findall(r"\b(ld\.global|st\.global|shfl\.sync)", ptx)
+    return ops[:next(i for i, o in enumerate(ops) if o.startswith(op))].count("ld.global")
 
 
 def _loads_before_first_store(ptx: str) -> bool:
@@ -287,23 +307,27 @@ def test_short_rows_take_the_warp_row_kernel(monkeypatch):
 
 @needs_gluon
 def test_warp_row_second_pass_plan(monkeypatch):
-    """The row is kept only for affine rows whose grid fits one wave (with S at run time); other
-    grids of few waves group their second pass's loads, Flux's rows of 6 vectors two tiles at a
-    time, and grids of many waves go tile by tile; S is compiled in wherever the row is read again."""
+    """The row is kept where the grid fits one wave (with S at run time), its tiles' loads one
+    tile ahead of their stores and, without an affine LayerNorm, the first ones before the
+    statistics, at most 128 registers a thread; other grids of few waves group their second
+    pass's loads, Flux's rows of 6 vectors two tiles at a time, and grids of many waves go tile
+    by tile; S is compiled in wherever the row is read again."""
     gluon, plain = _modulate_kernels(monkeypatch)
     monkeypatch.setattr(tk, "_sm_count", lambda device: 132)  # an H200's
 
     def plan(B, S, N, affine):
         x, s, w = torch.randn(B, S, N), torch.randn(B, 1, N), torch.randn(N) if affine else None
         tk.bind(x, w, w, 1e-6, s, s)(x, w, w, 1e-6, s, s)
-        return tuple(gluon.options[-1][k] for k in ("KEEP_ROW", "GROUP", "S_CONST"))
-    assert plan(2, 1024, 2240, True) == (True, 1, 0)  # Sana's 2048 rows
-    assert plan(2, 1024, 2240, False) == (False, 5, 1024)
-    assert plan(2, 4096, 1152, True) == (False, 3, 4096)  # PixArt's 8192 rows: more than 16 a multiprocessor
-    assert plan(1, 4608, 3072, False) == (False, 2, 4608)  # Flux: 6 vectors a thread
-    assert plan(1, 4608, 3072, True) == (False, 1, 4608)
-    assert plan(1, 32760, 1536, False) == (False, 1, 32760)  # Wan 2.1 1.3B: more than 64 a multiprocessor
+        options = gluon.options[-1]
+        return tuple(options.get(k, 0) for k in ("KEEP_ROW", "GROUP", "S_CONST", "AHEAD", "EARLY", "maxnreg"))
+    assert plan(2, 1024, 2240, True) == (True, 1, 0, 1, False, 128)  # Sana's 2048 rows
+    assert plan(2, 1024, 2240, False) == (True, 1, 0, 1, True, 128)
+    assert plan(2, 4096, 1152, True) == (False, 3, 4096, 0, 0, 0)  # PixArt's 8192 rows: more than 16 a multiprocessor
+    assert plan(1, 4608, 3072, False) == (False, 2, 4608, 0, 0, 0)  # Flux: 6 vectors a thread
+    assert plan(1, 4608, 3072, True) == (False, 1, 4608, 0, 0, 0)
+    assert plan(1, 32760, 1536, False) == (False, 1, 32760, 0, 0, 0)  # Wan 2.1 1.3B: more than 64 a multiprocessor
     assert plan(1, 16 * 132, 1152, True)[0] and not plan(1, 16 * 132 + 1, 1152, True)[0]
+    assert plan(1, 16 * 132, 1152, False)[0] and not plan(1, 16 * 132 + 1, 1152, False)[0]
     assert plan(1, 64 * 132, 1152, False)[1] == 3 and plan(1, 64 * 132 + 1, 1152, False)[1] == 1
 
 

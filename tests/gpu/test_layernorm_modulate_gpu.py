@@ -53,12 +53,14 @@ def test_real_shapes_bitexact(shape, dtype, affine, kernel, monkeypatch):
 @pytest.mark.parametrize("shape", REAL[:3])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("affine", [False, True])
-@pytest.mark.parametrize("keep,group,s_const", [(True, 1, False), (False, 1, True), (False, 2, False),
-                                                (False, 6, True), (True, 6, True)])
-def test_warp_row_second_pass_modes_bitexact(shape, dtype, affine, keep, group, s_const, monkeypatch):
+@pytest.mark.parametrize("keep,group,s_const,ahead,early", [
+    (True, 1, False, 0, False), (False, 1, True, 0, False), (False, 2, False, 0, False), (False, 6, True, 0, False),
+    (True, 6, True, 0, False), (True, 1, False, 1, False), (True, 1, False, 1, True), (False, 1, True, 2, False),
+    (False, 2, True, 1, True)])
+def test_warp_row_second_pass_modes_bitexact(shape, dtype, affine, keep, group, s_const, ahead, early, monkeypatch):
     """Every way of the warp-row kernel's second pass, whichever the shape picks."""
     monkeypatch.setattr(tk, "_warp_row_second_pass", lambda rows, S, *_: dict(
-        KEEP_ROW=keep, GROUP=group, S_CONST=S if s_const else 0))
+        KEEP_ROW=keep, GROUP=group, S_CONST=S if s_const else 0, AHEAD=ahead, EARLY=early))
     B, S, N = shape
     x = torch.randn(shape, device="cuda", dtype=dtype) * 3 + 1
     shift, scale = torch.randn(B, 6 * N, device="cuda", dtype=dtype)[:, None].chunk(6, dim=-1)[:2]

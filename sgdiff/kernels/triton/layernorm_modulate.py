@@ -401,6 +401,14 @@ if gluon is not None:
         return v[None, :, None] * VEC_C + j[None, None, :], mask
 
     @gluon.constexpr_function
+    def _load_step(k, GROUP, AHEAD, EARLY):
+        """The step of the warp-row kernel's second pass at which tile k's loads go out: that of
+        the group AHEAD tiles before it (a group's stores wait for none of the loads after them);
+        -1, before the statistics, for step 0's where EARLY."""
+        step = max(0, k - AHEAD) // GROUP
+        return -1 if EARLY and step == 0 else step
+
+    @gluon.constexpr_function
     def _full_tile(k, N, EVEN_ROWS):
         """Whether the k-th tile lies in the row for every row of the grid: its loads need no
         mask (a masked load zeroes its registers first, an instruction a load)."""
@@ -429,6 +437,8 @@ if gluon is not None:
         KEEP_ROW: gl.constexpr = False,  # normalize the first pass's registers rather than reading the row again
         GROUP: gl.constexpr = 1,  # second-pass tiles whose loads go out together, before their stores
         S_CONST: gl.constexpr = 0,  # S compiled in (the batch index an unsigned multiply), or 0: S at run time
+        AHEAD: gl.constexpr = 0,  # second-pass tiles whose loads go out ahead of a group's (_load_step)
+        EARLY: gl.constexpr = False,  # the second pass's first loads go out before the statistics
     ):
         """_layernorm_modulate_kernel with a row a warp instead of a row a 4-warp program, for
         rows of N % 64 == 0 (:func:`_warp_row`).
@@ -470,15 +480,14 @@ if gluon is not None:
                   gl.convert_layout(x2, LANES), gl.convert_layout(x3, LANES))
             active = (l[None, :] + k * THREADS_C < n_vec) & (zero == 0.0)  # [ROWS, 128]
             mean, m2, n = fold_vector(mean, m2, n, xs, active, k, ITERS)
-        mean, rstd = _warp_row_stats(mean, m2, l, eps, N, TREE, LANES, INTERPRET)
         sc_row = (bi * stride_scb + si * stride_scs)[:, None, None]
         sh_row = (bi * stride_shb + si * stride_shs)[:, None, None]
         # load_tile and store_tile written out: through the helpers, ptxas schedules this kernel
         # otherwise (Sana: 96 -> 128 registers, 5.5 -> 5.8 µs on an H200, one run)
         xs, ws, bs, scs, shs = (), (), (), (), ()
-        for g in gl.static_range(0, ITERS, GROUP):
-            for k in gl.static_range(g, g + GROUP):
-                if k < ITERS:
+        for step in gl.static_range(-1, ITERS):  # step -1: the statistics, after the loads EARLY sends
+            for k in gl.static_range(ITERS):
+                if _load_step(k, GROUP, AHEAD, EARLY) == step:
                     col, mask = _warp_row_tile(l, j, k, row_ok, N, EVEN_ROWS)
                     if _full_tile(k, N, EVEN_ROWS):
                         mask = None
@@ -493,8 +502,10 @@ if gluon is not None:
                         scs = scs + (gl.load(scale_ptr + sc_row + col * stride_scn, mask=mask),)
                     if HAS_SHIFT:
                         shs = shs + (gl.load(shift_ptr + sh_row + col * stride_shn, mask=mask),)
-            for k in gl.static_range(g, g + GROUP):
-                if k < ITERS:
+            if step == -1:
+                mean, rstd = _warp_row_stats(mean, m2, l, eps, N, TREE, LANES, INTERPRET)
+            for k in gl.static_range(ITERS):
+                if k // GROUP == step:
                     col, mask = _warp_row_tile(l, j, k, row_ok, N, EVEN_ROWS)
                     if _full_tile(k, N, EVEN_ROWS):
                         mask = None
@@ -634,12 +645,19 @@ def _sm_count(device: torch.device) -> int:
 
 def _warp_row_second_pass(rows: int, S: int, iters: int, affine: bool, device: torch.device) -> dict:
     """How the warp-row kernel's second pass reads its operands: KEEP_ROW, GROUP (tiles whose
-    loads go out before their stores) and S_CONST. Measured on an H200:
+    loads go out before their stores), S_CONST, AHEAD and EARLY (:func:`_load_step`), and a
+    register cap. Measured on an H200:
 
-    - an affine row whose grid is resident at once is kept in registers (Sana affine 6.5 ->
-      5.9 µs: nothing overlaps the second pass, its five loads a vector are the kernel's tail),
-      tile by tile with S at run time: compiled in, ptxas spreads each tile's loads (6.0 -> 7.1);
-      grouped, the kept row and four operands a tile take more than 128 registers (6.9);
+    - a row whose grid is resident at once is kept in registers (Sana affine 6.5 -> 5.9 µs:
+      nothing overlaps the second pass, its five loads a vector are the kernel's tail), with S at
+      run time: compiled in, ptxas spreads each tile's loads (6.0 -> 7.1). Each tile's loads go
+      out one tile ahead of the stores, at most 128 registers a thread so that the grid stays one
+      wave (Sana affine 5.77 -> 5.64, three runs: 1-3%); without an affine LayerNorm the first
+      two tiles' loads also go out before the statistics (Sana 5.36 -> 5.19, fp16 5.35 -> 5.18;
+      the row read again instead, 5.35). Not kept: the affine row read again, grouped (6.1) or
+      one or two tiles ahead (5.7); the kept row and four operands a tile grouped take more than
+      128 registers (6.9); two rows a warp, 13% fewer instructions a row (6.25); the weight and
+      bias widened once a program of 4 to 16 warps in shared memory, 8% fewer (6.4-10.8);
     - otherwise the row is read again with S compiled in and, where an SM holds at most 64 rows,
       the tiles' loads grouped: all of them for rows of up to 5 vectors a thread, two at a time
       for Flux's 6 unless affine (all: 18.5, and affine 19.2 -> 24.9). Against tile by tile with
@@ -648,8 +666,10 @@ def _warp_row_second_pass(rows: int, S: int, iters: int, affine: bool, device: t
       Where rows take many waves (Wan 2.1 1.3B) grouped loads cost more registers than the
       latency they hide (52.2 -> 53.7): tile by tile."""
     sms = _sm_count(device)
-    if affine and rows <= ONE_WAVE_WARPS * sms:
-        return dict(KEEP_ROW=True, GROUP=1, S_CONST=0)
+    if rows <= ONE_WAVE_WARPS * sms:
+        if affine:
+            return dict(KEEP_ROW=True, GROUP=1, S_CONST=0, AHEAD=1, maxnreg=128)
+        return dict(KEEP_ROW=True, GROUP=1, S_CONST=0, AHEAD=1, EARLY=True, maxnreg=128)
     group = 1
     if rows <= FEW_WAVES_WARPS * sms:
         group = iters if iters <= 5 else 1 if affine else 2
