@@ -307,9 +307,10 @@ def test_short_rows_take_the_warp_row_kernel(monkeypatch):
 
 @needs_gluon
 def test_warp_row_second_pass_plan(monkeypatch):
-    """The row is kept where the grid fits one wave (with S at run time), its tiles' loads one
-    tile ahead of their stores and, without an affine LayerNorm, the first ones before the
-    statistics, at most 128 registers a thread; other grids of few waves group their second
+    """The row is kept where the grid fits one wave (with S at run time), for rows of up to 5
+    vectors a thread with its tiles' loads one tile ahead of their stores and, without an affine
+    LayerNorm, the first ones before the statistics, at most 128 registers a thread (6 vectors:
+    affine rows tile by tile, others read again, as before); other grids of few waves group their second
     pass's loads, Flux's rows of 6 vectors two tiles at a time, and grids of many waves go tile
     by tile; S is compiled in wherever the row is read again."""
     gluon, plain = _modulate_kernels(monkeypatch)
@@ -326,6 +327,8 @@ def test_warp_row_second_pass_plan(monkeypatch):
     assert plan(1, 4608, 3072, False) == (False, 2, 4608, 0, 0, 0)  # Flux: 6 vectors a thread
     assert plan(1, 4608, 3072, True) == (False, 1, 4608, 0, 0, 0)
     assert plan(1, 32760, 1536, False) == (False, 1, 32760, 0, 0, 0)  # Wan 2.1 1.3B: more than 64 a multiprocessor
+    assert plan(1, 1024, 3072, True) == (True, 1, 0, 0, 0, 0)  # one wave of Flux-wide rows: 6 vectors spill at 128
+    assert plan(1, 1024, 3072, False) == (False, 2, 1024, 0, 0, 0)
     assert plan(1, 16 * 132, 1152, True)[0] and not plan(1, 16 * 132 + 1, 1152, True)[0]
     assert plan(1, 16 * 132, 1152, False)[0] and not plan(1, 16 * 132 + 1, 1152, False)[0]
     assert plan(1, 64 * 132, 1152, False)[1] == 3 and plan(1, 64 * 132 + 1, 1152, False)[1] == 1

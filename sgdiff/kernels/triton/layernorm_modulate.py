@@ -17,7 +17,8 @@ statistics and normalizes it from registers or, where registers are better spent
 Wan 2.1 1.3B: :func:`_warp_row`) a Gluon kernel gives each row one warp instead, each lane
 holding four of ATen's threads: the same combines in the same order, far fewer instructions,
 and the counts on the tree's path compiled in (:func:`warp_row_tree_terms`); its second pass
-sends a group of tiles' loads out before their stores (:func:`_warp_row_second_pass`).
+sends a group of tiles' loads, or the next tile's, out before their stores
+(:func:`_warp_row_second_pass`).
 ``scale``/``shift`` are read through broadcast strides ``[B, S, N]`` so chunk views,
 ``[:, None]`` rows and per-token tensors need no copy.
 
@@ -635,6 +636,7 @@ def _keep_row(x, rows: int, iters: int) -> bool:
 
 WARP_ROW_PROGRAM = (1, 1)  # the warp-row kernel's rows a program and warps, as measured
 ONE_WAVE_WARPS = 16  # one-warp programs an SM holds at the registers of a row kept (up to 128 a thread)
+ONE_WAVE_REGISTERS = 65536 // (32 * ONE_WAVE_WARPS)  # 128: a thread's share of an SM's registers at that count
 FEW_WAVES_WARPS = 64  # rows an SM at most where the second pass's loads all go out together
 
 
@@ -654,10 +656,12 @@ def _warp_row_second_pass(rows: int, S: int, iters: int, affine: bool, device: t
       out one tile ahead of the stores, at most 128 registers a thread so that the grid stays one
       wave (Sana affine 5.77 -> 5.64, three runs: 1-3%); without an affine LayerNorm the first
       two tiles' loads also go out before the statistics (Sana 5.36 -> 5.19, fp16 5.35 -> 5.18;
-      the row read again instead, 5.35). Not kept: the affine row read again, grouped (6.1) or
-      one or two tiles ahead (5.7); the kept row and four operands a tile grouped take more than
-      128 registers (6.9); two rows a warp, 13% fewer instructions a row (6.25); the weight and
-      bias widened once a program of 4 to 16 warps in shared memory, 8% fewer (6.4-10.8);
+      the row read again instead, 5.35). Rows of 6 vectors a thread spill at that cap: they keep
+      the earlier way (affine: tile by tile; otherwise read again, below). Not kept: the affine
+      row read again, grouped (6.1) or one or two tiles ahead (5.7); the kept row and four
+      operands a tile grouped take more than 128 registers (6.9); two rows a warp, 13% fewer
+      instructions a row (6.25); the weight and bias widened once a program of 4 to 16 warps in
+      shared memory, 8% fewer (6.4-10.8);
     - otherwise the row is read again with S compiled in and, where an SM holds at most 64 rows,
       the tiles' loads grouped: all of them for rows of up to 5 vectors a thread, two at a time
       for Flux's 6 unless affine (all: 18.5, and affine 19.2 -> 24.9). Against tile by tile with
@@ -666,10 +670,12 @@ def _warp_row_second_pass(rows: int, S: int, iters: int, affine: bool, device: t
       Where rows take many waves (Wan 2.1 1.3B) grouped loads cost more registers than the
       latency they hide (52.2 -> 53.7): tile by tile."""
     sms = _sm_count(device)
-    if rows <= ONE_WAVE_WARPS * sms:
-        if affine:
-            return dict(KEEP_ROW=True, GROUP=1, S_CONST=0, AHEAD=1, maxnreg=128)
-        return dict(KEEP_ROW=True, GROUP=1, S_CONST=0, AHEAD=1, EARLY=True, maxnreg=128)
+    one_wave = rows <= ONE_WAVE_WARPS * sms
+    if one_wave and iters <= 5:
+        ahead = dict(KEEP_ROW=True, GROUP=1, S_CONST=0, AHEAD=1, maxnreg=ONE_WAVE_REGISTERS)
+        return ahead if affine else dict(ahead, EARLY=True)
+    if one_wave and affine:
+        return dict(KEEP_ROW=True, GROUP=1, S_CONST=0)
     group = 1
     if rows <= FEW_WAVES_WARPS * sms:
         group = iters if iters <= 5 else 1 if affine else 2
