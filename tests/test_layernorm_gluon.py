@@ -176,8 +176,7 @@ def _loads_before(ptx: str, op: str) -> int:
 
 def _loads_before_first_store(ptx: str) -> bool:
     """Whether every global load of a kernel's PTX comes before its first global store."""
-    ops = re.findall(r"\b(ld|st)\.global", ptx)
-    return "ld" not in ops[ops.index("st"):]
+    return _loads_before(ptx, "st") == len(re.findall(r"\bld\.global", ptx))
 
 
 @needs_gluon
