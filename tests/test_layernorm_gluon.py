@@ -63,7 +63,16 @@ def test_lane_tree_is_the_first_lanes_shuffle_down_path(rows, warps, dtype, affi
     assert len(re.findall(r"shfl\.sync\.idx\.b32\s+%r\d+, %r\d+, 0, 0x181f, -1;", ptx)) == 3 * sets
     # vector loads and stores of a thread's 4 elements
     width = {"bf16": "v2.b32", "fp16": "v2.b32", "fp32": "v4.b32"}[dtype]
-    assert re.search(rf"ld\.global(\.[a-z0-9]+)*\.{width}", ptx) and re.search(rf"st\.global(\.[a-z0-9]+)*\.{width}", ptx)
+    assert re.search(rf"ld\.global(\.[\w:]+)*\.{width}", ptx) and re.search(rf"st\.global(\.[a-z0-9]+)*\.{width}", ptx)
+
+
+@needs_gluon
+@pytest.mark.parametrize("affine", [True, False])
+def test_per_head_rows_are_read_evict_first(affine):
+    """q or k, dead after their norm, is read evict-first: a thread's 8 vectors (16 rows of 128
+    on 2 warps); the weight and bias, which every row reads, keep the default policy."""
+    loads = re.findall(r"ld\.global\S*", _ptx(16, 2, "bf16", affine))
+    assert [sum("evict_first" in ld for ld in loads), len(loads)] == [8, 24 if affine else 8]
 
 
 @needs_gluon

@@ -1,15 +1,16 @@
 """sgdiff's copies of CUDA's fp32 math functions against ATen's CUDA kernels, over every fp32
 value: ``tanhf`` (written without libdevice's branches) against ``torch.tanh``, ``expf``
-against ``torch.exp``; and ``count_reciprocal`` (div.rn's fast path) against
-``torch.reciprocal`` for every count below 2**24; ``silu_rounded`` against ``F.silu`` for every
-bf16 and fp16 value. A function that differs on one input fails."""
+and ``expf_parts`` (its product, of x and of -x) against ``torch.exp``; and
+``count_reciprocal`` (div.rn's fast path) against ``torch.reciprocal`` for every count below
+2**24; ``silu_rounded`` against ``F.silu`` for every bf16 and fp16 value. A function that
+differs on one input fails."""
 import pytest
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from sgdiff.kernels.triton.cuda_math import count_reciprocal, expf, libdevice_options, silu_rounded, tanhf
+from sgdiff.kernels.triton.cuda_math import count_reciprocal, expf, expf_parts, libdevice_options, silu_rounded, tanhf
 
 pytestmark = pytest.mark.gpu
 CHUNK = 1 << 28  # fp32 values a pass: 1 GiB in, 1 GiB out per function
@@ -23,6 +24,12 @@ def _math_kernel(x_ptr, out_ptr, n, FN: tl.constexpr, BLOCK: tl.constexpr):
         y = tanhf(x, False)
     elif FN == "exp":
         y = expf(x, False)
+    elif FN == "exp_parts":
+        p, s = expf_parts(x)
+        y = p * s
+    elif FN == "exp_parts_negated":
+        p, s = expf_parts(x, NEGATE=True)
+        y = p * s
     else:
         y = count_reciprocal(x)
     tl.store(out_ptr + i, y, mask=i < n)
@@ -42,7 +49,8 @@ def _same_bits_or_both_nan(got, want):
     return ~both_nan & (got.view(bits) != want.view(bits))
 
 
-@pytest.mark.parametrize("fn,reference", [("tanh", torch.tanh), ("exp", torch.exp)])
+@pytest.mark.parametrize("fn,reference", [("tanh", torch.tanh), ("exp", torch.exp), ("exp_parts", torch.exp),
+                                          ("exp_parts_negated", lambda x: torch.exp(-x))])
 def test_every_fp32_value(fn, reference):
     bits = torch.empty(CHUNK, dtype=torch.int32, device="cuda")
     out = torch.empty(CHUNK, dtype=torch.float32, device="cuda")

@@ -218,7 +218,7 @@ def _layer_norm_short_rows_kernel(
     col = (t[:, None] * VEC_C + lane[None, :])[None, :, :]  # [1, 32, 4]
     mask = active[:, :, None]
     offs = rows[:, None, None] * N + col
-    x = to_fp32(tl.load(x_ptr + offs, mask=mask, other=0.0))
+    x = to_fp32(tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first"))  # as the Gluon kernel
     mean, m2, _ = short_rows_welford(x, active)
     var = tl.math.div_rn(m2, tl.full(m2.shape, N, tl.float32))
     rstd = rsqrtf(var + eps, INTERPRET)
@@ -282,7 +282,9 @@ if gluon is not None:
         col = t[None, :, None] * VEC_C + j[None, None, :]
         mask = active[:, :, None]
         offs = rows[:, None, None] * N + col
-        x = to_fp32(gl.load(x_ptr + offs, mask=mask, other=0.0))
+        # q or k is dead after its norm: evict-first leaves L2 to the output, which attention reads
+        # next (Flux-sized q, affine: 15.6 -> 14.7 µs; H200, one run)
+        x = to_fp32(gl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first"))
         even, odd = gl.split(gl.reshape(x, [ROWS, 32, 2, 2]))  # entries (0, 2) and (1, 3)
         x0, x2 = gl.split(even)
         x1, x3 = gl.split(odd)

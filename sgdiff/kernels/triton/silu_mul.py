@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.layout import like_strides
-from sgdiff.kernels.triton.cuda_math import INTERPRET, libdevice_options, silu_rounded
+from sgdiff.kernels.triton.cuda_math import INTERPRET, libdevice_options, silu_rounded, to_fp32
 from sgdiff.kernels.triton.launch import LeanKernel
 from sgdiff.kernels.triton.rows import (
     DTYPES,
@@ -64,18 +64,20 @@ def _silu_mul_kernel(
     EVEN: tl.constexpr,  # the blocks tile the rows exactly: no masks (row_tile)
     FLAT: tl.constexpr,  # launch_rows(flat=...)
     INTERPRET: tl.constexpr,
+    EVICT: tl.constexpr = "",  # a's and b's eviction policy (_input_eviction)
 ):
     rows, d, mask = row_tile(n_rows, D, BLOCK_R, BLOCK_D, FLAT, EVEN)
-    a = tl.load(a_ptr + tile_offsets(rows, d, n1, n2, sa0, sa1, sa2, sa3),
-                mask=mask, other=0.0).to(tl.float32)
+    a = tl.load(a_ptr + tile_offsets(rows, d, n1, n2, sa0, sa1, sa2, sa3), mask=mask, other=0.0,
+                eviction_policy=EVICT)
     if HAS_BIAS:  # ATen's add_ of the bias: fp32 sum rounded to a.dtype
         ab = tl.load(a_bias_ptr + tile_offsets(rows, d, n1, n2, sab0, sab1, sab2, sab3),
                      mask=mask, other=0.0).to(tl.float32)
-        a = (a + ab).to(SILU_DTYPE).to(tl.float32)
+        a = (a.to(tl.float32) + ab).to(SILU_DTYPE)
+    a = to_fp32(a)
     s = silu_rounded(a, SILU_DTYPE, INTERPRET).to(tl.float32)
     if HAS_B:
         b = tl.load(b_ptr + tile_offsets(rows, d, n1, n2, sb0, sb1, sb2, sb3),
-                    mask=mask, other=0.0).to(tl.float32)
+                    mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
         if HAS_BIAS:
             bb = tl.load(b_bias_ptr + tile_offsets(rows, d, n1, n2, sbb0, sbb1, sbb2, sbb3),
                          mask=mask, other=0.0).to(tl.float32)
@@ -117,13 +119,28 @@ def _plan(a, b, a_bias, b_bias):
                                          EVEN=even_tiles(n_rows, shape[3], block_r, block_d))
 
 
+def _input_eviction(a, b, l2_bytes: int) -> str:
+    """``a`` and ``b`` (a gate and its other half: an activation's input, dead after it) are read
+    evict-first where together they fit in L2 (``l2_bytes``), which then keeps the output for
+    the next kernel: Sana's GLU 17.6 -> 16.3 µs, conv_silu_mul's epilogue 18.4 -> 16.4 (H200,
+    two runs). A stream larger than L2 passes through it anyway, and is slower with the hint
+    (SwiGLU's halves of 12288: 79.3 -> 82.8). Without ``b`` the output is written over ``a``
+    (conv_silu's epilogue): no hint."""
+    if b is None:
+        return ""
+    read = a.numel() * a.element_size() + b.numel() * b.element_size()
+    return "evict_first" if read <= l2_bytes else ""
+
+
 def _bind(a, b, a_bias, b_bias):
     """The launch for inputs of this signature: ``launch(a, b, a_bias, b_bias, out=None)``."""
     out_strides, grid, ints, blocks = _plan(a, b, a_bias, b_bias)
     shape, dtype = a.shape, a.dtype if b is None else torch.promote_types(a.dtype, b.dtype)
+    l2_bytes = torch.cuda.get_device_properties(a.device).L2_cache_size if a.is_cuda else 0
     kernel = _silu_mul_kernel.bound(
         grid, SILU_DTYPE=TL_DTYPE[a.dtype], HAS_B=b is not None, HAS_BIAS=a_bias is not None, **blocks,
-        INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False, **libdevice_options())
+        INTERPRET=INTERPRET, EVICT=_input_eviction(a, b, l2_bytes), num_warps=4, enable_fp_fusion=False,
+        **libdevice_options())
 
     def launch(a, b, a_bias, b_bias, out=None):
         if out is None:
