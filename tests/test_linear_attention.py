@@ -124,7 +124,7 @@ def _cast_copy_loads(shape, pad, transposed=True):
     B, H, D, N = shape
     x = torch.empty(B, N, H * D, device="meta").transpose(1, 2).unflatten(1, (H, D)) if transposed \
         else torch.empty(shape, device="meta")
-    _, _, _, consts = tcast._plan(x, tuple(pad), True)
+    _, _, _, consts, _ = tcast._plan(x, tuple(pad), True)
     fn = tcast._cast_copy_kernel.fn
     sig = {n: {"x_ptr": "*bf16", "out_ptr": "*fp32", "value": "fp32"}.get(n, "constexpr") for n in fn.arg_names}
     attrs = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
@@ -142,6 +142,22 @@ def test_cast_copy_masks_its_loads_only_where_the_grid_passes_the_input():
     for shape, transposed in (((1, 2, 64, 128), True), ((1, 2, 64, 128), False), ((2, 70, 32, 1024), True)):
         loads = _cast_copy_loads(shape, (0, 0, 0, 1), transposed)
         assert loads and all(pred for pred in loads), shape
+
+
+def test_cast_copy_merges_heads_whose_rows_continue():
+    """Sana's q, a view of the projection's 2240 channels: one [2, 2240, 1024] transpose in
+    64-row tiles on 8 warps. Padded (v), or heads apart in memory: a head at a time."""
+    from sgdiff.kernels.triton import cast_copy as tcast
+
+    q = torch.empty(2, 1024, 2240, device="meta").transpose(1, 2).unflatten(1, (70, 32))
+    _, _, grid, consts, warps = tcast._plan(q, (), True)
+    assert (grid, warps) == ((32, 35, 2), 8)
+    assert (consts["N1"], consts["I_IN"], consts["I_OUT"], consts["SX2"], consts["SO2"]) == (1, 2240, 2240, 1, 1024)
+    _, _, grid, consts, warps = tcast._plan(q, (0, 0, 0, 1), True)
+    assert (grid, warps, consts["N1"], consts["I_OUT"]) == ((32, 1, 140), 4, 70, 33)
+    apart = torch.empty(2, 1024, 32, 70, device="meta").permute(0, 3, 2, 1)  # heads innermost
+    _, _, grid, consts, warps = tcast._plan(apart, (), True)
+    assert (grid, warps, consts["N1"]) == ((32, 1, 140), 4, 70)
 
 
 def attention_output(B=2, H=3, D=4, N=5):

@@ -6,7 +6,8 @@ input through its strides, applies the ReLU as ATen's ``clamp_min`` does (NaN pa
 through its strides. Sizes and strides are compiled in, so a tile whose input is contiguous
 along one axis and whose output along the other (Sana's transposed q) loads and stores whole
 rows, with the transpose in between done by the compiler through shared memory, and its index
-arithmetic and masks fold to a few constant multiplies.
+arithmetic and masks fold to a few constant multiplies. Where a slice's rows continue the last
+slice's, as a view of a projection's channels does (Sana's q), the slices are one.
 """
 from __future__ import annotations
 
@@ -83,33 +84,59 @@ def can_use(x, dtype, relu, pad, value, contiguous) -> bool:
     return x.is_cuda and supported_layout(x, dtype, relu, pad, value, contiguous)
 
 
+MERGED_ROWS = 64  # a tile's rows where heads are merged
+
+
+def _merged_heads(x, shape, strides):
+    """``x`` and the output as ``[B, 1, H * D, T]`` where in both a slice's rows continue the
+    last slice's (``x``'s second stride is its third times D: Sana's q, a view of the projection's
+    channels) and nothing is padded: one transpose of the projection's channels and the tokens
+    rather than one per head, while its row tiles fit the grid's second axis. Otherwise None."""
+    xs = x.stride()
+    if x.shape[2] != shape[2] or xs[1] != xs[2] * x.shape[2] or strides[1] != strides[2] * shape[2]:
+        return None
+    if triton.cdiv(x.shape[1] * x.shape[2], MERGED_ROWS) >= 2 ** 16:
+        return None
+    merged = (x.shape[0], 1, x.shape[1] * x.shape[2], x.shape[3])
+    return merged, (xs[0], 0, xs[2], xs[3]), merged, (strides[0], 0, strides[2], strides[3])
+
+
 @cached_plan
 def _plan(x, pad, contiguous):
+    """``(shape, strides, grid, consts, num_warps)``: the output's geometry, and the launch."""
     pad = _pad4(pad)
     shape = (*x.shape[:2], x.shape[2] + pad[3], x.shape[3] + pad[1])
     strides = contiguous_strides(shape) if contiguous or any(pad) else like_strides(x)
-    # the whole of a head's rows a tile, up to 64 (Sana's v padded to 33 rows: one 64-row tile rather
-    # than 32 and a tile of one row), by 32 tokens: with the sizes compiled in, 32 x 32 (q) and 64 x 32
-    # (v) tiles beat 32 x 128 and 64 x 64 (H200, one run: q 6.21 -> 6.14 µs, v 6.55 -> 6.32)
-    block_i = min(64, triton.next_power_of_2(shape[2]))
+    merged = None if any(pad) else _merged_heads(x, shape, strides)
+    if merged is None:
+        x_shape, x_strides, out_shape, out_strides = x.shape, x.stride(), shape, strides
+        # the whole of a head's rows a tile, up to 64 (Sana's v padded to 33 rows: one 64-row tile rather
+        # than 32 and a tile of one row), by 32 tokens: with the sizes compiled in, 32 x 32 and 64 x 32 (v)
+        # tiles beat 32 x 128 and 64 x 64 (H200, one run: q 6.21 -> 6.14 µs, v 6.55 -> 6.32)
+        block_i, warps = min(64, triton.next_power_of_2(shape[2])), 4
+    else:
+        # heads merged, 64 rows by 32 tokens on 8 warps (Sana's q, H200, one run: 5.77 µs a head at a
+        # time, merged 5.68; 64 x 32 on 4 warps 5.85, 128 x 16 5.98)
+        x_shape, x_strides, out_shape, out_strides = merged
+        block_i, warps = MERGED_ROWS, 8
     block_j = max(16, min(32, triton.next_power_of_2(shape[3])))
     # programs along the tokens first, then the rows, then the slices (Inductor's order for this
     # transpose): Sana's q 6.14 -> 6.05 µs, v 6.32 -> 6.28 (H200, one run)
-    grid = (triton.cdiv(shape[3], block_j), triton.cdiv(shape[2], block_i), shape[0] * shape[1])
+    grid = (triton.cdiv(out_shape[3], block_j), triton.cdiv(out_shape[2], block_i), out_shape[0] * out_shape[1])
     reach = max(sum((n - 1) * st for n, st in zip(x.shape, x.stride())),
                 sum((n - 1) * st for n, st in zip(shape, strides)))
-    consts = dict(N1=x.shape[1], I_IN=x.shape[2], J_IN=x.shape[3], I_OUT=shape[2], J_OUT=shape[3],
-                  **{f"SX{d}": st for d, st in enumerate(x.stride())}, **{f"SO{d}": st for d, st in enumerate(strides)},
+    consts = dict(N1=x_shape[1], I_IN=x_shape[2], J_IN=x_shape[3], I_OUT=out_shape[2], J_OUT=out_shape[3],
+                  **{f"SX{d}": st for d, st in enumerate(x_strides)}, **{f"SO{d}": st for d, st in enumerate(out_strides)},
                   BLOCK_I=block_i, BLOCK_J=block_j, WIDE=reach >= 2 ** 31)
-    return shape, strides, grid, consts
+    return shape, strides, grid, consts, warps
 
 
 def bind(x, dtype, relu, pad, value, contiguous):
     """:func:`cast_copy` for inputs of this signature, its host arithmetic done. The shape and
     strides are compiled in (a kernel per geometry: a model has a few), so its index arithmetic
     is a handful of constant multiplies: at Sana's q, 208 -> 136 SASS instructions a 32 x 32 tile."""
-    shape, strides, grid, consts = _plan(x, tuple(pad), bool(contiguous))
-    kernel = _cast_copy_kernel.bound(grid, RELU=bool(relu), **consts, num_warps=4)
+    shape, strides, grid, consts, warps = _plan(x, tuple(pad), bool(contiguous))
+    kernel = _cast_copy_kernel.bound(grid, RELU=bool(relu), **consts, num_warps=warps)
     return one_input_one_output(kernel, shape, strides, dtype, float(value))
 
 
