@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 
 import pytest
+import torch
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
@@ -83,8 +84,6 @@ def test_eviction_reaches_the_gate_and_its_half_only():
 def test_input_eviction_is_for_inputs_that_fit_in_l2():
     """Sana's GLU reads 45.9 MB (evict-first within a 60 MiB L2, not within 40); SwiGLU's halves
     of 12288 over 4608 tokens, 226 MB, never; without ``b`` (written in place) never."""
-    import torch
-
     conv = torch.empty(2, 11200, 32, 32, dtype=torch.bfloat16, device="meta").to(memory_format=torch.channels_last)
     hidden, gate = conv.chunk(2, dim=1)
     proj = torch.empty(1, 4608, 2 * 12288, dtype=torch.bfloat16, device="meta")

@@ -88,12 +88,12 @@ MERGED_ROWS = 64  # a tile's rows where heads are merged
 
 
 def _merged_heads(x, shape, strides):
-    """``x`` and the output as ``[B, 1, H * D, T]`` where in both a slice's rows continue the
-    last slice's (``x``'s second stride is its third times D: Sana's q, a view of the projection's
-    channels) and nothing is padded: one transpose of the projection's channels and the tokens
+    """``x`` and its unpadded output as ``[B, 1, H * D, T]`` where in both a slice's rows continue
+    the last slice's (``x``'s second stride is its third times D: Sana's q, a view of the
+    projection's channels): one transpose of the projection's channels and the tokens
     rather than one per head, while its row tiles fit the grid's second axis. Otherwise None."""
     xs = x.stride()
-    if x.shape[2] != shape[2] or xs[1] != xs[2] * x.shape[2] or strides[1] != strides[2] * shape[2]:
+    if xs[1] != xs[2] * x.shape[2] or strides[1] != strides[2] * shape[2]:
         return None
     if triton.cdiv(x.shape[1] * x.shape[2], MERGED_ROWS) >= 2 ** 16:
         return None

@@ -122,7 +122,7 @@ def _plan(a, b, a_bias, b_bias):
 def _input_eviction(a, b, l2_bytes: int) -> str:
     """``a`` and ``b`` (a gate and its other half: an activation's input, dead after it) are read
     evict-first where together they fit in L2 (``l2_bytes``), which then keeps the output for
-    the next kernel: Sana's GLU 17.6 -> 16.3 µs, conv_silu_mul's epilogue 18.4 -> 16.4 (H200,
+    the next kernel: Sana's GLU 17.6 -> 16.2-16.4 µs, conv_silu_mul's epilogue 18.4 -> 16.4 (H200,
     two runs). A stream larger than L2 passes through it anyway, and is slower with the hint
     (SwiGLU's halves of 12288: 79.3 -> 82.8). Without ``b`` the output is written over ``a``
     (conv_silu's epilogue): no hint."""
