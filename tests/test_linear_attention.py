@@ -114,7 +114,7 @@ def test_cast_copy_kernel_refuses_grids_past_its_axes():
 def _cast_copy_loads(shape, pad, transposed=True):
     """The global loads in the PTX (sm_90, compiled on the CPU) of cast_copy's kernel as a launch
     of a bf16 ``x`` of ``shape`` (Sana's transposed view of a projection, or contiguous) compiles
-    it: its sizes and strides in, a ReLU where there is no padding."""
+    it: its sizes, strides and warps in, a ReLU where there is no padding."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -124,12 +124,12 @@ def _cast_copy_loads(shape, pad, transposed=True):
     B, H, D, N = shape
     x = torch.empty(B, N, H * D, device="meta").transpose(1, 2).unflatten(1, (H, D)) if transposed \
         else torch.empty(shape, device="meta")
-    _, _, _, consts, _ = tcast._plan(x, tuple(pad), True)
+    _, _, _, consts, warps = tcast._plan(x, tuple(pad), True)
     fn = tcast._cast_copy_kernel.fn
     sig = {n: {"x_ptr": "*bf16", "out_ptr": "*fp32", "value": "fp32"}.get(n, "constexpr") for n in fn.arg_names}
     attrs = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
     src = ASTSource(fn, sig, constexprs=dict(consts, RELU=not any(pad)), attrs=attrs)
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, enable_fp_fusion=False)).asm["ptx"]
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, enable_fp_fusion=False)).asm["ptx"]
     return re.findall(r"^\s*(@%p\d+\s+)?ld\.global\S*", ptx, re.M)
 
 
@@ -147,6 +147,7 @@ def test_cast_copy_masks_its_loads_only_where_the_grid_passes_the_input():
 def test_cast_copy_merges_heads_whose_rows_continue():
     """Sana's q, a view of the projection's 2240 channels: one [2, 2240, 1024] transpose in
     64-row tiles on 8 warps. Padded (v), or heads apart in memory: a head at a time."""
+    pytest.importorskip("triton")
     from sgdiff.kernels.triton import cast_copy as tcast
 
     q = torch.empty(2, 1024, 2240, device="meta").transpose(1, 2).unflatten(1, (70, 32))
