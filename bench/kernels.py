@@ -1,6 +1,8 @@
 """Kernel benchmark: each sgdiff op at real DiT shapes, against eager, Inductor and a copy.
 
     python bench/kernels.py [--out bench/results] [--ops layernorm_modulate,...] [--quick]
+    python bench/kernels.py --merge RUN.json ...    # fold partial runs into --out's results
+    python bench/kernels.py --across RUN.json ...   # sgdiff against Inductor over several runs
 
 For every case, in one run: GPU time (CUDA-graph replays, alternating) of the eager chain, of
 ``torch.compile`` (default Inductor) on the same chain, of the sgdiff kernel, and of a copy of
@@ -14,6 +16,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import statistics
 import subprocess
 import sys
 from typing import Callable, Dict, List, Optional
@@ -481,14 +484,57 @@ def fold_runs(published: pathlib.Path, runs, merge: Callable[[dict, dict], dict]
     write(merged, published.parent)
 
 
+def _case_key(case: dict) -> tuple:
+    return case["op"], tuple(case["shape"]), case["dtype"], case["note"]
+
+
 def merge_results(old: dict, new: dict) -> dict:
     """Kernel results: cases are (op, shape, dtype, note), in the order of :data:`CASES`."""
     family = {op: i for i, op in enumerate(CASES)}
     family.update(rms_norm_cat_rope=family["rms_norm_rope"], residual_add=family["residual_gate"], rope_even_odd=family["rope"], rope_complex=family["rope"],
                   conv_silu=family["conv_epilogue"], conv_silu_mul=family["conv_epilogue"],
                   cast_copy=family["linear_attention"], linear_attention_out=family["linear_attention"])
-    return merge_cases(old, new, lambda c: (c["op"], tuple(c["shape"]), c["dtype"], c["note"]),
-                       lambda k: family.get(k[0], len(family)))
+    return merge_cases(old, new, _case_key, lambda k: family.get(k[0], len(family)))
+
+
+def across_runs(runs: List[dict]) -> List[dict]:
+    """The cases that ran in more than one of ``runs`` (kernel results, in the first run's order
+    of cases): each run's GPU times, their medians, and in how many runs sgdiff took no longer
+    than Inductor. Where two kernels tie at a roofline, one run cannot order them; several can
+    say how often each way comes out ahead."""
+    seen: Dict[tuple, List[dict]] = {}
+    for run in runs:
+        for case in run["cases"]:
+            seen.setdefault(_case_key(case), []).append(dict(case, commit=case.get("commit", run["commit"])))
+    rows = []
+    for key, cases in seen.items():
+        if len(cases) < 2:
+            continue
+        sgdiff = [c["sgdiff_us"] for c in cases]
+        inductor = [c["inductor_us"] for c in cases]
+        rows.append(dict(op=key[0], shape=list(key[1]), dtype=key[2], note=key[3], commits=[c["commit"] for c in cases],
+                         sgdiff_us=sgdiff, inductor_us=inductor, copy_us=[c["copy_us"] for c in cases],
+                         sgdiff_median_us=statistics.median(sgdiff), inductor_median_us=statistics.median(inductor),
+                         at_or_below_inductor=sum(s <= i for s, i in zip(sgdiff, inductor))))
+    return rows
+
+
+def write_across_runs(runs: List[dict], out: pathlib.Path) -> None:
+    """``kernels-across-runs.md`` in ``out``: :func:`across_runs` as a table."""
+    rows = across_runs(runs)
+    lines = ["# sgdiff kernels against Inductor across runs",
+             f"{runs[0]['gpu']}, torch {runs[0]['torch']}, triton {runs[0]['triton']}. The cases that ran in more "
+             "than one of the runs below, each run in a process of its own; GPU times in µs as in `kernels.md`.",
+             "", "Runs: " + ", ".join(f"{run['commit']} ({len(run['cases'])} cases)" for run in runs), "",
+             "| op | shape | dtype | case | commits | sgdiff / Inductor, each run | median sgdiff | median Inductor | "
+             "runs with sgdiff ≤ Inductor |", "|" + " --- |" * 9]
+    for r in rows:
+        pairs = ", ".join(f"{s:.2f} / {i:.2f}" for s, i in zip(r["sgdiff_us"], r["inductor_us"]))
+        lines.append(f"| {r['op']} | {'×'.join(map(str, r['shape']))} | {r['dtype']} | {r['note']} | "
+                     f"{', '.join(r['commits'])} | {pairs} | {r['sgdiff_median_us']:.2f} | "
+                     f"{r['inductor_median_us']:.2f} | {r['at_or_below_inductor']} of {len(r['sgdiff_us'])} |")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernels-across-runs.md").write_text("\n".join(lines) + "\n")
 
 
 def main(argv=None) -> int:
@@ -498,7 +544,12 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="one shape per op")
     parser.add_argument("--merge", nargs="+", metavar="KERNELS_JSON",
                         help="no measuring: merge these results (earliest first) into --out's kernels.json")
+    parser.add_argument("--across", nargs="+", metavar="KERNELS_JSON",
+                        help="no measuring: compare sgdiff with Inductor over these runs (kernels-across-runs.md in --out)")
     args = parser.parse_args(argv)
+    if args.across:
+        write_across_runs([json.loads(pathlib.Path(p).read_text()) for p in args.across], pathlib.Path(args.out))
+        return 0
     if args.merge:
         fold_runs(pathlib.Path(args.out) / "kernels.json", args.merge, merge_results, write_report)
         return 0

@@ -68,6 +68,38 @@ def test_partial_kernel_runs_merge_case_by_case(tmp_path):
     assert "| bbb |" in (tmp_path / "kernels.md").read_text() and "| aaa |" in (tmp_path / "kernels.md").read_text()
 
 
+def test_runs_compare_with_inductor_case_by_case(tmp_path):
+    """--across: for each case that ran more than once, every run's pair, the medians and how
+    often sgdiff took no longer than Inductor; cases that ran once are left out."""
+    import json
+
+    from bench import kernels
+
+    meta = dict(gpu="g", torch="t", triton="tr")
+    runs = [dict(meta, commit="aaa", cases=[dict(_kernel_case("rope", 1.0), inductor_us=1.1),
+                                            dict(_kernel_case("residual_gate", 2.0), inductor_us=1.9),
+                                            _kernel_case("modulate", 3.0)]),
+            dict(meta, commit="bbb", cases=[dict(_kernel_case("residual_gate", 2.0), inductor_us=2.0),
+                                            dict(_kernel_case("rope", 1.2), inductor_us=1.0)]),
+            dict(meta, commit="ccc", cases=[dict(_kernel_case("residual_gate", 1.8), inductor_us=2.1),
+                                            dict(_kernel_case("rope", 1.0), note="another", inductor_us=2.0)])]
+    rows = kernels.across_runs(runs)
+    assert [(r["op"], r["commits"], r["at_or_below_inductor"]) for r in rows] == [
+        ("rope", ["aaa", "bbb"], 1), ("residual_gate", ["aaa", "bbb", "ccc"], 2)]  # a tie counts as at or below
+    gate = rows[1]
+    assert (gate["sgdiff_us"], gate["inductor_us"], gate["sgdiff_median_us"], gate["inductor_median_us"]) == \
+        ([2.0, 2.0, 1.8], [1.9, 2.0, 2.1], 2.0, 2.0)
+    paths = []
+    for run in runs:
+        paths.append(tmp_path / f"{run['commit']}.json")
+        paths[-1].write_text(json.dumps(run))
+    assert kernels.main(["--out", str(tmp_path / "out"), "--across", *map(str, paths)]) == 0
+    report = (tmp_path / "out" / "kernels-across-runs.md").read_text()
+    assert "| residual_gate | 2×3 | bfloat16 | n | aaa, bbb, ccc | 2.00 / 1.90, 2.00 / 2.00, 1.80 / 2.10 | 2.00 | " \
+           "2.00 | 2 of 3 |" in report
+    assert "| modulate |" not in report and "another" not in report
+
+
 def test_a_model_run_folds_in_variant_by_variant(tmp_path):
     """A later run of some variants replaces those variants' figures only, each tagged with its commit."""
     import json
