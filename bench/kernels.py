@@ -513,7 +513,7 @@ def across_runs(runs: List[dict]) -> List[dict]:
         sgdiff = [c["sgdiff_us"] for c in cases]
         inductor = [c["inductor_us"] for c in cases]
         rows.append(dict(op=key[0], shape=list(key[1]), dtype=key[2], note=key[3], commits=[c["commit"] for c in cases],
-                         sgdiff_us=sgdiff, inductor_us=inductor, copy_us=[c["copy_us"] for c in cases],
+                         sgdiff_us=sgdiff, inductor_us=inductor,
                          sgdiff_median_us=statistics.median(sgdiff), inductor_median_us=statistics.median(inductor),
                          at_or_below_inductor=sum(s <= i for s, i in zip(sgdiff, inductor))))
     return rows
