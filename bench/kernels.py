@@ -529,10 +529,11 @@ def write_across_runs(runs: List[dict], out: pathlib.Path) -> None:
              "| op | shape | dtype | case | commits | sgdiff / Inductor, each run | median sgdiff | median Inductor | "
              "runs with sgdiff ≤ Inductor |", "|" + " --- |" * 9]
     for r in rows:
-        pairs = ", ".join(f"{s:.2f} / {i:.2f}" for s, i in zip(r["sgdiff_us"], r["inductor_us"]))
+        # three decimals: at a tie the count turns on differences that two would round away
+        pairs = ", ".join(f"{s:.3f} / {i:.3f}" for s, i in zip(r["sgdiff_us"], r["inductor_us"]))
         lines.append(f"| {r['op']} | {'×'.join(map(str, r['shape']))} | {r['dtype']} | {r['note']} | "
-                     f"{', '.join(r['commits'])} | {pairs} | {r['sgdiff_median_us']:.2f} | "
-                     f"{r['inductor_median_us']:.2f} | {r['at_or_below_inductor']} of {len(r['sgdiff_us'])} |")
+                     f"{', '.join(r['commits'])} | {pairs} | {r['sgdiff_median_us']:.3f} | "
+                     f"{r['inductor_median_us']:.3f} | {r['at_or_below_inductor']} of {len(r['sgdiff_us'])} |")
     out.mkdir(parents=True, exist_ok=True)
     (out / "kernels-across-runs.md").write_text("\n".join(lines) + "\n")
 

@@ -95,8 +95,8 @@ def test_runs_compare_with_inductor_case_by_case(tmp_path):
         paths[-1].write_text(json.dumps(run))
     assert kernels.main(["--out", str(tmp_path / "out"), "--across", *map(str, paths)]) == 0
     report = (tmp_path / "out" / "kernels-across-runs.md").read_text()
-    assert "| residual_gate | 2×3 | bfloat16 | n | aaa, bbb, ccc | 2.00 / 1.90, 2.00 / 2.00, 1.80 / 2.10 | 2.00 | " \
-           "2.00 | 2 of 3 |" in report
+    assert "| residual_gate | 2×3 | bfloat16 | n | aaa, bbb, ccc | 2.000 / 1.900, 2.000 / 2.000, 1.800 / 2.100 | " \
+           "2.000 | 2.000 | 2 of 3 |" in report
     assert "| modulate |" not in report and "another" not in report
 
 
