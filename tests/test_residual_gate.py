@@ -299,3 +299,13 @@ def test_opcheck():
 def test_the_divisors_reciprocal_is_the_fp64_one_rounded_to_fp32(divisor, inverse):
     from sgdiff.kernels.triton import residual_gate as tk
     assert tk.reciprocal(divisor) == inverse and str(tk.reciprocal(divisor)) == str(inverse)
+
+
+@pytest.mark.parametrize("divisor,divides", [(1.0, False), (1.00000001, False), (0.9999999, True), (3.0, True),
+                                             (-1.0, True), (0.0, True)])
+def test_a_reciprocal_of_one_multiplies_nothing(divisor, divides):
+    """Sana's ``/ rescale_output_factor`` of 1.0 launches the kernel without the product: so does
+    any divisor whose fp32 reciprocal rounds to 1, and no other."""
+    from sgdiff.kernels.triton import residual_gate as tk
+    assert tk.divides(tk.reciprocal(divisor)) is divides
+

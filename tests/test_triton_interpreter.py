@@ -117,6 +117,7 @@ RESIDUAL_GATE = textwrap.dedent(r"""
                      (r.float(), g.float(), u, False),                  # Wan: fp32 stream, bf16 update
                      (r, g, u, False, True, b), (r, g, u, False, True, b.float()),   # a linear's bias
                      (r, g, u, False, True, None, 3.0), (r, g, u, False, True, b, 0.7),   # / rescale_output_factor
+                     (r, g, u, False, True, None, 1.0),                 # ... of 1: no product (tk.divides)
                      (r, g.float(), u, False, True, None, None, torch.bfloat16)]:  # Wan: (x.float() + y * g).type_as(x)
             assert tk.supported_layout(*args)
             got, want = tk.residual_gate(*args), ref(*args)
@@ -131,7 +132,8 @@ RESIDUAL_GATE = textwrap.dedent(r"""
                 assert err <= 2 ** -6 * want.float().abs().max().item(), err
             cases += 1
     from sgdiff.kernels.residual_add import residual_add_reference
-    for args in [(r, u.contiguous(), 3.0, True), (r, u.contiguous().float(), 0.7, False)]:   # ungated, rescaled
+    for args in [(r, u.contiguous(), 3.0, True), (r, u.contiguous().float(), 0.7, False),   # ungated, rescaled
+                 (r, u.contiguous(), 1.0, False)]:
         assert tk.residual_add_supported_layout(*args)
         got, want = tk.residual_add(*args), residual_add_reference(*args)
         assert got.dtype == want.dtype and (got.float() - want.float()).abs().max().item() <= \
@@ -363,7 +365,7 @@ ROWWISE = textwrap.dedent(r"""
 """)
 
 
-@pytest.mark.parametrize("script,cases", [(SCRIPT, 70), (RESIDUAL_GATE, 38), (ROWWISE, 174)],
+@pytest.mark.parametrize("script,cases", [(SCRIPT, 70), (RESIDUAL_GATE, 43), (ROWWISE, 174)],
                          ids=["layernorm_modulate", "residual_gate", "rowwise"])
 def test_kernels_under_interpreter(script, cases):
     env = dict(os.environ, TRITON_INTERPRET="1")

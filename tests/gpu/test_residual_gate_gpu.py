@@ -101,7 +101,7 @@ def test_rescaled_residual_is_exact_or_falls_back(B, S, D, dtypes, divisor, upda
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("divisor", [1e-3, 1.1, 0.7, 3.0, 2.3e-5])
+@pytest.mark.parametrize("divisor", [1e-3, 1.1, 0.7, 3.0, 2.3e-5, 1.0, 1.00000001])
 def test_every_value_divided_as_eager_divides(dtype, divisor):
     """Every finite fp16/bf16 update over a CPU-scalar divisor: 1e-3 and 1.1 are where an fp32
     reciprocal taken in fp32 misses eager's by an ulp (and with it ties of the product)."""
@@ -109,6 +109,24 @@ def test_every_value_divided_as_eager_divides(dtype, divisor):
     upd = values[values.isfinite()].view(1, -1, 64)
     res = torch.zeros_like(upd)  # 0 + y is y: the quotient's rounding alone is compared
     assert torch.equal(tk.residual_add(res, upd, divisor, False), res + upd / divisor)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("gated", [False, True])
+def test_a_divisor_of_one_keeps_every_value(dtype, gated):
+    """A divisor whose reciprocal is 1 skips the product (divides): every fp16/bf16 update,
+    infinities and NaNs included, gives eager's bits, a NaN where eager's is."""
+    values = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32, device="cuda").to(torch.int16).view(dtype)
+    upd = values.view(1, -1, 64)
+    res = torch.randn(upd.shape, device="cuda").to(dtype)
+    gate = torch.randn(1, 1, 64, device="cuda").to(dtype)
+    if gated:
+        got, want = tk.residual_gate(res, gate, upd, False, True, None, 1.0), res + gate * (upd / 1.0)
+    else:
+        got, want = tk.residual_add(res, upd, 1.0, False), res + upd / 1.0
+    numbers = ~want.isnan()
+    assert torch.equal(got.isnan(), ~numbers)
+    assert torch.equal(got.view(torch.int16)[numbers], want.view(torch.int16)[numbers])  # signed zeros too
 
 
 def test_tanh_gates_match_cuda_tanhf():

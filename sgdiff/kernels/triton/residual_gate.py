@@ -4,7 +4,8 @@ Eager chain and its rounding steps::
 
     u = update + bias      # with update_bias: fp32 sum, rounded to promote(update, bias)
     u = u * (1 / divisor)  # with update_divisor: ATen's division by a CPU scalar (the fp64
-                           # reciprocal rounded to fp32 on the host, then an fp32 product), rounded to u's dtype
+                           # reciprocal rounded to fp32 on the host, then an fp32 product), rounded to u's dtype;
+                           # not launched where that reciprocal is 1 (divides)
     g = tanh(gate)         # with tanh_gate: fp32 tanhf, rounded to gate.dtype
     y = g * update         # fp32 product, rounded to promote(gate, update)
     y = residual + y       # fp32 sum, rounded to promote(residual, y)
@@ -128,6 +129,13 @@ def reciprocal(divisor: float) -> float:
         return float(np.float32(np.float64(1.0) / np.float64(divisor)))
 
 
+def divides(inv_divisor: float) -> bool:
+    """Whether the product with the divisor's reciprocal changes an update: not where the
+    reciprocal is 1 (diffusers' ``/ rescale_output_factor`` of 1.0), since ``u * 1.0`` rounds
+    to ``u`` for every number, and a NaN update stays NaN through the gate's product and the sum."""
+    return inv_divisor != 1.0
+
+
 @cached_plan
 def _plan(residual, gate, update, update_bias):
     shape = (1, *residual.shape) if residual.dim() == 2 else tuple(residual.shape)
@@ -151,7 +159,7 @@ def _bind(residual, gate, update, tanh_gate, update_bias, update_divisor, out_dt
     inv = reciprocal(update_divisor) if update_divisor is not None else 1.0
     kernel = _residual_gate_kernel.bound(
         grid, UPDATE_DTYPE=TL_DTYPE[updated], PRODUCT_DTYPE=TL_DTYPE[product], SUM_DTYPE=TL_DTYPE[total],
-        TANH=bool(tanh_gate), HAS_BIAS=update_bias is not None, DIVIDE=update_divisor is not None,
+        TANH=bool(tanh_gate), HAS_BIAS=update_bias is not None, DIVIDE=divides(inv),
         GATED=gate is not None, **blocks, INTERPRET=INTERPRET, num_warps=4,
         enable_fp_fusion=False, **libdevice_options())
 
