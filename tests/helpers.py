@@ -29,6 +29,12 @@ def rewrite(fn: Callable, args: Sequence, quality="lossless", families=None, mod
     return gm, result
 
 
+def every_16bit_value(dtype: torch.dtype, device="cuda") -> torch.Tensor:
+    """Each of the 65536 bit patterns of a 16-bit float dtype once (NaNs and infinities included),
+    in the order of their bits read as signed integers."""
+    return torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32, device=device).to(torch.int16).view(dtype)
+
+
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equality (NaNs with equal bit patterns compare equal)."""
     if a.dtype != b.dtype or a.shape != b.shape:

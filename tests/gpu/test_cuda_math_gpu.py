@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.triton.cuda_math import count_reciprocal, expf, expf_parts, libdevice_options, silu_rounded, tanhf
+from tests.helpers import every_16bit_value
 
 pytestmark = pytest.mark.gpu
 CHUNK = 1 << 28  # fp32 values a pass: 1 GiB in, 1 GiB out per function
@@ -75,7 +76,7 @@ def test_count_reciprocals_are_ieee():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_silu_rounded_every_16bit_value(dtype):
     """Its quotient is not IEEE's; its rounding to 16 bits is, for each of the 65536 inputs."""
-    x = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32, device="cuda").to(torch.int16).view(dtype)
+    x = every_16bit_value(dtype)
     out = torch.empty_like(x)
     _silu_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024, enable_fp_fusion=False,
                                                   **libdevice_options())

@@ -7,6 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from sgdiff.kernels import dispatch, registry
 from sgdiff.kernels.triton import residual_gate as tk
+from tests.helpers import every_16bit_value
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_dispatch")]
 OP = registry.op_def("residual_gate").load()
@@ -105,7 +106,7 @@ def test_rescaled_residual_is_exact_or_falls_back(B, S, D, dtypes, divisor, upda
 def test_every_value_divided_as_eager_divides(dtype, divisor):
     """Every finite fp16/bf16 update over a CPU-scalar divisor: 1e-3 and 1.1 are where an fp32
     reciprocal taken in fp32 misses eager's by an ulp (and with it ties of the product)."""
-    values = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32, device="cuda").to(torch.int16).view(dtype)
+    values = every_16bit_value(dtype)
     upd = values[values.isfinite()].view(1, -1, 64)
     res = torch.zeros_like(upd)  # 0 + y is y: the quotient's rounding alone is compared
     assert torch.equal(tk.residual_add(res, upd, divisor, False), res + upd / divisor)
@@ -116,7 +117,7 @@ def test_every_value_divided_as_eager_divides(dtype, divisor):
 def test_a_divisor_of_one_keeps_every_value(dtype, gated):
     """A divisor whose reciprocal is 1 skips the product (divides): every fp16/bf16 update,
     infinities and NaNs included, gives eager's bits, a NaN where eager's is."""
-    values = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32, device="cuda").to(torch.int16).view(dtype)
+    values = every_16bit_value(dtype)
     upd = values.view(1, -1, 64)
     res = torch.randn(upd.shape, device="cuda").to(dtype)
     gate = torch.randn(1, 1, 64, device="cuda").to(dtype)
@@ -131,7 +132,7 @@ def test_a_divisor_of_one_keeps_every_value(dtype, gated):
 
 def test_tanh_gates_match_cuda_tanhf():
     """Lumina-style tanh gates: every bf16 value and fp32 extremes (denormals, inf, NaN)."""
-    every_bf16 = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32, device="cuda").to(torch.int16).view(torch.bfloat16)
+    every_bf16 = every_16bit_value(torch.bfloat16)
     extremes = torch.tensor([0.0, -0.0, 1e-40, -1e-40, 1e-38, 9.0, -9.0, 20.0, float("inf"), -float("inf"),
                              float("nan"), 0.6, -0.6, 0.59999996, 1e-4, -3e-3], device="cuda")
     for values in (every_bf16, extremes, torch.randn(1 << 20, device="cuda") * 3):

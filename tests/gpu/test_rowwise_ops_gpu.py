@@ -13,6 +13,7 @@ from sgdiff.kernels.layout import same_strides
 from sgdiff.kernels.triton import gelu_tanh_cat as tgelu, rms_norm as trms, rms_norm_rope as trr, rope as trope
 from sgdiff.kernels.triton import cast_copy as tcast, conv_silu as tconv, linear_attention_out as tlao
 from sgdiff.kernels.triton import silu_mul as tsilu
+from tests.helpers import every_16bit_value
 
 pytestmark = pytest.mark.gpu
 EXAMPLES = int(os.environ.get("SGDIFF_GPU_EXAMPLES", "40"))
@@ -435,7 +436,7 @@ def test_cast_copy_relu_every_16bit_value(dtype, out_dtype):
     ReLU and the cast, read through Sana's transposed view: the kernel takes no rounding step
     back to x's dtype, so each output must come out exactly as eager's."""
     out_dtype = dtype if out_dtype == "same" else out_dtype
-    every = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32, device="cuda").to(torch.int16).view(dtype)
+    every = every_16bit_value(dtype)
     x = every.view(1, 1024, 2 * 32).transpose(1, 2).unflatten(1, (2, 32))  # [B, heads, head_dim, tokens]
     for contiguous in (True, False):
         args = (x, out_dtype, True, [], 0.0, contiguous)
