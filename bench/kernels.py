@@ -188,6 +188,14 @@ def rope_cases(quick: bool) -> List[Case]:
 
         cases.append(_case("rope_even_odd", (B, S, H, D), x.dtype, "Wan 2.1 1.3B q, fp32 tables", wan,
                            (x, fcos[..., 0::2], fsin[..., 1::2]), _bytes_like(x, x)))
+        from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb_qwen
+
+        B, S, H, D = 1, 4096, 24, 128  # Qwen-Image q at 1024², its image tokens' complex table
+        x = torch.randn(B, S, H, D, device="cuda", generator=g).to(torch.bfloat16)
+        freqs = torch.polar(torch.ones(S, D // 2, device="cuda"), torch.randn(S, D // 2, device="cuda", generator=g))
+        cases.append(_case("rope_complex", (B, S, H, D), x.dtype, "Qwen-Image q, complex table (use_real=False)",
+                           lambda x=x, freqs=freqs: apply_rotary_emb_qwen(x, freqs, use_real=False),
+                           (x, freqs.unsqueeze(1)), _bytes_like(x, x)))
     return cases
 
 
@@ -344,6 +352,38 @@ def modulate_cases(quick: bool) -> List[Case]:
     return cases
 
 
+def rmsnorm_modulate_cases(quick: bool) -> List[Case]:
+    """diffusers' RMSNorm, then the modulation: LTX-Video's blocks (no weight, table + temb
+    rows unbound from one tensor) and Lumina-Image 2.0's (a weight, scale only, chunk params)."""
+    from diffusers.models.normalization import RMSNorm
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    cases = []
+    B, S, D = 2, 6144, 2048  # LTX-Video 2B, 768x512 x 121 frames, batch 2 (guidance)
+    x = torch.randn(B, S, D, device="cuda", generator=g).to(torch.bfloat16)
+    table = torch.randn(6, D, device="cuda", generator=g).to(x.dtype)
+    temb = torch.randn(B, 1, 6 * D, device="cuda", generator=g).to(x.dtype)
+    shift, scale = (table[None, None] + temb.reshape(B, 1, 6, -1)).unbind(dim=2)[:2]
+    norm = RMSNorm(D, eps=1e-6, elementwise_affine=False)
+    cases.append(_case("rmsnorm_modulate", (B, S, D), x.dtype, "LTX-Video 2B: RMSNorm(x) * (1 + scale) + shift",
+                       lambda: norm(x) * (1 + scale) + shift, (x, None, 1e-6, "diffusers", scale, shift), x))
+    if not quick:
+        B, S, D = 2, 4352, 2304  # Lumina-Image 2.0 at 1024²: 4096 image and 256 caption tokens, batch 2
+        y = torch.randn(B, S, D, device="cuda", generator=g).to(torch.bfloat16)
+        lnorm = RMSNorm(D, eps=1e-5).to("cuda", torch.bfloat16)
+        with torch.no_grad():
+            lnorm.weight.copy_(torch.randn(D, device="cuda", generator=g))
+        scale_msa = torch.randn(B, 4 * D, device="cuda", generator=g).to(y.dtype).chunk(4, dim=1)[0]
+
+        def lumina():
+            with torch.no_grad():
+                return lnorm(y) * (1 + scale_msa[:, None])
+
+        cases.append(_case("rmsnorm_modulate", (B, S, D), y.dtype, "Lumina-Image 2.0: RMSNorm(x) * (1 + scale), affine",
+                           lumina, (y, lnorm.weight.detach(), 1e-5, "diffusers", scale_msa[:, None], None), y))
+    return cases
+
+
 def layer_norm_cases(quick: bool) -> List[Case]:
     """A QK LayerNorm over head_dim (affine), q of a 24-head, 4608-token attention."""
     g = torch.Generator(device="cuda").manual_seed(10)
@@ -369,6 +409,7 @@ CASES: Dict[str, Callable[[bool], List[Case]]] = {
     "conv_epilogue": conv_epilogue_cases,
     "linear_attention": linear_attention_cases,
     "modulate": modulate_cases,
+    "rmsnorm_modulate": rmsnorm_modulate_cases,
     "layer_norm": layer_norm_cases,
 }
 

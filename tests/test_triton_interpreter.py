@@ -313,12 +313,26 @@ ROWWISE = textwrap.dedent(r"""
                              (torch.randn(40, dtype=dt), torch.randn(2, 7, 40))):
             assert tmod.supported_layout(xm, scale, shift)
             check(tmod.modulate(xm, scale, shift), modulate_reference(xm, scale, shift), dt == torch.float32)
-        # rmsnorm_modulate: the two kernels in turn (the norm's reduction order is CUDA's: a tolerance)
+        # rmsnorm_modulate: against the chain (the norm's reduction order is CUDA's: a tolerance), and
+        # exactly the norm's kernel then the modulate kernel (the interpreter rounds alike in both):
+        # one pass rounds the norm's output where the two kernels store it, over table rows,
+        # per-token projections (448 = 3 tiles and a half for the fused form), an fp32 scale over a
+        # half stream, scale-only, and an fp32 weight (the diffusers norm's output then fp32)
         xr, (shift, scale) = torch.randn(2, 7, 128, dtype=dt), torch.randn(2, 1, 2 * 128, dtype=dt).chunk(2, -1)
         for w, eps, form in ((torch.randn(128, dtype=dt), 1e-6, "diffusers"), (None, None, "fused")):
             args = (xr, w, eps, form, scale, shift)
             assert trmod.supported_layout(*args)
             check(trmod.rmsnorm_modulate(*args), rmsnorm_modulate_reference(*args), False, tol=2 ** -4)  # 4 roundings
+        xr = torch.randn(2, 40, 448, dtype=dt) * 3  # 80 rows: ATen's mean then takes a warp a row
+        tok_scale, tok_shift = torch.randn(2, 40, 2 * 448, dtype=dt).chunk(2, -1)
+        table = torch.randn(2, 6, 448, dtype=dt).chunk(6, dim=1)
+        for w, eps, form in ((torch.randn(448, dtype=dt), 1e-6, "diffusers"), (torch.randn(448), 1e-6, "diffusers"),
+                             (None, None, "fused"), (torch.randn(448, dtype=dt), 1e-5, "fused")):
+            for scale, shift in ((table[1], table[0]), (tok_scale, tok_shift), (torch.randn(2, 1, 448), table[0]),
+                                 (table[1], None)):
+                args = (xr, w, eps, form, scale, shift)
+                assert trmod.supported_layout(*args)
+                check(trmod.rmsnorm_modulate(*args), tmod.modulate(trms.rms_norm(xr, w, eps, form), scale, shift), True)
         # rms_norm_rope: the fused norm then the rotation on one tile, equal to the two kernels
         # one after the other (the interpreter rounds alike in both), per-head and heads-first
         x = (torch.randn(2, 37, 3, 128) * 2).to(dt)
@@ -365,7 +379,7 @@ ROWWISE = textwrap.dedent(r"""
 """)
 
 
-@pytest.mark.parametrize("script,cases", [(SCRIPT, 70), (RESIDUAL_GATE, 43), (ROWWISE, 174)],
+@pytest.mark.parametrize("script,cases", [(SCRIPT, 70), (RESIDUAL_GATE, 43), (ROWWISE, 206)],
                          ids=["layernorm_modulate", "residual_gate", "rowwise"])
 def test_kernels_under_interpreter(script, cases):
     env = dict(os.environ, TRITON_INTERPRET="1")

@@ -1,6 +1,6 @@
-"""rope, rope_even_odd, rms_norm (both forms), rms_norm_rope, silu_mul, gelu_tanh_cat and the
-convolution epilogues (conv_silu, conv_silu_mul) on CUDA: each Triton kernel is
-bitwise equal to the eager chain as diffusers writes it, or is not used."""
+"""rope, rope_even_odd, rms_norm (both forms), rms_norm_rope, rmsnorm_modulate, silu_mul,
+gelu_tanh_cat and the convolution epilogues (conv_silu, conv_silu_mul) on CUDA: each Triton
+kernel is bitwise equal to the eager chain as diffusers writes it, or is not used."""
 import os
 
 import pytest
@@ -12,7 +12,7 @@ from sgdiff.kernels import dispatch, registry
 from sgdiff.kernels.layout import same_strides
 from sgdiff.kernels.triton import gelu_tanh_cat as tgelu, rms_norm as trms, rms_norm_rope as trr, rope as trope
 from sgdiff.kernels.triton import cast_copy as tcast, conv_silu as tconv, linear_attention_out as tlao
-from sgdiff.kernels.triton import silu_mul as tsilu
+from sgdiff.kernels.triton import rmsnorm_modulate as trmod, silu_mul as tsilu
 from tests.helpers import every_16bit_value
 
 pytestmark = pytest.mark.gpu
@@ -506,16 +506,35 @@ def test_modulate_any_form(B, S, D, dtype, form):
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
-@given(B=st.integers(1, 2), S=st.integers(1, 300), D=st.sampled_from([64, 128, 2048, 3072]),
+@given(B=st.integers(1, 2), S=st.integers(1, 300), D=st.sampled_from([64, 128, 2048, 2304, 3072]),
        dtype=st.sampled_from([torch.bfloat16, torch.float16]), form=st.sampled_from(["fused", "diffusers"]),
-       affine=st.booleans(), shift=st.booleans())
-def test_rmsnorm_modulate_any_form(B, S, D, dtype, form, affine, shift):
+       weight=st.sampled_from([None, "same", "fp32"]), params=st.sampled_from(["chunk", "table", "per_token", "fp32_scale"]),
+       shift=st.booleans())
+def test_rmsnorm_modulate_any_form(B, S, D, dtype, form, weight, params, shift):
+    """The norm and its modulation in one pass, as models write them: chunks of an embedding
+    projection (Lumina), table + temb rows unbound from one tensor (LTX-Video), per-token
+    projections, an fp32 scale over a half stream; a weight of x's dtype or (diffusers' form) fp32,
+    whose norm output is then fp32; scale-only."""
     from sgdiff.kernels.rmsnorm_modulate import rmsnorm_modulate_reference
 
     x = randn(B, S, D, dtype=dtype, scale=3.0)
-    w = randn(D, dtype=dtype) if affine else None
-    sh, sc = randn(B, 1, 2 * D, dtype=dtype).chunk(2, dim=-1)
+    if weight == "fp32" and form == "fused":
+        weight = "same"  # the fused form takes a weight of x's dtype only
+    w = None if weight is None else randn(D, dtype=dtype if weight == "same" else torch.float32)
+    if params == "chunk":
+        sh, sc = (t[:, None] for t in randn(B, 4 * D, dtype=dtype).chunk(4, dim=1)[:2])
+    elif params == "table":
+        sh, sc = (randn(6, D, dtype=dtype)[None, None] + randn(B, 1, 6 * D, dtype=dtype).reshape(B, 1, 6, -1)).unbind(2)[:2]
+    elif params == "per_token":
+        sc, sh = randn(B, S, 2 * D, dtype=dtype).chunk(2, dim=-1)
+    else:
+        sc, sh = randn(B, 1, D, dtype=torch.float32), randn(B, 1, D, dtype=dtype)
     args = (x, w, 1e-6, form, sc, sh if shift else None)
     want = rmsnorm_modulate_reference(*args)
     got = op["rmsnorm_modulate"](*args)
-    assert torch.equal(got, want) and got.stride() == want.stride()
+    assert torch.equal(got, want) and got.stride() == want.stride() and got.dtype == want.dtype
+    # the kernel itself wherever it applies (every fused-form input here; the diffusers form
+    # leaves few rows to the chain, as ATen's mean then widens its block)
+    assert trmod.can_use(*args) or form == "diffusers"
+    if trmod.can_use(*args):
+        assert torch.equal(trmod.rmsnorm_modulate(*args), want)

@@ -49,14 +49,31 @@ def _modulate_kernel(
     x = tl.load(x_ptr + tile_offsets(rows, d, n1, n2, sx0, sx1, sx2, sx3), mask=mask, other=0.0)
     s = tl.load(scale_ptr + tile_offsets(rows, d, n1, n2, sc0, sc1, sc2, sc3), mask=mask,
                 other=0.0)
-    s = (s.to(tl.float32) + 1.0).to(scale_ptr.dtype.element_ty)
-    y = (x.to(tl.float32) * s.to(tl.float32)).to(PRODUCT_DTYPE)
+    h = None
     if HAS_SHIFT:
         h = tl.load(shift_ptr + tile_offsets(rows, d, n1, n2, sh0, sh1, sh2, sh3), mask=mask,
                     other=0.0)
-        y = y.to(tl.float32) + h.to(tl.float32)
+    y = modulated(x, s, h, PRODUCT_DTYPE)
     o = out_ptr + tile_offsets(rows, d, n1, n2, so0, so1, so2, so3)
     tl.store(o, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def modulated(x, s, h, PRODUCT_DTYPE: tl.constexpr):
+    """``x * (1 + s) + h`` (``h`` None: no shift) rounded as eager's chain rounds it: ``1 + s`` to
+    s's dtype, the product to ``PRODUCT_DTYPE`` (promote(x, s)), the sum in fp32, to be rounded
+    by the caller's store to promote(product, h)."""
+    s = (s.to(tl.float32) + 1.0).to(s.dtype)
+    y = (x.to(tl.float32) * s.to(tl.float32)).to(PRODUCT_DTYPE)
+    if h is not None:
+        y = y.to(tl.float32) + h.to(tl.float32)
+    return y
+
+
+def out_dtypes(x_dtype: torch.dtype, scale, shift) -> tuple:
+    """``(product, output)`` dtypes of eager's modulation of a ``x_dtype`` tensor."""
+    product = torch.promote_types(x_dtype, scale.dtype)
+    return product, product if shift is None else torch.promote_types(product, shift.dtype)
 
 
 def supported_layout(x, scale, shift) -> bool:
@@ -78,8 +95,7 @@ def can_use(x, scale, shift) -> bool:
 
 @cached_plan
 def _plan(x, scale, shift):
-    product = torch.promote_types(x.dtype, scale.dtype)
-    out_dtype = product if shift is None else torch.promote_types(product, shift.dtype)
+    product, out_dtype = out_dtypes(x.dtype, scale, shift)
     out = torch.empty(x.shape, device="meta")  # contiguous, as the chain's last op leaves it
     shape, (so, sx, sc, sh) = innermost_last(out, x, scale, x if shift is None else shift)
     n_rows = shape[0] * shape[1] * shape[2]

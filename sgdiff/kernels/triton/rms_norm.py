@@ -29,6 +29,10 @@ row, thread ``t`` reading 4-vectors ``t, t + 128, ...``::
 
 It is taken when N % 4 == 0 and x (after ``.contiguous()``) and w are 4-vector aligned; other
 inputs run ATen's Welford fallback and are left to the chain.
+
+Either kernel also serves sgdiff::rmsnorm_modulate (``MODULATE``): each row, rounded to the
+norm's dtype, is modulated as eager's ``y * (1 + scale) + shift`` rounds it
+(:func:`.modulate.modulated`) before it is stored, so the norm's output never reaches memory.
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ import triton.language as tl
 from sgdiff.kernels.layout import like_strides
 from sgdiff.kernels.triton.cuda_math import INTERPRET, rsqrtf
 from sgdiff.kernels.triton.launch import LeanKernel
+from sgdiff.kernels.triton.modulate import modulated, out_dtypes
 from sgdiff.kernels.triton.rows import (
     DTYPES,
     LANES,
@@ -77,6 +82,7 @@ def _rms_norm_diffusers_kernel(
     sx0, sx1, sx2, sx3,
     so0, so1, so2, so3,
     eps, factor,
+    sc_ptr, sh_ptr,  # a modulation's scale and shift (unused unless MODULATE)
     VECTORIZED: tl.constexpr,  # N >= 128: ATen's 4-vector loads
     ITERS: tl.constexpr,  # vectors per lane, ceil(N / 128); elements per lane, ceil(N / 32), if not VECTORIZED
     HAS_WEIGHT: tl.constexpr,
@@ -84,6 +90,7 @@ def _rms_norm_diffusers_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
     INTERPRET: tl.constexpr,
+    MODULATE: tl.constexpr = (),  # (): none; else modulation(...): the output modulated as eager's chain
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < n_rows
@@ -115,8 +122,32 @@ def _rms_norm_diffusers_kernel(
     if HAS_WEIGHT:
         w = tl.load(w_ptr + d, mask=d < N, other=0.0).to(tl.float32)
         y = y.to(ROUND_DTYPE).to(tl.float32) * w[None, :]
+    if len(MODULATE) > 0:
+        y = _modulate_rows(y, sc_ptr, sh_ptr, rows, d, mask, n1, n2, MODULATE)
     o_row = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None]
     tl.store(o_row + d[None, :] * so3, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _modulate_rows(y, sc_ptr, sh_ptr, rows, cols, mask, n1, n2, MODULATE: tl.constexpr):
+    """The norm's fp32 output ``y`` at ``rows`` x ``cols`` rounded to its dtype, then modulated as
+    eager modulates it (:func:`modulation`: its dtypes and the operands' strides, compiled in)."""
+    NORM_DTYPE: tl.constexpr = MODULATE[0]
+    PRODUCT_DTYPE: tl.constexpr = MODULATE[1]
+    SC: tl.constexpr = MODULATE[2]
+    SH: tl.constexpr = MODULATE[3]
+    sc = tl.load(sc_ptr + row_offsets(rows, n1, n2, SC[0], SC[1], SC[2])[:, None] + cols[None, :] * SC[3],
+                 mask=mask, other=0.0)
+    sh = None
+    if len(SH) > 0:
+        sh = tl.load(sh_ptr + row_offsets(rows, n1, n2, SH[0], SH[1], SH[2])[:, None] + cols[None, :] * SH[3],
+                     mask=mask, other=0.0)
+    return modulated(y.to(NORM_DTYPE), sc, sh, PRODUCT_DTYPE)
+
+
+def modulation(norm_dtype, product_dtype, sc_strides, sh_strides) -> tuple:
+    """The rms_norm kernels' MODULATE: a hashable description, compiled in."""
+    return (TL_DTYPE[norm_dtype], TL_DTYPE[product_dtype], tuple(sc_strides), tuple(sh_strides or ()))
 
 
 @triton.jit
@@ -151,11 +182,13 @@ def _rms_norm_fused_kernel(
     sx0, sx1, sx2,
     so0, so1, so2,
     eps,
+    sc_ptr, sh_ptr,  # a modulation's scale and shift (unused unless MODULATE)
     ITERS: tl.constexpr,  # 4-vectors per thread: ceil(N / (4 * THREADS))
     THREADS: tl.constexpr,  # 128 as ATen; 32 when N <= 128 (warps 1-3 hold nothing, +0 adds nothing)
     HAS_WEIGHT: tl.constexpr,
     BLOCK_R: tl.constexpr,  # rows per program (ATen: one per block; short rows share a program here)
     INTERPRET: tl.constexpr,
+    MODULATE: tl.constexpr = (),  # (): none; else modulation(...): the output modulated as eager's chain
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < n_rows
@@ -183,6 +216,8 @@ def _rms_norm_fused_kernel(
         y = r * v.to(tl.float32)
         if HAS_WEIGHT:
             y = tl.load(w_ptr + col, mask=col < N, other=0.0).to(tl.float32)[None, :] * y
+        if len(MODULATE) > 0:
+            y = _modulate_rows(y, sc_ptr, sh_ptr, rows, col, mask, n1, n2, MODULATE)
         tl.store(o_row + col[None, :], y.to(out_ptr.dtype.element_ty), mask=mask,
                  eviction_policy="evict_first" if ITERS > 1 else "")
 
@@ -246,9 +281,15 @@ def mean_factor(n_rows: int, n: int) -> float:
 
 
 @cached_plan
-def _plan(x, form):
-    out = torch.empty_strided(x.shape, like_strides(x), device="meta")
-    shape, (sx, so) = merge_rows(shape4(x.shape), [strides4(x, x.shape), strides4(out, x.shape)])
+def _plan(x, form, scale=None, shift=None):
+    """``(out strides, grid, ints, consts, factor, (sc strides, sh strides))``; with a ``scale``
+    (and ``shift``), the output is the modulation's, contiguous as eager's chain leaves it."""
+    if scale is None:
+        out = torch.empty_strided(x.shape, like_strides(x), device="meta")
+    else:
+        out = torch.empty(x.shape, device="meta")
+    operands = [x, out] + [t for t in (scale, shift) if t is not None]
+    shape, (sx, so, *smod) = merge_rows(shape4(x.shape), [strides4(t, x.shape) for t in operands])
     n_rows, n = shape[0] * shape[1] * shape[2], shape[3]
     if form == "fused":
         threads = 32 if n <= 128 else 128
@@ -266,25 +307,33 @@ def _plan(x, form):
         vectorized = n >= VECTORIZE_MIN
         consts = dict(VECTORIZED=vectorized, ITERS=triton.cdiv(n, 4 * LANES if vectorized else LANES),
                       BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps)
-    return out.stride(), (triton.cdiv(n_rows, block_r),), ints, consts, mean_factor(n_rows, n)
+    return out.stride(), (triton.cdiv(n_rows, block_r),), ints, consts, mean_factor(n_rows, n), tuple(smod)
 
 
-def bind(x, weight, eps, form):
-    """:func:`rms_norm` for inputs of this signature, its host arithmetic done."""
-    out_strides, grid, ints, consts, factor = _plan(x, form)
-    options = dict(consts, HAS_WEIGHT=weight is not None, INTERPRET=INTERPRET, enable_fp_fusion=False)
+def bind(x, weight, eps, form, scale=None, shift=None):
+    """:func:`rms_norm` for inputs of this signature, its host arithmetic done; with a ``scale``
+    (and ``shift``) the norm's output modulated in the same pass (:func:`rms_norm_modulate`)."""
+    out_strides, grid, ints, consts, factor, smod = _plan(x, form, scale, shift)
+    norm_dtype = x.dtype if form == "fused" else _out_dtype(x, weight)
+    out_dtype, modulate = norm_dtype, ()
+    if scale is not None:
+        product, out_dtype = out_dtypes(norm_dtype, scale, shift)
+        modulate = modulation(norm_dtype, product, smod[0], smod[1] if shift is not None else None)
+    options = dict(consts, HAS_WEIGHT=weight is not None, INTERPRET=INTERPRET, MODULATE=modulate,
+                   enable_fp_fusion=False)
     if form == "fused":
-        kernel, out_dtype = _rms_norm_fused_kernel.bound(grid, **options), x.dtype
+        kernel = _rms_norm_fused_kernel.bound(grid, **options)
         tail = (FLT_EPSILON if eps is None else eps,)
     else:
         round_dtype = weight.dtype if weight is not None and weight.dtype in _HALF else torch.float32
         kernel = _rms_norm_diffusers_kernel.bound(grid, ROUND_DTYPE=TL_DTYPE[round_dtype], **options)
-        out_dtype, tail = _out_dtype(x, weight), (eps, factor)
+        tail = (eps, factor)
     shape = x.shape
 
-    def launch(x, weight, *_):
+    def launch(x, weight, eps=None, form=None, scale=None, shift=None):  # rms_norm's or rmsnorm_modulate's arguments
         out = torch.empty_strided(shape, out_strides, dtype=out_dtype, device=x.device)
-        kernel(x, weight if weight is not None else x, out, *ints, *tail)
+        kernel(x, weight if weight is not None else x, out, *ints, *tail,
+               scale if scale is not None else x, shift if shift is not None else x)
         return out
 
     return launch
@@ -292,7 +341,7 @@ def bind(x, weight, eps, form):
 
 def rms_norm(x, weight, eps, form):
     """Launch; the caller has checked :func:`can_use`."""
-    return bind(x, weight, eps, form)(x, weight, eps, form)
+    return bind(x, weight, eps, form)(x, weight)
 
 
 rms_norm.can_use, rms_norm.bind = can_use, bind

@@ -1,10 +1,8 @@
 """Triton sgdiff::rmsnorm_modulate, bitwise equal to eager on CUDA: the RMSNorm kernel
-(:mod:`.rms_norm`, either form), then the modulate kernel (:mod:`.modulate`) on its output.
-
-Two launches instead of the chain's five to nine ATen ops. Each kernel keeps its chain's
-roundings, and the norm's output is the tensor eager's modulation reads (its layout changes no
-value of an elementwise chain). One fused pass would also save writing and reading the norm's
-output; no model in the zoo runs this chain, so the composition stands until one does.
+(:mod:`.rms_norm`, either form) with the modulation (:func:`.modulate.modulated`) applied to
+each row before it is stored, in one pass: the norm's output never reaches memory. Each step
+keeps its chain's rounding (the norm's output rounded to its dtype, ``1 + scale`` to scale's,
+the product and the sum to their promoted dtypes); the output is contiguous, as the chain's.
 """
 from __future__ import annotations
 
@@ -21,18 +19,9 @@ def can_use(x, weight, eps, form, scale, shift) -> bool:
 
 
 def bind(x, weight, eps, form, scale, shift):
-    """:func:`rmsnorm_modulate` for inputs of this signature: the RMSNorm's launch bound now,
-    the modulation's at the first call, on the norm's output."""
-    norm, modulate = trms.bind(x, weight, eps, form), None
-
-    def launch(x, weight, eps, form, scale, shift):
-        nonlocal modulate
-        y = norm(x, weight)
-        if modulate is None:
-            modulate = tmod.bind(y, scale, shift)
-        return modulate(y, scale, shift)
-
-    return launch
+    """:func:`rmsnorm_modulate` for inputs of this signature: the RMSNorm kernel's launch with
+    the modulation compiled in."""
+    return trms.bind(x, weight, eps, form, scale, shift)
 
 
 def rmsnorm_modulate(x, weight, eps, form, scale, shift):
