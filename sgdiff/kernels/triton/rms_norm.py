@@ -312,7 +312,8 @@ def _plan(x, form, scale=None, shift=None):
 
 def bind(x, weight, eps, form, scale=None, shift=None):
     """:func:`rms_norm` for inputs of this signature, its host arithmetic done; with a ``scale``
-    (and ``shift``) the norm's output modulated in the same pass (:func:`rms_norm_modulate`)."""
+    (and ``shift``) the norm's output modulated in the same pass (:mod:`.rmsnorm_modulate`). The
+    launch takes rms_norm's arguments, or rmsnorm_modulate's."""
     out_strides, grid, ints, consts, factor, smod = _plan(x, form, scale, shift)
     norm_dtype = x.dtype if form == "fused" else _out_dtype(x, weight)
     out_dtype, modulate = norm_dtype, ()
@@ -330,7 +331,7 @@ def bind(x, weight, eps, form, scale=None, shift=None):
         tail = (eps, factor)
     shape = x.shape
 
-    def launch(x, weight, eps=None, form=None, scale=None, shift=None):  # rms_norm's or rmsnorm_modulate's arguments
+    def launch(x, weight, eps=None, form=None, scale=None, shift=None):
         out = torch.empty_strided(shape, out_strides, dtype=out_dtype, device=x.device)
         kernel(x, weight if weight is not None else x, out, *ints, *tail,
                scale if scale is not None else x, shift if shift is not None else x)
