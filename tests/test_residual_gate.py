@@ -308,4 +308,3 @@ def test_a_reciprocal_of_one_multiplies_nothing(divisor, divides):
     any divisor whose fp32 reciprocal rounds to 1, and no other."""
     from sgdiff.kernels.triton import residual_gate as tk
     assert tk.divides(tk.reciprocal(divisor)) is divides
-

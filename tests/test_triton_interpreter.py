@@ -316,8 +316,8 @@ ROWWISE = textwrap.dedent(r"""
         # rmsnorm_modulate: against the chain (the norm's reduction order is CUDA's: a tolerance), and
         # exactly the norm's kernel then the modulate kernel (the interpreter rounds alike in both):
         # one pass rounds the norm's output where the two kernels store it, over table rows,
-        # per-token projections (448 = 3 tiles and a half for the fused form), an fp32 scale over a
-        # half stream, scale-only, and an fp32 weight (the diffusers norm's output then fp32)
+        # per-token projections, an fp32 scale over a half stream, scale-only, and an fp32 weight
+        # (the diffusers norm's output then fp32); rows of 448: 3.5 of the diffusers form's chunks
         xr, (shift, scale) = torch.randn(2, 7, 128, dtype=dt), torch.randn(2, 1, 2 * 128, dtype=dt).chunk(2, -1)
         for w, eps, form in ((torch.randn(128, dtype=dt), 1e-6, "diffusers"), (None, None, "fused")):
             args = (xr, w, eps, form, scale, shift)

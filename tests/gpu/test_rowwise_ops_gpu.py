@@ -481,6 +481,23 @@ def test_linear_attention_out_any_shape(B, H, D, N, dtype):
     assert torch.equal(bits(got), bits(want)) and got.stride() == want.stride()
 
 
+def scale_and_shift(form, B, S, D, dtype):
+    """A modulation's scale and shift as models write them: ``chunk``s of an embedding projection,
+    ``table`` rows, a table + temb sum ``unbound`` into its rows (LTX-Video), ``per_token``
+    projections, or an ``fp32_scale`` over a half stream."""
+    if form == "chunk":
+        shift, scale = (t[:, None] for t in randn(B, 6 * D, dtype=dtype).chunk(6, dim=1)[:2])
+    elif form == "table":
+        shift, scale = randn(B, 6, D, dtype=dtype).chunk(6, dim=1)[:2]
+    elif form == "unbound":
+        shift, scale = (randn(6, D, dtype=dtype)[None, None] + randn(B, 1, 6 * D, dtype=dtype).reshape(B, 1, 6, -1)).unbind(2)[:2]
+    elif form == "per_token":
+        scale, shift = randn(B, S, 2 * D, dtype=dtype).chunk(2, dim=-1)
+    else:
+        scale, shift = randn(B, 1, D, dtype=torch.float32), randn(B, 1, D, dtype=dtype)
+    return scale, shift
+
+
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(B=st.integers(1, 2), S=st.integers(1, 300), D=st.sampled_from([64, 1152, 2240, 3072, 5120]),
        dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]),
@@ -489,15 +506,7 @@ def test_modulate_any_form(B, S, D, dtype, form):
     """x * (1 + scale) + shift as models write it: chunks of an embedding projection, table rows,
     per-token projections, an fp32 scale over a bf16 stream, and scale-only."""
     x = randn(B, S, D, dtype=dtype, scale=3.0)
-    if form in ("chunk", "no_shift"):
-        shift, scale = randn(B, 6 * D, dtype=dtype).chunk(6, dim=1)[:2]
-        scale, shift = scale[:, None], shift[:, None]
-    elif form == "table":
-        shift, scale = randn(B, 6, D, dtype=dtype).chunk(6, dim=1)[:2]
-    elif form == "per_token":
-        scale, shift = randn(B, S, 2 * D, dtype=dtype).chunk(2, dim=-1)
-    else:
-        scale, shift = randn(B, 1, D, dtype=torch.float32), randn(B, 1, D, dtype=dtype)
+    scale, shift = scale_and_shift("chunk" if form == "no_shift" else form, B, S, D, dtype)
     if form == "no_shift":
         shift = None
     want = x * (1 + scale) if shift is None else x * (1 + scale) + shift
@@ -508,7 +517,7 @@ def test_modulate_any_form(B, S, D, dtype, form):
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(B=st.integers(1, 2), S=st.integers(1, 300), D=st.sampled_from([64, 128, 2048, 2304, 3072]),
        dtype=st.sampled_from([torch.bfloat16, torch.float16]), form=st.sampled_from(["fused", "diffusers"]),
-       weight=st.sampled_from([None, "same", "fp32"]), params=st.sampled_from(["chunk", "table", "per_token", "fp32_scale"]),
+       weight=st.sampled_from([None, "same", "fp32"]), params=st.sampled_from(["chunk", "unbound", "per_token", "fp32_scale"]),
        shift=st.booleans())
 def test_rmsnorm_modulate_any_form(B, S, D, dtype, form, weight, params, shift):
     """The norm and its modulation in one pass, as models write them: chunks of an embedding
@@ -521,14 +530,7 @@ def test_rmsnorm_modulate_any_form(B, S, D, dtype, form, weight, params, shift):
     if weight == "fp32" and form == "fused":
         weight = "same"  # the fused form takes a weight of x's dtype only
     w = None if weight is None else randn(D, dtype=dtype if weight == "same" else torch.float32)
-    if params == "chunk":
-        sh, sc = (t[:, None] for t in randn(B, 4 * D, dtype=dtype).chunk(4, dim=1)[:2])
-    elif params == "table":
-        sh, sc = (randn(6, D, dtype=dtype)[None, None] + randn(B, 1, 6 * D, dtype=dtype).reshape(B, 1, 6, -1)).unbind(2)[:2]
-    elif params == "per_token":
-        sc, sh = randn(B, S, 2 * D, dtype=dtype).chunk(2, dim=-1)
-    else:
-        sc, sh = randn(B, 1, D, dtype=torch.float32), randn(B, 1, D, dtype=dtype)
+    sc, sh = scale_and_shift(params, B, S, D, dtype)
     args = (x, w, 1e-6, form, sc, sh if shift else None)
     want = rmsnorm_modulate_reference(*args)
     got = op["rmsnorm_modulate"](*args)
