@@ -10,9 +10,11 @@ reproduce is the mean, ATen's generic reduction (aten/src/ATen/native/cuda/Reduc
     y    = y.to(w.dtype) * w  (fp16/bf16 w),  y * w  (fp32 w),  y.to(x.dtype)  (no w)
 
 The sum: a warp (32 lanes) per row. For N >= 128 ATen loads 4-vectors: lane ``l`` keeps four
-accumulators, ``acc[i] += sq[4 (l + 32 k) + i]`` for k = 0, 1, ...; for 32 <= N < 128 it
-loads single elements, ``acc[i] = sq[l + 32 i]``, which the kernel reads as one [R, 32] slice
-per accumulator. Each lane then folds
+accumulators, ``acc[i] += sq[4 (l + 32 k) + i]`` for k = 0, 1, ...; the kernel gives a row a
+warp too, reads each 128-element chunk once as a [R, 32, 4] tile (lane l's vector l), and
+keeps the chunks for the output (N compiled in: only a partial last chunk is masked). For
+32 <= N < 128 ATen loads single elements, ``acc[i] = sq[l + 32 i]``, which the kernel reads
+as one [R, 32] slice per accumulator. Each lane then folds
 ``((acc0 + acc1) + acc2) + acc3`` and the warp folds lanes by shuffle-down with offsets 16, 8,
 4, 2, 1 (:func:`sgdiff.kernels.triton.rows.halving_sum`). Few rows make ATen widen the block;
 those inputs are left to the chain.
@@ -78,11 +80,12 @@ def _squares(x_row, cols, row_ok, N, sx3):
 @triton.jit
 def _rms_norm_diffusers_kernel(
     x_ptr, w_ptr, out_ptr,
-    n_rows, n1, n2, N,
+    n_rows, n1, n2,
     sx0, sx1, sx2, sx3,
     so0, so1, so2, so3,
     eps, factor,
     sc_ptr, sh_ptr,  # a modulation's scale and shift (unused unless MODULATE)
+    N: tl.constexpr,  # the row's length, compiled in: only a row's last, partial chunk is masked
     VECTORIZED: tl.constexpr,  # N >= 128: ATen's 4-vector loads
     ITERS: tl.constexpr,  # vectors per lane, ceil(N / 128); elements per lane, ceil(N / 32), if not VECTORIZED
     HAS_WEIGHT: tl.constexpr,
@@ -95,37 +98,62 @@ def _rms_norm_diffusers_kernel(
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < n_rows
     x_row = x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None]
-    d = tl.arange(0, BLOCK_N)
-    mask = row_ok[:, None] & (d < N)[None, :]
-    x = tl.load(x_row + d[None, :] * sx3, mask=mask, other=0.0).to(tl.float32)
+    o_row = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None]
     if VECTORIZED:  # lane l, accumulator i: element 4 (l + 32 k) + i of the row
-        chunk = tl.arange(0, 4 * 32)
-        if ITERS == 1:  # N == 128: the row tile is the chunk
-            first = x * x
-        else:
-            first = _squares(x_row, chunk, row_ok, N, sx3)
-        acc0, acc1, acc2, acc3 = unpack4(tl.reshape(first, (BLOCK_R, 32, 4)))
-        for k in tl.static_range(1, ITERS):
-            sq = tl.reshape(_squares(x_row, chunk + k * 128, row_ok, N, sx3), (BLOCK_R, 32, 4))
-            s0, s1, s2, s3 = unpack4(sq)
-            acc0, acc1, acc2, acc3 = acc0 + s0, acc1 + s1, acc2 + s2, acc3 + s3
+        # the row's 128-element chunks as [R, 32, 4] tiles (lane l's 4-vector l), each loaded once:
+        # squared for the mean, kept for the output
+        chunk = tl.arange(0, 32)[:, None] * 4 + tl.arange(0, 4)[None, :]
+        x_row, o_row = x_row[:, :, None], o_row[:, :, None]
+        xs = ()
+        for k in tl.static_range(ITERS):
+            col = chunk + k * 128
+            if (k + 1) * 128 <= N:  # a whole chunk: no column mask
+                v = tl.load(x_row + col[None] * sx3, mask=row_ok[:, None, None], other=0.0)
+            else:
+                v = tl.load(x_row + col[None] * sx3, mask=row_ok[:, None, None] & (col < N)[None], other=0.0)
+            v = v.to(tl.float32)
+            xs = xs + (v,)
+            s0, s1, s2, s3 = unpack4(v * v)
+            if k == 0:
+                acc0, acc1, acc2, acc3 = s0, s1, s2, s3
+            else:
+                acc0, acc1, acc2, acc3 = acc0 + s0, acc1 + s1, acc2 + s2, acc3 + s3
         lanes = ((acc0 + acc1) + acc2) + acc3
+        r = rsqrtf(halving_sum(lanes, 5) * factor + eps, INTERPRET)
+        for k in tl.static_range(ITERS):
+            col = chunk + k * 128
+            if (k + 1) * 128 <= N:  # as the loads: a column mask would cost the stores their vectors
+                mask = row_ok[:, None, None]
+            else:
+                mask = row_ok[:, None, None] & (col < N)[None]
+            y = _rms_norm_output(xs[k] * r[:, None, None], w_ptr, sc_ptr, sh_ptr, rows, col, mask, n1, n2, N,
+                                 HAS_WEIGHT, ROUND_DTYPE, MODULATE)
+            tl.store(o_row + col[None] * so3, y.to(out_ptr.dtype.element_ty), mask=mask)
     else:  # lane l, accumulator i: element l + 32 i, one [R, 32] slice per accumulator
+        d = tl.arange(0, BLOCK_N)
+        mask = row_ok[:, None] & (d < N)[None, :]
+        x = tl.load(x_row + d[None, :] * sx3, mask=mask, other=0.0).to(tl.float32)
         lane = tl.arange(0, 32)
         lanes = _squares(x_row, lane, row_ok, N, sx3)
         for i in tl.static_range(1, ITERS):
             lanes = lanes + _squares(x_row, lane + 32 * i, row_ok, N, sx3)
-    total = halving_sum(lanes, 5)
-    r = rsqrtf(total * factor + eps, INTERPRET)
+        r = rsqrtf(halving_sum(lanes, 5) * factor + eps, INTERPRET)
+        y = _rms_norm_output(x * r[:, None], w_ptr, sc_ptr, sh_ptr, rows, d, mask, n1, n2, N,
+                             HAS_WEIGHT, ROUND_DTYPE, MODULATE)
+        tl.store(o_row + d[None, :] * so3, y.to(out_ptr.dtype.element_ty), mask=mask)
 
-    y = x * r[:, None]
+
+@triton.jit
+def _rms_norm_output(y, w_ptr, sc_ptr, sh_ptr, rows, cols, mask, n1, n2, N, HAS_WEIGHT: tl.constexpr,
+                     ROUND_DTYPE: tl.constexpr, MODULATE: tl.constexpr):
+    """The diffusers form's output at ``cols`` from ``y = x * r`` (fp32): through the weight
+    (``y`` rounded to ROUND_DTYPE first, as diffusers casts it), then modulated where MODULATE."""
     if HAS_WEIGHT:
-        w = tl.load(w_ptr + d, mask=d < N, other=0.0).to(tl.float32)
-        y = y.to(ROUND_DTYPE).to(tl.float32) * w[None, :]
+        w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+        y = y.to(ROUND_DTYPE).to(tl.float32) * w[None]
     if len(MODULATE) > 0:
-        y = _modulate_rows(y, sc_ptr, sh_ptr, rows, d, mask, n1, n2, MODULATE)
-    o_row = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None]
-    tl.store(o_row + d[None, :] * so3, y.to(out_ptr.dtype.element_ty), mask=mask)
+        y = _modulate_rows(y, sc_ptr, sh_ptr, rows, cols, mask, n1, n2, MODULATE)
+    return y
 
 
 @triton.jit
@@ -136,13 +164,20 @@ def _modulate_rows(y, sc_ptr, sh_ptr, rows, cols, mask, n1, n2, MODULATE: tl.con
     PRODUCT_DTYPE: tl.constexpr = MODULATE[1]
     SC: tl.constexpr = MODULATE[2]
     SH: tl.constexpr = MODULATE[3]
-    sc = tl.load(sc_ptr + row_offsets(rows, n1, n2, SC[0], SC[1], SC[2])[:, None] + cols[None, :] * SC[3],
-                 mask=mask, other=0.0)
+    sc = tl.load(sc_ptr + _at(row_offsets(rows, n1, n2, SC[0], SC[1], SC[2]), cols * SC[3]), mask=mask, other=0.0)
     sh = None
     if len(SH) > 0:
-        sh = tl.load(sh_ptr + row_offsets(rows, n1, n2, SH[0], SH[1], SH[2])[:, None] + cols[None, :] * SH[3],
-                     mask=mask, other=0.0)
+        sh = tl.load(sh_ptr + _at(row_offsets(rows, n1, n2, SH[0], SH[1], SH[2]), cols * SH[3]), mask=mask,
+                     other=0.0)
     return modulated(y.to(NORM_DTYPE), sc, sh, PRODUCT_DTYPE)
+
+
+@triton.jit
+def _at(row_off, col_off):
+    """Offsets of a [R, *cols] tile: each row's offset plus each column's ([C] or [32, 4] columns)."""
+    if len(col_off.shape) == 1:
+        return row_off[:, None] + col_off[None, :]
+    return row_off[:, None, None] + col_off[None]
 
 
 def modulation(norm_dtype, product_dtype, sc_strides, sh_strides) -> tuple:
@@ -299,13 +334,12 @@ def _plan(x, form, scale=None, shift=None):
                       num_warps=2 if threads == 32 else 4)  # measured: 2 warps best for short rows
     else:
         block_n = triton.next_power_of_2(n)
-        block_r = max(1, min(16, 2048 // block_n))
-        warps = 4
-        if block_n <= 128:  # per head: 1024 elements a one-warp program (measured at D=128: 14.9 against 16.6 us)
-            block_r, warps = 1024 // block_n, 1
-        ints = (n_rows, shape[1], shape[2], n, *sx, *so)
+        # a row a warp, as ATen's mean takes it; per head, 1024 elements a one-warp program
+        # (measured at D=128: 14.9 against 16.6 us)
+        block_r, warps = (1024 // block_n if block_n <= 128 else 1), 1
+        ints = (n_rows, shape[1], shape[2], *sx, *so)
         vectorized = n >= VECTORIZE_MIN
-        consts = dict(VECTORIZED=vectorized, ITERS=triton.cdiv(n, 4 * LANES if vectorized else LANES),
+        consts = dict(N=n, VECTORIZED=vectorized, ITERS=triton.cdiv(n, 4 * LANES if vectorized else LANES),
                       BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps)
     return out.stride(), (triton.cdiv(n_rows, block_r),), ints, consts, mean_factor(n_rows, n), tuple(smod)
 
