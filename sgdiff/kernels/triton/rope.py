@@ -50,7 +50,8 @@ def _rope_kernel(
     sc0, sc1, sc2, sc3,
     ss0, ss1, ss2, ss3,
     so0, so1, so2, so3,
-    FORM: tl.constexpr,  # 0 interleaved, 1 rotate-half, 2 even/odd (Wan), 3 complex product
+    FORM: tl.constexpr,  # 0 interleaved, 1 rotate-half, 2 even/odd (Wan), 3 complex product (cos_ptr: the
+                         # complex table's fp32 view, x's shape; sin_ptr unused)
     PRODUCT_DTYPE: tl.constexpr,  # even/odd only: promote(x, cos, sin)
     COMPLEX_FMA: tl.constexpr,  # complex only: which products nvcc contracts (see complex_product)
     BLOCK_R: tl.constexpr,
@@ -86,16 +87,19 @@ def _rope_kernel(
             sin_even, sin_odd = tl.split(tl.reshape(sin, (BLOCK_R, BLOCK_D // 2, 2)))
             out_even = x_even * cos_even + (x_odd * -1.0) * sin_even
             out_odd = x_odd * cos_odd + x_even * sin_odd
+        elif FORM == 3:  # (x_even + i x_odd) * (cos + i sin) in complex64, the table's (cos, sin)
+            # pairs side by side as x's pairs are (its fp32 view): one contiguous load, split alike
+            tab = tl.load(c_row + d[None, :] * sc3, mask=mask, other=0.0)
+            cos, sin = tl.split(tl.reshape(tab, (BLOCK_R, BLOCK_D // 2, 2)))
+            out_even, out_odd = complex_product(x_even, x_odd, cos, sin, COMPLEX_FMA)
         else:  # one table entry per pair
             j = tl.program_id(1) * (BLOCK_D // 2) + tl.arange(0, BLOCK_D // 2)
             pair_mask = (rows < n_rows)[:, None] & (2 * j < D)[None, :]
             cos = tl.load(c_row + j[None, :] * sc3, mask=pair_mask, other=0.0).to(tl.float32)
             sin = tl.load(s_row + j[None, :] * ss3, mask=pair_mask, other=0.0).to(tl.float32)
-            if FORM == 2:  # Wan: each op rounded to PRODUCT_DTYPE
-                out_even = (_round(x_even * cos, PRODUCT_DTYPE) - _round(x_odd * sin, PRODUCT_DTYPE)).to(PRODUCT_DTYPE)
-                out_odd = (_round(x_even * sin, PRODUCT_DTYPE) + _round(x_odd * cos, PRODUCT_DTYPE)).to(PRODUCT_DTYPE)
-            else:  # (x_even + i x_odd) * (cos + i sin) in complex64
-                out_even, out_odd = complex_product(x_even, x_odd, cos, sin, COMPLEX_FMA)
+            # Wan: each op rounded to PRODUCT_DTYPE
+            out_even = (_round(x_even * cos, PRODUCT_DTYPE) - _round(x_odd * sin, PRODUCT_DTYPE)).to(PRODUCT_DTYPE)
+            out_odd = (_round(x_even * sin, PRODUCT_DTYPE) + _round(x_odd * cos, PRODUCT_DTYPE)).to(PRODUCT_DTYPE)
         out = tl.reshape(tl.join(out_even, out_odd), (BLOCK_R, BLOCK_D))
         tl.store(o_row + d[None, :] * so3, out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -222,6 +226,8 @@ COMPLEX_FMA = 4
 def supported_layout_complex(x, freqs) -> bool:
     if not (_x_ok(x) and freqs.dtype == torch.complex64 and freqs.device == x.device and freqs.dim() <= x.dim()):
         return False
+    if freqs.shape[-1] != x.shape[-1] // 2:  # an entry a pair: the table's pairs line up with x's
+        return False
     try:
         return tuple(torch.broadcast_shapes(freqs.shape, (*x.shape[:-1], x.shape[-1] // 2))) == \
             (*x.shape[:-1], x.shape[-1] // 2)
@@ -233,17 +239,16 @@ def can_use_complex(x, freqs) -> bool:
     return x.is_cuda and supported_layout_complex(x, freqs)
 
 
-def _cos_sin(freqs):
-    """cos and sin of complex64 ``freqs``: its real and imaginary parts, as fp32 views."""
-    parts = torch.view_as_real(freqs)  # [..., D/2, 2]
-    return parts[..., 0], parts[..., 1]
+def _pairs(freqs):
+    """complex64 ``freqs`` ``[..., D/2]`` as its fp32 (real, imaginary) pairs, ``[..., D]``: a view
+    where a table entry's two parts sit side by side, as they do in memory (else a copy)."""
+    return torch.view_as_real(freqs).flatten(-2)
 
 
 def bind_complex(x, freqs, complex_fma=None):
     """:func:`rope_complex` for inputs of this signature, its host arithmetic done."""
-    launch = _bind(x, *_cos_sin(freqs), (*x.shape[:-1], x.shape[-1] // 2), 3, torch.float32,
-                   COMPLEX_FMA if complex_fma is None else complex_fma)
-    return lambda x, freqs, *_: launch(x, *_cos_sin(freqs))
+    launch = _bind(x, _pairs(freqs), x, x.shape, 3, torch.float32, COMPLEX_FMA if complex_fma is None else complex_fma)
+    return lambda x, freqs, *_: launch(x, _pairs(freqs), x)
 
 
 def rope_complex(x, freqs, complex_fma=None):
