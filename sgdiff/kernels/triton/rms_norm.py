@@ -99,7 +99,16 @@ def _rms_norm_diffusers_kernel(
     row_ok = rows < n_rows
     x_row = x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None]
     o_row = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None]
-    if VECTORIZED:  # lane l, accumulator i: element 4 (l + 32 k) + i of the row
+    if VECTORIZED and ITERS == 1:  # N == 128: a [R, 128] tile is the chunk, read as the output's
+        d = tl.arange(0, BLOCK_N)
+        mask = row_ok[:, None]
+        x = tl.load(x_row + d[None, :] * sx3, mask=mask, other=0.0).to(tl.float32)
+        acc0, acc1, acc2, acc3 = unpack4(tl.reshape(x * x, (BLOCK_R, 32, 4)))
+        r = rsqrtf(halving_sum(((acc0 + acc1) + acc2) + acc3, 5) * factor + eps, INTERPRET)
+        y = _rms_norm_output(x * r[:, None], w_ptr, sc_ptr, sh_ptr, rows, d, mask, n1, n2, N,
+                             HAS_WEIGHT, ROUND_DTYPE, MODULATE)
+        tl.store(o_row + d[None, :] * so3, y.to(out_ptr.dtype.element_ty), mask=mask)
+    elif VECTORIZED:  # lane l, accumulator i: element 4 (l + 32 k) + i of the row
         # the row's 128-element chunks as [R, 32, 4] tiles (lane l's 4-vector l), each loaded once:
         # squared for the mean, kept for the output
         chunk = tl.arange(0, 32)[:, None] * 4 + tl.arange(0, 4)[None, :]
@@ -175,9 +184,11 @@ def _modulate_rows(y, sc_ptr, sh_ptr, rows, cols, mask, n1, n2, MODULATE: tl.con
 @triton.jit
 def _at(row_off, col_off):
     """Offsets of a [R, *cols] tile: each row's offset plus each column's ([C] or [32, 4] columns)."""
-    if len(col_off.shape) == 1:
-        return row_off[:, None] + col_off[None, :]
-    return row_off[:, None, None] + col_off[None]
+    if len(col_off.shape) == 1:  # one return: Triton types every return of a function alike
+        off = row_off[:, None] + col_off[None, :]
+    else:
+        off = row_off[:, None, None] + col_off[None]
+    return off
 
 
 def modulation(norm_dtype, product_dtype, sc_strides, sh_strides) -> tuple:
