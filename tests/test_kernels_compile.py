@@ -51,8 +51,9 @@ def _arg_type(value) -> str:
 
 
 def compile_sm90(kernel: LeanKernel, args: tuple, kwargs: dict):
-    """The launch compiled for sm_90, specialized as a launch specializes it: 16-byte aligned
-    pointers and multiples of 16 marked divisible by 16; None and constexprs compiled in."""
+    """The launch compiled for sm_90 with the divisibility a launch specializes on (16-byte
+    aligned pointers, integers that are multiples of 16) and its constexprs and None arguments
+    compiled in; other integers as i32 (i64 past its range), floats as fp32."""
     names = kernel._names
     values = {**kernel._defaults, **dict(zip(names, args)), **{n: v for n, v in kwargs.items() if n in names}}
     if "INTERPRET" in names:
@@ -93,7 +94,8 @@ def _freqs(S, half):
 
 
 def _cases():
-    """(op, label, args): the forms the model tests and the bench meet, in bf16 unless named."""
+    """One param per (op, form), ``(op, make)`` with ``make()`` the op's arguments: the forms the
+    model tests and the bench meet, in bf16 unless named."""
     S, H = 64, 3
     cos, sin = _r(S, 128, dtype=torch.float32), _r(S, 128, dtype=torch.float32)
     c = [
