@@ -51,15 +51,17 @@ def _arg_type(value) -> str:
 
 
 def compile_sm90(kernel: LeanKernel, args: tuple, kwargs: dict):
-    """The launch compiled for sm_90 with the divisibility a launch specializes on (16-byte
-    aligned pointers, integers that are multiples of 16) and its constexprs and None arguments
-    compiled in; other integers as i32 (i64 past its range), floats as fp32."""
+    """The launch compiled for sm_90 as a launch specializes it: 16-byte aligned pointers and
+    integers that are multiples of 16 marked divisible by 16, integers equal to 1 compiled in
+    (a unit stride), as are constexprs and None arguments; other integers as i32 (i64 past its
+    range), floats as fp32."""
     names = kernel._names
     values = {**kernel._defaults, **dict(zip(names, args)), **{n: v for n, v in kwargs.items() if n in names}}
     if "INTERPRET" in names:
         values["INTERPRET"] = False
     declared = {p.name for p in kernel.fn.params if p.is_constexpr}
-    constexprs = {n: values[n] for n in names if n in declared or values[n] is None}
+    constexprs = {n: values[n] for n in names if n in declared or values[n] is None
+                  or (type(values[n]) is int and values[n] == 1)}  # a launch compiles in an int of 1
     sig = {n: "constexpr" if n in constexprs else _arg_type(values[n]) for n in names}
     divisible = [i for i, n in enumerate(names) if n not in constexprs and (
         values[n].data_ptr() % 16 == 0 if isinstance(values[n], torch.Tensor)
