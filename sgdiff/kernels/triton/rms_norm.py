@@ -117,11 +117,7 @@ def _rms_norm_diffusers_kernel(
         xs = ()
         for k in tl.static_range(ITERS):
             col = chunk + k * 128
-            if (k + 1) * 128 <= N:  # a whole chunk: no column mask
-                v = tl.load(x_row + col[None] * sx3, mask=row_ok[:, None, None], other=0.0)
-            else:
-                v = tl.load(x_row + col[None] * sx3, mask=row_ok[:, None, None] & (col < N)[None], other=0.0)
-            v = v.to(tl.float32)
+            v = tl.load(x_row + col[None] * sx3, mask=_chunk_mask(row_ok, col, k, N), other=0.0).to(tl.float32)
             xs = xs + (v,)
             s0, s1, s2, s3 = unpack4(v * v)
             if k == 0:
@@ -130,15 +126,17 @@ def _rms_norm_diffusers_kernel(
                 acc0, acc1, acc2, acc3 = acc0 + s0, acc1 + s1, acc2 + s2, acc3 + s3
         lanes = ((acc0 + acc1) + acc2) + acc3
         r = rsqrtf(halving_sum(lanes, 5) * factor + eps, INTERPRET)
+        # every chunk's output before any store: a store may alias the weight, scale or shift, so
+        # their loads cannot move past it, and each chunk would wait out its own loads' latency
+        ys = ()
         for k in tl.static_range(ITERS):
             col = chunk + k * 128
-            if (k + 1) * 128 <= N:  # as the loads: a column mask would cost the stores their vectors
-                mask = row_ok[:, None, None]
-            else:
-                mask = row_ok[:, None, None] & (col < N)[None]
-            y = _rms_norm_output(xs[k] * r[:, None, None], w_ptr, sc_ptr, sh_ptr, rows, col, mask, n1, n2, N,
-                                 HAS_WEIGHT, ROUND_DTYPE, MODULATE)
-            tl.store(o_row + col[None] * so3, y.to(out_ptr.dtype.element_ty), mask=mask)
+            y = _rms_norm_output(xs[k] * r[:, None, None], w_ptr, sc_ptr, sh_ptr, rows, col,
+                                 _chunk_mask(row_ok, col, k, N), n1, n2, N, HAS_WEIGHT, ROUND_DTYPE, MODULATE)
+            ys = ys + (y.to(out_ptr.dtype.element_ty),)
+        for k in tl.static_range(ITERS):
+            col = chunk + k * 128
+            tl.store(o_row + col[None] * so3, ys[k], mask=_chunk_mask(row_ok, col, k, N))
     else:  # lane l, accumulator i: element l + 32 i, one [R, 32] slice per accumulator
         d = tl.arange(0, BLOCK_N)
         mask = row_ok[:, None] & (d < N)[None, :]
@@ -151,6 +149,17 @@ def _rms_norm_diffusers_kernel(
         y = _rms_norm_output(x * r[:, None], w_ptr, sc_ptr, sh_ptr, rows, d, mask, n1, n2, N,
                              HAS_WEIGHT, ROUND_DTYPE, MODULATE)
         tl.store(o_row + d[None, :] * so3, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _chunk_mask(row_ok, col, k: tl.constexpr, N: tl.constexpr):
+    """The mask of chunk ``k``'s [R, 32, 4] tile: rows only where the chunk is whole (a column
+    mask would cost its loads and stores their vectors), rows and columns in a partial last one."""
+    if (k + 1) * 128 <= N:
+        mask = row_ok[:, None, None] & tl.full(col.shape, True, tl.int1)[None]
+    else:
+        mask = row_ok[:, None, None] & (col < N)[None]
+    return mask
 
 
 @triton.jit
