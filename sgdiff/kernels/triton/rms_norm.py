@@ -13,7 +13,9 @@ The sum: a warp (32 lanes) per row. For N >= 128 ATen loads 4-vectors: lane ``l`
 accumulators, ``acc[i] += sq[4 (l + 32 k) + i]`` for k = 0, 1, ...; the kernel gives a row a
 warp too, reads each 128-element chunk once as a [R, 32, 4] tile (lane l's vector l), and
 keeps the chunks for the output (N compiled in: only a partial last chunk is masked; rows of
-128 are one [R, 128] tile, reshaped for the sum, which measured faster per head). For
+128 are one [R, 128] tile, reshaped for the sum, which measured faster per head). A long row's
+outputs are all computed before the first store, so that the weight, scale and shift loads
+need not wait behind stores that may alias them. For
 32 <= N < 128 ATen loads single elements, ``acc[i] = sq[l + 32 i]``, which the kernel reads
 as one [R, 32] slice per accumulator. Each lane then folds
 ``((acc0 + acc1) + acc2) + acc3`` and the warp folds lanes by shuffle-down with offsets 16, 8,
