@@ -102,16 +102,7 @@ def _rms_norm_diffusers_kernel(
     row_ok = rows < n_rows
     x_row = x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None]
     o_row = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None]
-    if VECTORIZED and ITERS == 1:  # N == 128: a [R, 128] tile is the chunk, read as the output's
-        d = tl.arange(0, BLOCK_N)
-        mask = row_ok[:, None]
-        x = tl.load(x_row + d[None, :] * sx3, mask=mask, other=0.0).to(tl.float32)
-        acc0, acc1, acc2, acc3 = unpack4(tl.reshape(x * x, (BLOCK_R, 32, 4)))
-        r = rsqrtf(halving_sum(((acc0 + acc1) + acc2) + acc3, 5) * factor + eps, INTERPRET)
-        y = _rms_norm_output(x * r[:, None], w_ptr, sc_ptr, sh_ptr, rows, d, mask, n1, n2, N,
-                             HAS_WEIGHT, ROUND_DTYPE, MODULATE)
-        tl.store(o_row + d[None, :] * so3, y.to(out_ptr.dtype.element_ty), mask=mask)
-    elif VECTORIZED:  # lane l, accumulator i: element 4 (l + 32 k) + i of the row
+    if VECTORIZED and ITERS > 1:  # lane l, accumulator i: element 4 (l + 32 k) + i of the row
         # the row's 128-element chunks as [R, 32, 4] tiles (lane l's 4-vector l), each loaded once:
         # squared for the mean, kept for the output
         chunk = tl.arange(0, 32)[:, None] * 4 + tl.arange(0, 4)[None, :]
@@ -139,14 +130,18 @@ def _rms_norm_diffusers_kernel(
         for k in tl.static_range(ITERS):
             col = chunk + k * 128
             tl.store(o_row + col[None] * so3, ys[k], mask=_chunk_mask(row_ok, col, k, N))
-    else:  # lane l, accumulator i: element l + 32 i, one [R, 32] slice per accumulator
+    else:  # the row one [R, BLOCK_N] tile
         d = tl.arange(0, BLOCK_N)
         mask = row_ok[:, None] & (d < N)[None, :]
         x = tl.load(x_row + d[None, :] * sx3, mask=mask, other=0.0).to(tl.float32)
-        lane = tl.arange(0, 32)
-        lanes = _squares(x_row, lane, row_ok, N, sx3)
-        for i in tl.static_range(1, ITERS):
-            lanes = lanes + _squares(x_row, lane + 32 * i, row_ok, N, sx3)
+        if VECTORIZED:  # N == 128: the tile is the chunk, reshaped to lane l's 4-vector l
+            acc0, acc1, acc2, acc3 = unpack4(tl.reshape(x * x, (BLOCK_R, 32, 4)))
+            lanes = ((acc0 + acc1) + acc2) + acc3
+        else:  # lane l, accumulator i: element l + 32 i, one [R, 32] slice per accumulator
+            lane = tl.arange(0, 32)
+            lanes = _squares(x_row, lane, row_ok, N, sx3)
+            for i in tl.static_range(1, ITERS):
+                lanes = lanes + _squares(x_row, lane + 32 * i, row_ok, N, sx3)
         r = rsqrtf(halving_sum(lanes, 5) * factor + eps, INTERPRET)
         y = _rms_norm_output(x * r[:, None], w_ptr, sc_ptr, sh_ptr, rows, d, mask, n1, n2, N,
                              HAS_WEIGHT, ROUND_DTYPE, MODULATE)
@@ -158,7 +153,7 @@ def _chunk_mask(row_ok, col, k: tl.constexpr, N: tl.constexpr):
     """The mask of chunk ``k``'s [R, 32, 4] tile: rows only where the chunk is whole (a column
     mask would cost its loads and stores their vectors), rows and columns in a partial last one."""
     if (k + 1) * 128 <= N:
-        mask = row_ok[:, None, None] & tl.full(col.shape, True, tl.int1)[None]
+        mask = row_ok[:, None, None]
     else:
         mask = row_ok[:, None, None] & (col < N)[None]
     return mask
