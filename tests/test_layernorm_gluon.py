@@ -137,7 +137,7 @@ def test_a_gluon_kernel_that_runs_is_kept(monkeypatch):
 
 
 def _warp_row_ptx(rows=1, warps=1, dtype="bf16", iters=3, affine=False, even_rows=True, N=None, group=1,
-                  s_const=0, ahead=0, early=False):
+                  s_const=0, ahead=0, early=0):
     from triton.experimental.gluon._runtime import GluonASTSource
     fn = tk._layernorm_modulate_warp_row_kernel.fn
     tl_dtype = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}[dtype]
@@ -166,15 +166,17 @@ def test_warp_row_second_pass_groups_its_loads(affine):
 @needs_gluon
 @pytest.mark.parametrize("affine", [False, True])
 def test_warp_row_second_pass_sends_loads_ahead(affine):
-    """AHEAD = 1: a tile's loads go out before the previous tile's stores; EARLY: step 0's
-    loads (with AHEAD = 1, tiles 0 and 1) go out before the statistics' shuffles. One tile's
-    loads: those between the statistics and the first store, tile by tile."""
+    """AHEAD = 1: a tile's loads go out before the previous tile's stores; EARLY = n: the
+    first n tiles' loads go out before the statistics' shuffles. One tile's loads: those between
+    the statistics and the first store, tile by tile."""
     plain = _warp_row_ptx(iters=5, affine=affine)
     tile = _loads_before(plain, "st") - _loads_before(plain, "shfl")
     assert tile > 0  # x read again, scale, shift (weight, bias)
     assert _loads_before(_warp_row_ptx(iters=5, affine=affine, ahead=1), "st") == _loads_before(plain, "st") + tile
-    early = _warp_row_ptx(iters=5, affine=affine, ahead=1, early=True)
-    assert _loads_before(early, "shfl") == _loads_before(plain, "shfl") + 2 * tile
+    for early in (1, 2):
+        ptx = _warp_row_ptx(iters=5, affine=affine, ahead=1, early=early)
+        assert _loads_before(ptx, "shfl") == _loads_before(plain, "shfl") + early * tile
+        assert _loads_before(ptx, "st") == _loads_before(plain, "st") + tile  # still one tile ahead
 
 
 def _loads_before(ptx: str, op: str) -> int:
@@ -316,8 +318,8 @@ def test_short_rows_take_the_warp_row_kernel(monkeypatch):
 @needs_gluon
 def test_warp_row_second_pass_plan(monkeypatch):
     """The row is kept where the grid fits one wave (with S at run time), for rows of up to 5
-    vectors a thread with its tiles' loads one tile ahead of their stores and, without an affine
-    LayerNorm, the first ones before the statistics, at most 128 registers a thread (6 vectors:
+    vectors a thread with its tiles' loads one tile ahead of their stores and the first tile's
+    before the statistics (the first two without an affine LayerNorm), at most 128 registers a thread (6 vectors:
     affine rows tile by tile, others read again, as before); other grids of few waves group their second
     pass's loads, Flux's rows of 6 vectors two tiles at a time, and grids of many waves go tile
     by tile; S is compiled in wherever the row is read again."""
@@ -329,8 +331,8 @@ def test_warp_row_second_pass_plan(monkeypatch):
         tk.bind(x, w, w, 1e-6, s, s)(x, w, w, 1e-6, s, s)
         options = gluon.options[-1]
         return tuple(options.get(k, 0) for k in ("KEEP_ROW", "GROUP", "S_CONST", "AHEAD", "EARLY", "maxnreg"))
-    assert plan(2, 1024, 2240, True) == (True, 1, 0, 1, False, 128)  # Sana's 2048 rows
-    assert plan(2, 1024, 2240, False) == (True, 1, 0, 1, True, 128)
+    assert plan(2, 1024, 2240, True) == (True, 1, 0, 1, 1, 128)  # Sana's 2048 rows
+    assert plan(2, 1024, 2240, False) == (True, 1, 0, 1, 2, 128)
     assert plan(2, 4096, 1152, True) == (False, 3, 4096, 0, 0, 0)  # PixArt's 8192 rows: more than 16 a multiprocessor
     assert plan(1, 4608, 3072, False) == (False, 2, 4608, 0, 0, 0)  # Flux: 6 vectors a thread
     assert plan(1, 4608, 3072, True) == (False, 1, 4608, 0, 0, 0)

@@ -54,9 +54,9 @@ def test_real_shapes_bitexact(shape, dtype, affine, kernel, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("affine", [False, True])
 @pytest.mark.parametrize("keep,group,s_const,ahead,early", [
-    (True, 1, False, 0, False), (False, 1, True, 0, False), (False, 2, False, 0, False), (False, 6, True, 0, False),
-    (True, 6, True, 0, False), (True, 1, False, 1, False), (True, 1, False, 1, True), (False, 1, True, 2, False),
-    (False, 2, True, 1, True)])
+    (True, 1, False, 0, 0), (False, 1, True, 0, 0), (False, 2, False, 0, 0), (False, 6, True, 0, 0),
+    (True, 6, True, 0, 0), (True, 1, False, 1, 0), (True, 1, False, 1, 1), (True, 1, False, 1, 2),
+    (False, 1, True, 2, 0), (False, 2, True, 1, 2)])
 def test_warp_row_second_pass_modes_bitexact(shape, dtype, affine, keep, group, s_const, ahead, early, monkeypatch):
     """Every way of the warp-row kernel's second pass, whichever the shape picks."""
     monkeypatch.setattr(tk, "_warp_row_second_pass", lambda rows, S, *_: dict(

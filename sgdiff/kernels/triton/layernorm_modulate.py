@@ -407,9 +407,8 @@ if gluon is not None:
     def _load_step(k, GROUP, AHEAD, EARLY):
         """The step of the warp-row kernel's second pass at which tile k's loads go out: that of
         the group AHEAD tiles before it (a group's stores wait for none of the loads after them);
-        -1, before the statistics, for step 0's where EARLY."""
-        step = max(0, k - AHEAD) // GROUP
-        return -1 if EARLY and step == 0 else step
+        -1, before the statistics, for the first EARLY tiles."""
+        return -1 if k < EARLY else max(0, k - AHEAD) // GROUP
 
     @gluon.constexpr_function
     def _full_tile(k, N, EVEN_ROWS):
@@ -441,7 +440,7 @@ if gluon is not None:
         GROUP: gl.constexpr = 1,  # second-pass tiles whose loads go out together, before their stores
         S_CONST: gl.constexpr = 0,  # S compiled in (the batch index an unsigned multiply), or 0: S at run time
         AHEAD: gl.constexpr = 0,  # second-pass tiles whose loads go out ahead of a group's (_load_step)
-        EARLY: gl.constexpr = False,  # the second pass's first loads go out before the statistics
+        EARLY: gl.constexpr = 0,  # tiles whose second-pass loads go out before the statistics
     ):
         """_layernorm_modulate_kernel with a row a warp instead of a row a 4-warp program, for
         rows of N % 64 == 0 (:func:`_warp_row`).
@@ -656,9 +655,11 @@ def _warp_row_second_pass(rows: int, S: int, iters: int, affine: bool, device: t
       nothing overlaps the second pass, its five loads a vector are the kernel's tail), with S at
       run time: compiled in, ptxas spreads each tile's loads (6.0 -> 7.1). Each tile's loads go
       out one tile ahead of the stores, at most 128 registers a thread so that the grid stays one
-      wave (Sana affine 5.77 -> 5.64, three runs: 1-3%); without an affine LayerNorm the first
-      two tiles' loads also go out before the statistics (Sana 5.36 -> 5.19, fp16 5.35 -> 5.18;
-      the row read again instead, 5.35). Rows of 6 vectors a thread spill at that cap: they keep
+      wave (Sana affine 5.77 -> 5.64, three runs: 1-3%). The first tiles' loads also go out
+      before the statistics, two without an affine LayerNorm (Sana 5.36 -> 5.19, fp16 5.35 ->
+      5.18; the row read again instead, 5.35), one with it (5.67-5.75 -> 5.50-5.58 in three
+      processes; two spill at the cap, 5.95): ptxas then issues them among the tree's shuffles
+      rather than after it. Rows of 6 vectors a thread spill at that cap: they keep
       the earlier way (affine: tile by tile; otherwise read again, below). Not kept: the affine
       row read again, grouped (6.1) or one or two tiles ahead (5.7); the kept row and four
       operands a tile grouped take more than 128 registers (6.9); two rows a warp, 13% fewer
@@ -674,8 +675,7 @@ def _warp_row_second_pass(rows: int, S: int, iters: int, affine: bool, device: t
     sms = _sm_count(device)
     one_wave = rows <= ONE_WAVE_WARPS * sms
     if one_wave and iters <= 5:
-        ahead = dict(KEEP_ROW=True, GROUP=1, S_CONST=0, AHEAD=1, maxnreg=ONE_WAVE_REGISTERS)
-        return ahead if affine else dict(ahead, EARLY=True)
+        return dict(KEEP_ROW=True, GROUP=1, S_CONST=0, AHEAD=1, EARLY=1 if affine else 2, maxnreg=ONE_WAVE_REGISTERS)
     if one_wave and affine:
         return dict(KEEP_ROW=True, GROUP=1, S_CONST=0)
     group = 1
