@@ -319,10 +319,10 @@ def test_short_rows_take_the_warp_row_kernel(monkeypatch):
 def test_warp_row_second_pass_plan(monkeypatch):
     """The row is kept where the grid fits one wave (with S at run time), for rows of up to 5
     vectors a thread with its tiles' loads one tile ahead of their stores and the first tile's
-    before the statistics (the first two without an affine LayerNorm), at most 128 registers a thread (6 vectors:
-    affine rows tile by tile, others read again, as before); other grids of few waves group their second
-    pass's loads, Flux's rows of 6 vectors two tiles at a time, and grids of many waves go tile
-    by tile; S is compiled in wherever the row is read again."""
+    before the statistics (the first two without an affine LayerNorm), at most 128 registers a
+    thread (6 vectors: affine rows tile by tile, others read again, as before); other grids of
+    few waves group their second pass's loads, Flux's rows of 6 vectors two tiles at a time, and
+    grids of many waves go tile by tile; S is compiled in wherever the row is read again."""
     gluon, plain = _modulate_kernels(monkeypatch)
     monkeypatch.setattr(tk, "_sm_count", lambda device: 132)  # an H200's
 
