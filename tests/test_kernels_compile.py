@@ -3,8 +3,15 @@ bundled ptxas). The interpreter runs a kernel's logic but never compiles it: cod
 interpreter accepts can still fail Triton's compiler (a helper whose constexpr branches return
 tiles of different ranks did, in the fused RMSNorm's modulation). Nothing is launched: each
 launch a call would make is recorded, its arguments typed as Triton's launch types them, and
-compiled. Bits and speed are tests/gpu's."""
+compiled. Bits and speed are tests/gpu's.
+
+Every kernel is launched as a programmatic dependent launch on Hopper, so each must wait for
+the kernel before it (``griddepcontrol.wait``, SASS ``ACQBULK``) before its first global load
+or store: checked in the machine code of each."""
 import os
+import re
+import subprocess
+import tempfile
 
 import pytest
 import torch
@@ -18,6 +25,7 @@ from sgdiff.kernels.triton.cuda_math import INTERPRET  # noqa: E402
 from sgdiff.kernels.triton.launch import LeanKernel  # noqa: E402
 
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+NVDISASM = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
 pytestmark = [pytest.mark.skipif(not os.path.exists(PTXAS), reason="this Triton bundles no ptxas"),
               pytest.mark.skipif(INTERPRET, reason="TRITON_INTERPRET=1: kernels are interpreted, not compiled")]
 
@@ -75,6 +83,39 @@ def compile_sm90(kernel: LeanKernel, args: tuple, kwargs: dict):
         source = ASTSource
     return triton.compile(source(fn, sig, constexprs=constexprs, attrs=attrs), target=GPUTarget("cuda", 90, 32),
                           options=options)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sm90(tmp_path_factory):
+    """Compiles here see an sm_90 device, as a launch on an H200 does (kernels ask the current
+    target whether they may wait for the previous grid; on a CPU there is none), in a cache of
+    their own (a kernel compiled earlier without a device would be found under the same key)."""
+    import triton.language.target_info as target_info
+
+    def current_target():
+        return GPUTarget("cuda", 90, 32)
+
+    current_target.__triton_builtin__ = True
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(target_info, "current_target", current_target)
+        mp.setenv("TRITON_CACHE_DIR", str(tmp_path_factory.mktemp("triton-cache")))
+        yield
+
+
+GLOBAL_MEMORY = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?(LDG|STG|LD|ST|ATOMG?|RED|LDGSTS|UTMALDG|UTMASTG|UBLKCP)\b",
+                           re.M)
+
+
+def assert_waits_before_memory(kernel: LeanKernel, compiled):
+    """The kernel's first global load or store comes after ``griddepcontrol.wait`` (ACQBULK)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([NVDISASM, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    first = GLOBAL_MEMORY.search(sass)
+    assert first, f"{kernel.__name__}: no global load or store"
+    wait = sass.find("ACQBULK")
+    assert 0 <= wait < first.start(), f"{kernel.__name__}: {first.group(1)} before the grid dependency wait"
 
 
 def _r(*shape, dtype=torch.bfloat16):
@@ -161,6 +202,7 @@ def test_launch_compiles_for_sm90(monkeypatch, op, make):
     for kernel, largs, kwargs in launches:
         compiled = compile_sm90(kernel, largs, kwargs)
         assert compiled.asm["cubin"], kernel.__name__
+        assert_waits_before_memory(kernel, compiled)
 
 
 @pytest.mark.parametrize("halves", [False, True])
@@ -171,4 +213,6 @@ def test_conv_epilogue_compiles_for_sm90(monkeypatch, halves):
     launches = recorded_launches(monkeypatch, lambda: bind(y, bias)(y, bias))
     assert launches
     for kernel, largs, kwargs in launches:
-        assert compile_sm90(kernel, largs, kwargs).asm["cubin"]
+        compiled = compile_sm90(kernel, largs, kwargs)
+        assert compiled.asm["cubin"]
+        assert_waits_before_memory(kernel, compiled)

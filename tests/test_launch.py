@@ -44,6 +44,7 @@ class FakeJIT:
 def lean(monkeypatch):
     monkeypatch.setattr(launch, "current_device", lambda: 0)
     monkeypatch.setattr(launch, "raw_stream", lambda device: 1234)
+    monkeypatch.setattr(launch, "dependent_launches", lambda device: False)  # a device before Hopper
     kernel = launch.LeanKernel(FakeJIT())
     kernel._direct = True  # as on a GPU, whatever this machine's interpreter setting
     return kernel
@@ -113,3 +114,24 @@ def test_the_interpreter_launches_the_usual_way(monkeypatch):
     kernel = launch.LeanKernel(FakeJIT())
     kernel[(4,)](torch.zeros(8), torch.zeros(8), 8, 1e-6, BLOCK=16)
     assert [c[0] for c in kernel.fn.calls] == ["triton"]
+
+
+@pytest.mark.skipif(not launch.PDL, reason="this Triton has no programmatic launches")
+def test_on_hopper_every_launch_is_a_dependent_launch(lean, monkeypatch):
+    x, out = torch.zeros(8), torch.zeros(8)
+    lean[(4,)](x, out, 8, 1e-6, BLOCK=16)
+    monkeypatch.setattr(launch, "dependent_launches", lambda device: device == 1)
+    monkeypatch.setattr(launch, "current_device", lambda: 1)
+    lean[(4,)](x, out, 8, 1e-6, BLOCK=16)  # another device, Hopper: its own compile, with the option
+    lean.bound((4,), BLOCK=16)(x, out, 8, 1e-6)
+    monkeypatch.setattr(launch._knobs.runtime, "launch_enter_hook", lambda *a: None)
+    lean[(4,)](x, out, 8, 1e-6, BLOCK=16)  # Triton's own launcher: the option too
+    calls = [(c[0], c[-1]) for c in lean.fn.calls if c[0] != "run"]
+    assert calls == [("warmup", {"BLOCK": 16}), ("warmup", {"BLOCK": 16, "launch_pdl": True}),
+                     ("triton", {"BLOCK": 16, "launch_pdl": True})]
+
+
+def test_the_interpreter_never_asks_for_a_dependent_launch(monkeypatch):
+    monkeypatch.setattr(launch, "INTERPRET", True)
+    monkeypatch.setattr(launch, "dependent_launches", lambda device: True)
+    assert launch.launch_options({"BLOCK": 16}) == {"BLOCK": 16}

@@ -1,11 +1,15 @@
 """Direct launches (LeanKernel) on CUDA: the same bits as Triton's own launch, a compile per
-specialization, and less host time."""
+specialization, and less host time; on Hopper, programmatic dependent launches whose kernels
+read what the kernel before them wrote."""
 import time
 
 import pytest
 import torch
 
+from sgdiff.kernels.layernorm_modulate import layernorm_modulate_reference
 from sgdiff.kernels.residual_gate import residual_gate_reference
+from sgdiff.kernels.triton import launch
+from sgdiff.kernels.triton import layernorm_modulate as tlm
 from sgdiff.kernels.triton import residual_gate as trg
 
 pytestmark = pytest.mark.gpu
@@ -83,3 +87,30 @@ def test_a_call_site_runs_its_bound_launch_exactly_and_for_less_host_time():
     bound, general = min(host_us(site, args) for _ in range(3)), min(host_us(launcher, args) for _ in range(3))
     print(f"host time per call: call site {bound:.1f} us, op launcher {general:.1f} us")
     assert bound < general
+
+
+def test_each_dependent_launch_reads_what_the_kernel_before_it_wrote():
+    """Sana's block boundary ten times over, each kernel reading the output of the one launched
+    just before it (a programmatic dependent launch: its programs may start while that kernel
+    finishes): bitwise the eager chain's, in a stream and replayed from a CUDA graph."""
+    assert launch.dependent_launches(torch.cuda.current_device()), "an H200 launches dependently"
+    torch.manual_seed(0)
+    x = torch.randn(2, 1024, 2240, device="cuda", dtype=torch.bfloat16)
+    w, b = torch.randn(2, 2240, device="cuda", dtype=torch.bfloat16)
+    shift, scale, gate = (torch.randn(2, 3, 2240, device="cuda", dtype=torch.bfloat16) / 8).chunk(3, dim=1)
+
+    def chain(x, norm, gated):
+        for _ in range(10):
+            x = gated(x, gate, norm(x, w, b, 1e-6, scale, shift), False)
+        return x
+
+    want = chain(x, layernorm_modulate_reference, residual_gate_reference)
+    assert torch.equal(chain(x, tlm.layernorm_modulate, trg.residual_gate), want)
+    graph, static_x = torch.cuda.CUDAGraph(), x.clone()
+    with torch.cuda.graph(graph):
+        out = chain(static_x, tlm.layernorm_modulate, trg.residual_gate)
+    for _ in range(3):
+        graph.replay()
+        assert torch.equal(out, want)
+    for kernel in (tlm._layernorm_modulate_warp_row_kernel, trg._residual_gate_kernel):
+        assert any(("launch_pdl", True) in key for key in kernel._launches), kernel.__name__

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.layout import contiguous_strides, like_strides
-from sgdiff.kernels.triton.launch import LeanKernel, one_input_one_output
+from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait, one_input_one_output
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan
 
 
@@ -45,6 +45,7 @@ def _cast_copy_kernel(
     src = x_ptr + s0 * SX0 + s1 * SX1 + i[:, None] * SX2 + j[None, :] * SX3
     dst = out_ptr + s0 * SO0 + s1 * SO1 + i[:, None] * SO2 + j[None, :] * SO3
     inside = (i < I_IN)[:, None] & (j < J_IN)[None, :]
+    grid_dependency_wait()
     # no padding and tiles that fit: no mask (none is folded); else the grid, which covers the
     # output, reaches past the input
     if I_OUT == I_IN and J_OUT == J_IN and I_IN % BLOCK_I == 0 and J_IN % BLOCK_J == 0:

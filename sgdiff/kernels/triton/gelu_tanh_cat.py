@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.triton.cuda_math import INTERPRET, libdevice_options, tanhf
-from sgdiff.kernels.triton.launch import LeanKernel
+from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan, launch_rows, row_offsets, rows_fit, shape4, strides4
 
 K_BETA = tl.constexpr(0.7978845608028654)  # M_SQRT2 * M_2_SQRTPI * 0.5, rounded to fp32 in the kernel
@@ -54,6 +54,7 @@ def _gelu_tanh_cat_kernel(
     o = out_ptr + rows[:, None] * (DH + DX) + cols[None, :]
     h_row = head_ptr + row_offsets(rows, n1, n2, sh0, sh1, sh2)[:, None]
     x_row = x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None]
+    grid_dependency_wait()
     if first + BLOCK_D <= DH:  # a block of head columns only: a copy
         tl.store(o, tl.load(h_row + cols[None, :] * sh3, mask=row_ok), mask=row_ok)
     elif first >= DH:  # GELU columns only (names apart from the next branch's: Triton types them per scope)

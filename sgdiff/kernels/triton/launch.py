@@ -14,6 +14,17 @@ the first-sight verification of :mod:`sgdiff.kernels.dispatch` checks the path t
 
 Under the interpreter, with launch hooks set (a profiler such as proton), or on a Triton whose
 internals differ, it launches the usual way.
+
+On Hopper and later every launch is a programmatic dependent launch (PDL): the GPU may start a
+kernel's programs while the kernel before it in the stream finishes, and each program calls
+:func:`grid_dependency_wait` before it touches memory, which returns once that kernel has
+completed and its writes are visible. Only the launch and the index arithmetic overlap the
+previous kernel, never a read or a write, so the bits are those of a plain launch. Measured on
+an H200 (one process, 20 calls a CUDA graph): Sana's layernorm_modulate 5.20 -> 4.91 µs, affine
+5.48 -> 5.23, PixArt's 8.28 -> 7.97, the Sana linear attention's output 4.74 -> 4.38. The next
+kernel is never let in early (``griddepcontrol.launch_dependents``): its programs would wait on
+the SMs, and every kernel measured was slower (Sana residual_gate 4.2 -> 6.4, PixArt
+layernorm_modulate 8.3 -> 10.8).
 """
 from __future__ import annotations
 
@@ -23,8 +34,10 @@ import logging
 from typing import Any, Dict, Optional, Tuple
 
 import torch
+import triton
+import triton.language as tl
 
-from sgdiff.kernels.triton.cuda_math import INTERPRET
+from sgdiff.kernels.triton.cuda_math import INTERPRET, INTERPRET_C
 
 log = logging.getLogger("sgdiff")
 
@@ -33,12 +46,50 @@ try:
 except ImportError:  # an older Triton: no direct launches
     _knobs = None
 
+try:
+    from triton.backends.nvidia.compiler import CUDAOptions
+    from triton.language.target_info import cuda_capability_geq
+    PDL = "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+except ImportError:  # an older Triton: no programmatic launches
+    PDL = False
+
 
 def _hooked() -> bool:
     """Whether a launch hook is set (a plain callable, or a non-empty chain of them)."""
     enter, leave = _knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook
     return bool((enter is not None and getattr(enter, "calls", True))
                 or (leave is not None and getattr(leave, "calls", True)))
+
+
+PDL_CAPABILITY = (9, 0)  # griddepcontrol and programmatic launches: Hopper and later
+
+if PDL:
+    @triton.jit
+    def grid_dependency_wait():
+        """Wait until the kernel launched before this one has completed and its writes are
+        visible (``griddepcontrol.wait``). Every LeanKernel calls it before its first load or
+        store."""
+        if not INTERPRET_C:
+            if cuda_capability_geq(9, 0):  # PDL_CAPABILITY
+                tl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32, is_pure=False,
+                                          pack=1)
+else:
+    @triton.jit
+    def grid_dependency_wait():
+        pass
+
+
+@functools.lru_cache(maxsize=None)
+def dependent_launches(device: int) -> bool:
+    """Whether launches on this CUDA device are programmatic dependent launches."""
+    return PDL and torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= PDL_CAPABILITY
+
+
+def launch_options(kwargs: dict) -> dict:
+    """A LeanKernel's keyword arguments with ``launch_pdl`` where the current device takes it."""
+    if PDL and not INTERPRET and dependent_launches(current_device()):
+        return {**kwargs, "launch_pdl": True}
+    return kwargs
 
 
 def current_device() -> int:
@@ -73,6 +124,7 @@ class LeanKernel:
         return BoundLaunch(self, tuple(grid), kwargs)
 
     def _launch(self, grid: Tuple[int, ...], *args: Any, **kwargs: Any):
+        kwargs = launch_options(kwargs)
         entry = self._entry(grid, args, kwargs)
         if entry is None:
             return self.fn[grid](*args, **kwargs)
@@ -124,9 +176,10 @@ class BoundLaunch:
     def __call__(self, *args: Any):
         entry = self.entry
         if entry is None or current_device() != self.device or _hooked():
-            entry = self.kernel._entry(self.grid, args, self.kwargs)
+            kwargs = launch_options(self.kwargs)
+            entry = self.kernel._entry(self.grid, args, kwargs)
             if entry is None:
-                return self.kernel.fn[self.grid](*args, **self.kwargs)
+                return self.kernel.fn[self.grid](*args, **kwargs)
             self.entry, self.device = entry, current_device()
         run, g0, g1, g2, function, metadata, tail = entry
         run(g0, g1, g2, raw_stream(self.device), function, metadata, None, None, None, *args, *tail)

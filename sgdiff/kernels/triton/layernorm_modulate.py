@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.triton.cuda_math import INTERPRET, rsqrtf, to_fp32
-from sgdiff.kernels.triton.launch import LeanKernel
+from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.rows import DTYPES, TL_DTYPE, cached_plan
 from sgdiff.kernels.triton.welford import (
     THREADS,
@@ -99,6 +99,7 @@ def _layernorm_modulate_kernel(
     bi = (pid // S).to(tl.int64)
     si = (pid % S).to(tl.int64)
     x_row = x_ptr + bi * stride_xb + si * stride_xs
+    grid_dependency_wait()
     vecs = load_row(x_row, N // VEC_C, ITERS)
     mean, m2, _ = row_welford(vecs, N // VEC_C, ITERS)
     var = tl.math.div_rn(m2, tl.full(m2.shape, N, tl.float32))
@@ -218,6 +219,7 @@ def _layer_norm_short_rows_kernel(
     col = (t[:, None] * VEC_C + lane[None, :])[None, :, :]  # [1, 32, 4]
     mask = active[:, :, None]
     offs = rows[:, None, None] * N + col
+    grid_dependency_wait()
     x = to_fp32(tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first"))  # as the Gluon kernel
     mean, m2, _ = short_rows_welford(x, active)
     var = tl.math.div_rn(m2, tl.full(m2.shape, N, tl.float32))
@@ -282,6 +284,7 @@ if gluon is not None:
         col = t[None, :, None] * VEC_C + j[None, None, :]
         mask = active[:, :, None]
         offs = rows[:, None, None] * N + col
+        grid_dependency_wait()
         # q or k is dead after its norm: evict-first leaves L2 to the output, which attention reads
         # next (Flux-sized q, affine: 15.6 -> 14.7 µs; H200, one run)
         x = to_fp32(gl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first"))
@@ -464,6 +467,7 @@ if gluon is not None:
         j = gl.arange(0, VEC_C, layout=gl.SliceLayout(0, gl.SliceLayout(1, LAYOUT)))
         n_vec = N // VEC_C
         x_row = (bi * stride_xb + si * stride_xs)[:, None, None]
+        grid_dependency_wait()
         vecs = ()
         for k in gl.static_range(ITERS):  # every load issued before any is used
             col, mask = _warp_row_tile(l, j, k, row_ok, N, EVEN_ROWS)

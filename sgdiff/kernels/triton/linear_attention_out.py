@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgdiff.kernels.triton.launch import LeanKernel, one_input_one_output
+from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait, one_input_one_output
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan
 
 
@@ -34,6 +34,7 @@ def _linear_attention_out_kernel(
         mask, col_ok = tl.full([BLOCK_I, BLOCK_J], 1, tl.int1), tl.full([BLOCK_J], 1, tl.int1)
     else:
         mask, col_ok = (i < D)[:, None] & (j < N)[None, :], j < N
+    grid_dependency_wait()
     num = tl.load(base + i[:, None] * sh2 + j[None, :] * sh3, mask=mask, other=0.0).to(tl.float32)
     den = tl.load(base + D * sh2 + j * sh3, mask=col_ok, other=1.0).to(tl.float32) + eps
     y = tl.math.div_rn(num, den[None, :])

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgdiff.kernels.triton.launch import LeanKernel
+from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.rows import (
     DTYPES,
     TL_DTYPE,
@@ -46,6 +46,7 @@ def _modulate_kernel(
     EVEN: tl.constexpr,  # the blocks tile the rows exactly: no masks (row_tile)
 ):
     rows, d, mask = row_tile(n_rows, D, BLOCK_R, BLOCK_D, False, EVEN)
+    grid_dependency_wait()
     x = tl.load(x_ptr + tile_offsets(rows, d, n1, n2, sx0, sx1, sx2, sx3), mask=mask, other=0.0)
     s = tl.load(scale_ptr + tile_offsets(rows, d, n1, n2, sc0, sc1, sc2, sc3), mask=mask,
                 other=0.0)

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.triton.cuda_math import INTERPRET, libdevice_options, tanhf
-from sgdiff.kernels.triton.launch import LeanKernel
+from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.rows import DTYPES, TL_DTYPE, cached_plan, even_tiles, launch_rows, row_tile, rows_fit
 
 
@@ -65,6 +65,7 @@ def _residual_gate_kernel(
     bi = (r32 // S).to(tl.int64)[:, None]
     si = (r32 % S).to(tl.int64)[:, None]
     d = d[None, :]
+    grid_dependency_wait()
     u = tl.load(upd_ptr + bi * stride_ub + si * stride_us + d * stride_ud, mask=mask, other=0.0)
     if HAS_BIAS:  # ATen's add after the bmm of a linear
         ub = tl.load(bias_ptr + bi * stride_bb + si * stride_bs + d * stride_bd, mask=mask, other=0.0)

@@ -48,7 +48,7 @@ import triton.language as tl
 
 from sgdiff.kernels.layout import like_strides
 from sgdiff.kernels.triton.cuda_math import INTERPRET, rsqrtf
-from sgdiff.kernels.triton.launch import LeanKernel
+from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.modulate import modulated, out_dtypes
 from sgdiff.kernels.triton.rows import (
     DTYPES,
@@ -102,6 +102,7 @@ def _rms_norm_diffusers_kernel(
     row_ok = rows < n_rows
     x_row = x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None]
     o_row = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None]
+    grid_dependency_wait()
     if VECTORIZED and ITERS > 1:  # lane l, accumulator i: element 4 (l + 32 k) + i of the row
         # the row's 128-element chunks as [R, 32, 4] tiles (lane l's 4-vector l), each loaded once:
         # squared for the mean, kept for the output
@@ -249,6 +250,7 @@ def _rms_norm_fused_kernel(
     o_row = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None]
     cols = tl.arange(0, 4 * THREADS)  # thread t = lane + 32 * warp reads 4-vectors t, t + THREADS, ...
     acc = tl.zeros((BLOCK_R, THREADS), tl.float32)
+    grid_dependency_wait()
     # A row of several tiles is read twice: the first read keeps it in L2, the second evicts it,
     # and the output (a long row's: far more than L2 holds) is written to leave it (measured
     # on Wan-14B's rows of 5120: 164.5 against 191.1 us, a copy 158.4). A row of one tile (a

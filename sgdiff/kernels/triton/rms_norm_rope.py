@@ -22,7 +22,7 @@ from sgdiff.kernels.layout import like_strides
 from sgdiff.kernels.triton import rms_norm as trms
 from sgdiff.kernels.triton import rope as trope
 from sgdiff.kernels.triton.cuda_math import INTERPRET
-from sgdiff.kernels.triton.launch import LeanKernel
+from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.rms_norm import FLT_EPSILON, fused_inv_rms, fused_sum_squares
 from sgdiff.kernels.triton.rows import cached_plan, halves, row_index, row_offsets, shape4, strides4
 
@@ -58,6 +58,7 @@ def _rms_norm_rope_kernel(
                          x1_ptr + (i0 * sy0 + (i1 - split).to(tl.int64) * sy1 + i2 * sy2)[:, None])
     else:
         x_row = x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None]
+    grid_dependency_wait()
     # the query or key projection is dead after this kernel and evicted first, the tables (every
     # head's, the next kernel's and the next block's) last: Flux's double-block query 21.9 ->
     # 19.05 us, its single-block query 19.15 -> 19.0 (H200, one run; evict-first alone: 19.2, 18.75)

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.layout import like_strides
-from sgdiff.kernels.triton.launch import LeanKernel
+from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.rows import (
     DTYPES,
     TL_DTYPE,
@@ -62,6 +62,7 @@ def _rope_kernel(
     c_row = cos_ptr + row_offsets(rows, n1, n2, sc0, sc1, sc2)[:, None]
     s_row = sin_ptr + row_offsets(rows, n1, n2, ss0, ss1, ss2)[:, None]
     o_row = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None]
+    grid_dependency_wait()
     if FORM == 1:  # rotate-half: the tile spans BLOCK_D // 2 columns of each half of the rows
         half = D // 2
         e = tl.program_id(1) * (BLOCK_D // 2) + tl.arange(0, BLOCK_D // 2)

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from sgdiff.kernels.layout import like_strides
 from sgdiff.kernels.triton.cuda_math import INTERPRET, libdevice_options, silu_rounded, to_fp32
-from sgdiff.kernels.triton.launch import LeanKernel
+from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.rows import (
     DTYPES,
     TL_DTYPE,
@@ -67,6 +67,7 @@ def _silu_mul_kernel(
     EVICT: tl.constexpr = "",  # a's and b's eviction policy (_input_eviction)
 ):
     rows, d, mask = row_tile(n_rows, D, BLOCK_R, BLOCK_D, FLAT, EVEN)
+    grid_dependency_wait()
     a = tl.load(a_ptr + tile_offsets(rows, d, n1, n2, sa0, sa1, sa2, sa3), mask=mask, other=0.0,
                 eviction_policy=EVICT)
     if HAS_BIAS:  # ATen's add_ of the bias: fp32 sum rounded to a.dtype
