@@ -414,6 +414,15 @@ CASES: Dict[str, Callable[[bool], List[Case]]] = {
 }
 
 
+def _plain(fn):
+    """``fn()`` with its kernels launched after the previous kernel ends (no programmatic
+    dependent launch: nothing of the launch overlaps the kernel before)."""
+    from sgdiff.kernels.triton.launch import plain_launches
+
+    with plain_launches():
+        return fn()
+
+
 def measure(case: Case) -> dict:
     want = case.eager()
     got = case.sgdiff_raw()
@@ -430,7 +439,7 @@ def measure(case: Case) -> dict:
         inductor_bitexact=bool(torch.equal(ind, want)),
         inductor_max_diff=float((ind.float() - want.float()).abs().max()),
         **gpu_times(dict(eager_us=case.eager, inductor_us=inductor_fn, sgdiff_us=case.sgdiff_raw,
-                         copy_us=lambda: dst.copy_(case.copy_src),
+                         sgdiff_plain_us=lambda: _plain(case.sgdiff_raw), copy_us=lambda: dst.copy_(case.copy_src),
                          **({} if case.own_kernel is None else dict(kernel_us=case.own_kernel)))),
         **wall_us(dict(wall_eager_us=case.eager, wall_sgdiff_us=case.sgdiff_op, wall_sgdiff_raw_us=case.sgdiff_raw,
                        wall_sgdiff_launcher_us=case.sgdiff_launcher)),
@@ -454,6 +463,10 @@ def _meta() -> dict:
     return dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, commit=commit or "unknown")
 
 
+def _us(value) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def _copy_ratio(case: dict) -> str:
     """sgdiff's time over a copy's, of its own kernel where the case times one (‡)."""
     if "kernel_us" in case:
@@ -475,13 +488,16 @@ def write_report(result: dict, out: pathlib.Path) -> None:
              "bound to the signature; † marks runs that timed the op launcher instead: a signature lookup and "
              "the launch) and through the registered op (torch.ops.sgdiff, dispatcher included). ‡: sgdiff/copy "
              "of sgdiff's own kernel alone (a convolution's epilogue on its output, in µs after the ratio); "
-             "the other columns include the convolution.", "",
-             "| op | shape | dtype | case | bit-exact | sgdiff | eager | Inductor | copy | sgdiff/copy | "
-             "wall sgdiff | wall sgdiff op | wall eager | commit |", "|" + " --- |" * 14]
+             "the other columns include the convolution. sgdiff's kernels are programmatic dependent launches on "
+             "Hopper: a call's launch overlaps the end of the call before it (timed back to back: itself); "
+             "'plain' times the same calls launched each after the last has ended, as eager's, Inductor's and "
+             "the copy's are ('-': runs before d3e4f1f).", "",
+             "| op | shape | dtype | case | bit-exact | sgdiff | sgdiff plain | eager | Inductor | copy | sgdiff/copy | "
+             "wall sgdiff | wall sgdiff op | wall eager | commit |", "|" + " --- |" * 15]
     for c in result["cases"]:
         lines.append(f"| {c['op']} | {'×'.join(map(str, c['shape']))} | {c['dtype']} | {c['note']} | "
                      f"{'yes' if c['bitexact'] else 'NO (%d)' % c['mismatches']} | {c['sgdiff_us']:.1f} | "
-                     f"{c['eager_us']:.1f} | {c['inductor_us']:.1f} | {c['copy_us']:.1f} | "
+                     f"{_us(c.get('sgdiff_plain_us'))} | {c['eager_us']:.1f} | {c['inductor_us']:.1f} | {c['copy_us']:.1f} | "
                      f"{_copy_ratio(c)} | {c['wall_sgdiff_launcher_us']:.1f}{'' if c.get('wall_sgdiff_via') else ' †'} | "
                      f"{c['wall_sgdiff_us']:.1f} | {c['wall_eager_us']:.1f} | {c.get('commit', result['commit'])} |")
     (out / "kernels.md").write_text("\n".join(lines) + "\n")

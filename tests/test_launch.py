@@ -124,11 +124,13 @@ def test_on_hopper_every_launch_is_a_dependent_launch(lean, monkeypatch):
     monkeypatch.setattr(launch, "current_device", lambda: 1)
     lean[(4,)](x, out, 8, 1e-6, BLOCK=16)  # another device, Hopper: its own compile, with the option
     lean.bound((4,), BLOCK=16)(x, out, 8, 1e-6)
+    with launch.plain_launches():
+        lean[(4,)](x, out, 8, 1e-6, BLOCK=32)  # timed as a plain launch: no option
     monkeypatch.setattr(launch._knobs.runtime, "launch_enter_hook", lambda *a: None)
     lean[(4,)](x, out, 8, 1e-6, BLOCK=16)  # Triton's own launcher: the option too
     calls = [(c[0], c[-1]) for c in lean.fn.calls if c[0] != "run"]
     assert calls == [("warmup", {"BLOCK": 16}), ("warmup", {"BLOCK": 16, "launch_pdl": True}),
-                     ("triton", {"BLOCK": 16, "launch_pdl": True})]
+                     ("warmup", {"BLOCK": 32}), ("triton", {"BLOCK": 16, "launch_pdl": True})]
 
 
 def test_the_interpreter_never_asks_for_a_dependent_launch(monkeypatch):

@@ -28,9 +28,11 @@ layernorm_modulate 8.3 -> 10.8).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
+import os
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -85,11 +87,25 @@ def dependent_launches(device: int) -> bool:
     return PDL and torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= PDL_CAPABILITY
 
 
+_plain = [os.environ.get("SGDIFF_DEPENDENT_LAUNCHES", "1") == "0"]  # SGDIFF_DEPENDENT_LAUNCHES=0: none
+
+
 def launch_options(kwargs: dict) -> dict:
     """A LeanKernel's keyword arguments with ``launch_pdl`` where the current device takes it."""
-    if PDL and not INTERPRET and dependent_launches(current_device()):
+    if PDL and not INTERPRET and not _plain[-1] and dependent_launches(current_device()):
         return {**kwargs, "launch_pdl": True}
     return kwargs
+
+
+@contextlib.contextmanager
+def plain_launches():
+    """Launches (bound from here on) wait for the previous kernel in the stream to finish before
+    they start, as without PDL: the same kernels, each after the last (for timing the overlap)."""
+    _plain.append(True)
+    try:
+        yield
+    finally:
+        _plain.pop()
 
 
 def current_device() -> int:
