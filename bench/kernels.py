@@ -491,7 +491,7 @@ def write_report(result: dict, out: pathlib.Path) -> None:
              "the other columns include the convolution. sgdiff's kernels are programmatic dependent launches on "
              "Hopper: a call's launch overlaps the end of the call before it (timed back to back: itself); "
              "'plain' times the same calls launched each after the last has ended, as eager's, Inductor's and "
-             "the copy's are ('-': runs before d3e4f1f).", "",
+             "the copy's are ('-': rows timed before c1ee777).", "",
              "| op | shape | dtype | case | bit-exact | sgdiff | sgdiff plain | eager | Inductor | copy | sgdiff/copy | "
              "wall sgdiff | wall sgdiff op | wall eager | commit |", "|" + " --- |" * 15]
     for c in result["cases"]:
