@@ -20,11 +20,13 @@ kernel's programs while the kernel before it in the stream finishes, and each pr
 :func:`grid_dependency_wait` before it touches memory, which returns once that kernel has
 completed and its writes are visible. Only the launch and the index arithmetic overlap the
 previous kernel, never a read or a write, so the bits are those of a plain launch. Measured on
-an H200 (one process, 20 calls a CUDA graph): Sana's layernorm_modulate 5.20 -> 4.91 µs, affine
-5.48 -> 5.23, PixArt's 8.28 -> 7.97, the Sana linear attention's output 4.74 -> 4.38. The next
-kernel is never let in early (``griddepcontrol.launch_dependents``): its programs would wait on
-the SMs, and every kernel measured was slower (Sana residual_gate 4.2 -> 6.4, PixArt
-layernorm_modulate 8.3 -> 10.8).
+an H200, 20 calls of one kernel back to back in a CUDA graph: Sana's layernorm_modulate 5.20 ->
+4.91 µs, affine 5.48 -> 5.23, PixArt's 8.28 -> 7.97, the Sana linear attention's output 4.74 ->
+4.38; what it saves depends on the kernel before (after residual_gate, 0.5 µs; after a cuBLAS
+GEMM, nothing measured; Sana's step with CUDA graphs unchanged). The next kernel is never let in
+early (``griddepcontrol.launch_dependents``): its programs would wait on the SMs, and every
+kernel measured was slower (Sana residual_gate 4.2 -> 6.4, PixArt layernorm_modulate 8.3 ->
+10.8). ``SGDIFF_DEPENDENT_LAUNCHES=0`` launches plainly.
 """
 from __future__ import annotations
 
