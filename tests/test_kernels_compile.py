@@ -58,7 +58,7 @@ def _arg_type(value) -> str:
     raise TypeError(f"no Triton type for {type(value).__name__}")
 
 
-def compile_sm90(kernel: LeanKernel, args: tuple, kwargs: dict):
+def compile_sm90(kernel: LeanKernel, args: tuple, kwargs: dict, arch: int = 90):
     """The launch compiled for sm_90 as a launch specializes it: 16-byte aligned pointers and
     integers that are multiples of 16 marked divisible by 16, integers equal to 1 compiled in
     (a unit stride), as are constexprs and None arguments; other integers as i32 (i64 past its
@@ -81,8 +81,17 @@ def compile_sm90(kernel: LeanKernel, args: tuple, kwargs: dict):
         from triton.experimental.gluon._runtime import GluonASTSource as source
     else:
         source = ASTSource
-    return triton.compile(source(fn, sig, constexprs=constexprs, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+    return triton.compile(source(fn, sig, constexprs=constexprs, attrs=attrs), target=GPUTarget("cuda", arch, 32),
                           options=options)
+
+
+def _target(arch: int):
+    """``target_info.current_target`` for a device of this compute capability."""
+    def current_target():
+        return GPUTarget("cuda", arch, 32)
+
+    current_target.__triton_builtin__ = True  # Triton calls it while compiling
+    return current_target
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -92,12 +101,8 @@ def sm90(tmp_path_factory):
     their own (a kernel compiled earlier without a device would be found under the same key)."""
     import triton.language.target_info as target_info
 
-    def current_target():
-        return GPUTarget("cuda", 90, 32)
-
-    current_target.__triton_builtin__ = True
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(target_info, "current_target", current_target)
+        mp.setattr(target_info, "current_target", _target(90))
         mp.setenv("TRITON_CACHE_DIR", str(tmp_path_factory.mktemp("triton-cache")))
         yield
 
@@ -216,3 +221,19 @@ def test_conv_epilogue_compiles_for_sm90(monkeypatch, halves):
         compiled = compile_sm90(kernel, largs, kwargs)
         assert compiled.asm["cubin"]
         assert_waits_before_memory(kernel, compiled)
+
+
+def test_before_hopper_a_kernel_waits_for_nothing(monkeypatch):
+    """sm_80 has no griddepcontrol: the kernel compiles without it (and launches plainly)."""
+    import triton.language.target_info as target_info
+
+    from sgdiff.kernels.triton import residual_gate as trg
+
+    monkeypatch.setattr(target_info, "current_target", _target(80))
+    x, gate = _r(2, 64, 3072), _r(2, 1, 3072)
+    launches = recorded_launches(monkeypatch, lambda: trg.residual_gate(x, gate, x, False))
+    (kernel, largs, kwargs), = launches
+    compiled = compile_sm90(kernel, largs, kwargs, arch=80)
+    assert "griddepcontrol" not in compiled.asm["ptx"]
+    monkeypatch.setattr(target_info, "current_target", _target(90))
+    assert "griddepcontrol.wait" in compile_sm90(kernel, largs, kwargs).asm["ptx"]  # on sm_90 it waits
