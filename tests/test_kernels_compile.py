@@ -58,11 +58,11 @@ def _arg_type(value) -> str:
     raise TypeError(f"no Triton type for {type(value).__name__}")
 
 
-def compile_sm90(kernel: LeanKernel, args: tuple, kwargs: dict, arch: int = 90):
-    """The launch compiled for sm_90 as a launch specializes it: 16-byte aligned pointers and
-    integers that are multiples of 16 marked divisible by 16, integers equal to 1 compiled in
-    (a unit stride), as are constexprs and None arguments; other integers as i32 (i64 past its
-    range), floats as fp32."""
+def compile_launch(kernel: LeanKernel, args: tuple, kwargs: dict, arch: int = 90):
+    """The launch compiled for sm_<arch> (sm_90 unless told) as a launch specializes it:
+    16-byte aligned pointers and integers that are multiples of 16 marked divisible by 16,
+    integers equal to 1 compiled in (a unit stride), as are constexprs and None arguments; other
+    integers as i32 (i64 past its range), floats as fp32."""
     names = kernel._names
     values = {**kernel._defaults, **dict(zip(names, args)), **{n: v for n, v in kwargs.items() if n in names}}
     if "INTERPRET" in names:
@@ -205,7 +205,7 @@ def test_launch_compiles_for_sm90(monkeypatch, op, make):
     launches = recorded_launches(monkeypatch, lambda: fn(*args))
     assert launches, f"{op} launched no Triton kernel"
     for kernel, largs, kwargs in launches:
-        compiled = compile_sm90(kernel, largs, kwargs)
+        compiled = compile_launch(kernel, largs, kwargs)
         assert compiled.asm["cubin"], kernel.__name__
         assert_waits_before_memory(kernel, compiled)
 
@@ -218,13 +218,13 @@ def test_conv_epilogue_compiles_for_sm90(monkeypatch, halves):
     launches = recorded_launches(monkeypatch, lambda: bind(y, bias)(y, bias))
     assert launches
     for kernel, largs, kwargs in launches:
-        compiled = compile_sm90(kernel, largs, kwargs)
+        compiled = compile_launch(kernel, largs, kwargs)
         assert compiled.asm["cubin"]
         assert_waits_before_memory(kernel, compiled)
 
 
 def test_before_hopper_a_kernel_waits_for_nothing(monkeypatch):
-    """sm_80 has no griddepcontrol: the kernel compiles without it (and launches plainly)."""
+    """sm_80 has no griddepcontrol: there the kernel compiles without it."""
     import triton.language.target_info as target_info
 
     from sgdiff.kernels.triton import residual_gate as trg
@@ -233,7 +233,7 @@ def test_before_hopper_a_kernel_waits_for_nothing(monkeypatch):
     x, gate = _r(2, 64, 3072), _r(2, 1, 3072)
     launches = recorded_launches(monkeypatch, lambda: trg.residual_gate(x, gate, x, False))
     (kernel, largs, kwargs), = launches
-    compiled = compile_sm90(kernel, largs, kwargs, arch=80)
+    compiled = compile_launch(kernel, largs, kwargs, arch=80)
     assert "griddepcontrol" not in compiled.asm["ptx"]
     monkeypatch.setattr(target_info, "current_target", _target(90))
-    assert "griddepcontrol.wait" in compile_sm90(kernel, largs, kwargs).asm["ptx"]  # on sm_90 it waits
+    assert "griddepcontrol.wait" in compile_launch(kernel, largs, kwargs).asm["ptx"]  # on sm_90 it waits
