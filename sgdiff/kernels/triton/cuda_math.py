@@ -129,16 +129,20 @@ def silu_rounded(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
     return q.to(DTYPE)
 
 
+def has_cuda_option(name: str) -> bool:
+    """Whether this Triton's CUDA backend takes the launch/compile option ``name``."""
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    return name in getattr(CUDAOptions, "__dataclass_fields__", {})
+
+
 @functools.lru_cache(maxsize=None)
 def libdevice_options() -> dict:
     """Launch options for kernels that call libdevice: keep denormals, as nvcc does for ATen
     (Triton flushes them inside libdevice unless told not to, where it can be told)."""
-    try:
-        from triton.backends.nvidia.compiler import CUDAOptions
-    except ImportError:
-        return {}
-    fields = getattr(CUDAOptions, "__dataclass_fields__", {})
-    return {"enable_reflect_ftz": False} if "enable_reflect_ftz" in fields else {}
+    return {"enable_reflect_ftz": False} if has_cuda_option("enable_reflect_ftz") else {}
 
 
 # CUDA's tanhf (libdevice's __nv_tanhf, non-FTZ, as Triton links it): its constants, as fp32

@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgdiff.kernels.triton.cuda_math import INTERPRET, INTERPRET_C
+from sgdiff.kernels.triton.cuda_math import INTERPRET, INTERPRET_C, has_cuda_option
 
 log = logging.getLogger("sgdiff")
 
@@ -51,9 +51,8 @@ except ImportError:  # an older Triton: no direct launches
     _knobs = None
 
 try:
-    from triton.backends.nvidia.compiler import CUDAOptions
     from triton.language.target_info import cuda_capability_geq
-    PDL = "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+    PDL = has_cuda_option("launch_pdl")
 except ImportError:  # an older Triton: no programmatic launches
     PDL = False
 
