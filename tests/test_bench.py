@@ -70,18 +70,21 @@ def test_partial_kernel_runs_merge_case_by_case(tmp_path):
 
 def test_runs_compare_with_inductor_case_by_case(tmp_path):
     """--across: for each case that ran more than once, every run's pair, the medians and how
-    often sgdiff took no longer than Inductor; cases that ran once are left out."""
+    often sgdiff took no longer than Inductor and than 1.5 copies, launched as shipped and
+    plainly; cases that ran once are left out."""
     import json
 
     from bench import kernels
 
     meta = dict(gpu="g", torch="t", triton="tr")
     runs = [dict(meta, commit="aaa", cases=[dict(_kernel_case("rope", 1.0), inductor_us=1.1),
-                                            dict(_kernel_case("residual_gate", 2.0), inductor_us=1.9),
+                                            dict(_kernel_case("residual_gate", 2.0), inductor_us=1.9, copy_us=1.2),
                                             _kernel_case("modulate", 3.0)]),
-            dict(meta, commit="bbb", cases=[dict(_kernel_case("residual_gate", 2.0), inductor_us=2.0),
+            dict(meta, commit="bbb", cases=[dict(_kernel_case("residual_gate", 2.0), inductor_us=2.0,
+                                                 sgdiff_plain_us=2.2, copy_us=1.4),
                                             dict(_kernel_case("rope", 1.2), inductor_us=1.0)]),
-            dict(meta, commit="ccc", cases=[dict(_kernel_case("residual_gate", 1.8), inductor_us=2.1),
+            dict(meta, commit="ccc", cases=[dict(_kernel_case("residual_gate", 1.8), inductor_us=2.1,
+                                                 sgdiff_plain_us=1.9, copy_us=1.0),
                                             dict(_kernel_case("rope", 1.0), note="another", inductor_us=2.0)])]
     rows = kernels.across_runs(runs)
     assert [(r["op"], r["commits"], r["at_or_below_inductor"]) for r in rows] == [
@@ -89,6 +92,11 @@ def test_runs_compare_with_inductor_case_by_case(tmp_path):
     gate = rows[1]
     assert (gate["sgdiff_us"], gate["inductor_us"], gate["sgdiff_median_us"], gate["inductor_median_us"]) == \
         ([2.0, 2.0, 1.8], [1.9, 2.0, 2.1], 2.0, 2.0)
+    # over a copy: 2.0 / 1.2 and 1.8 / 1.0 above the bar, 2.0 / 1.4 below; plain in two runs only
+    assert gate["copy_ratio_median"] == pytest.approx(2.0 / 1.2) and gate["within_copy_bar"] == 1
+    assert (gate["plain_runs"], gate["plain_median_us"], gate["plain_at_or_below_inductor"]) == (2, 2.05, 1)
+    assert gate["plain_within_copy_bar"] == 0 and gate["plain_copy_ratio_median"] == pytest.approx((2.2 / 1.4 + 1.9) / 2)
+    assert rows[0]["plain_runs"] == 0 and rows[0]["plain_median_us"] is None
     paths = []
     for run in runs:
         paths.append(tmp_path / f"{run['commit']}.json")
@@ -96,8 +104,22 @@ def test_runs_compare_with_inductor_case_by_case(tmp_path):
     assert kernels.main(["--out", str(tmp_path / "out"), "--across", *map(str, paths)]) == 0
     report = (tmp_path / "out" / "kernels-across-runs.md").read_text()
     assert "| residual_gate | 2×3 | bfloat16 | n | aaa, bbb, ccc | 2.000 / 1.900, 2.000 / 2.000, 1.800 / 2.100 | " \
-           "2.000 | 2.000 | 2 of 3 |" in report
+           "2.000 | 2.000 | 2 of 3 | 1.667 | 1 of 3 | 2.050 | 1 of 2 | 1.736 | 0 of 2 |" in report
+    assert "| rope | 2×3 | bfloat16 | n | aaa, bbb | 1.000 / 1.100, 1.200 / 1.000 | 1.100 | 1.050 | 1 of 2 | " \
+           "1.000 | 2 of 2 | - | - | - | - |" in report
     assert "| modulate |" not in report and "another" not in report
+
+
+def test_the_copy_bar_of_a_case_with_its_own_kernel_is_that_kernel_s():
+    """A ‡ case (a convolution and sgdiff's epilogue): the copy ratio takes the epilogue's time,
+    launched as shipped and plainly (the plain call's convolution taken off)."""
+    from bench import kernels
+
+    meta = dict(gpu="g", torch="t", triton="tr")
+    conv = dict(_kernel_case("conv_silu", 100.0), kernel_us=12.0, sgdiff_plain_us=100.5, copy_us=10.0)
+    rows = kernels.across_runs([dict(meta, commit="aaa", cases=[conv]), dict(meta, commit="bbb", cases=[conv])])
+    assert rows[0]["copy_ratio_median"] == pytest.approx(1.2) and rows[0]["within_copy_bar"] == 2
+    assert rows[0]["plain_copy_ratio_median"] == pytest.approx(1.25) and rows[0]["plain_within_copy_bar"] == 2
 
 
 def test_a_model_run_folds_in_variant_by_variant(tmp_path):
@@ -139,3 +161,21 @@ def test_the_copy_ratio_of_an_op_with_a_convolution_is_its_own_kernels(tmp_path)
             or line.startswith("| rope")]
     assert "| 180.0 |" in rows[0] and "| 1.50 ‡ (30.0) |" in rows[0] and "9.00" not in rows[0]
     assert "| 1.00 |" in rows[1] and "‡" not in rows[1]
+
+
+def test_the_copy_bar_takes_the_faster_copy(tmp_path):
+    """Where a run timed the copy both ways (copy_ and a kernel on the SMs), the table, the
+    ratio and the comparison across runs take the faster; runs that timed copy_ alone keep it."""
+    from bench import kernels
+
+    slow_memcpy = dict(_kernel_case("residual_gate", 400.0), copy_us=620.0, copy_sm_us=396.0)
+    slow_kernel = dict(_kernel_case("rope", 2.0), copy_us=2.0, copy_sm_us=2.5)
+    kernels.write_report(dict(gpu="g", torch="t", triton="tr", commit="c", cases=[slow_memcpy, slow_kernel]), tmp_path)
+    rows = [line for line in (tmp_path / "kernels.md").read_text().splitlines() if line.startswith("| r")]
+    assert "| 396.0 | 1.01 |" in rows[0] and "620.0" not in rows[0]
+    assert "| 2.0 | 1.00 |" in rows[1]
+    meta = dict(gpu="g", torch="t", triton="tr")
+    older = dict(_kernel_case("residual_gate", 400.0), copy_us=620.0)  # before copy_sm_us: the memcpy
+    row, = kernels.across_runs([dict(meta, commit="a", cases=[older]), dict(meta, commit="b", cases=[slow_memcpy]),
+                                dict(meta, commit="c", cases=[slow_memcpy])])
+    assert row["copy_ratio_median"] == pytest.approx(400.0 / 396.0) and row["within_copy_bar"] == 3
