@@ -619,7 +619,7 @@ def write_across_runs(runs: List[dict], out: pathlib.Path) -> None:
     lines = ["# sgdiff kernels against Inductor and a copy across runs",
              f"{runs[0]['gpu']}, torch {runs[0]['torch']}, triton {runs[0]['triton']}. The cases that ran in more "
              "than one of the runs below, each run in a process of its own; GPU times in µs as in `kernels.md`. "
-             f"/copy: sgdiff's time over a copy of the same bytes, each run's ratio (‡ cases: their own kernel's), "
+             "/copy: sgdiff's time over a copy of the same bytes, each run's ratio (‡ cases: their own kernel's), "
              f"then the median; ≤ {COPY_BAR}x copy: in how many runs. 'plain': the same calls launched each after "
              "the last has ended, in the runs that timed them.",
              "", "Runs: " + ", ".join(f"{run['commit']} ({len(run['cases'])} cases)" for run in runs), "",

@@ -110,7 +110,7 @@ def test_runs_compare_with_inductor_case_by_case(tmp_path):
     assert "| modulate |" not in report and "another" not in report
 
 
-def test_the_copy_bar_of_a_case_with_its_own_kernel_is_that_kernel_s():
+def test_across_runs_bars_a_convolution_case_on_its_own_kernel():
     """A ‡ case (a convolution and sgdiff's epilogue): the copy ratio takes the epilogue's time,
     launched as shipped and plainly (the plain call's convolution taken off)."""
     from bench import kernels
