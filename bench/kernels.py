@@ -450,7 +450,7 @@ def measure(case: Case) -> dict:
         wall_sgdiff_via="call site",
     )
     row["copy_gbps"] = nbytes / _copy_us(row) / 1e3
-    row["sgdiff_gbps"] = nbytes / row.get("kernel_us", row["sgdiff_us"]) / 1e3
+    row["sgdiff_gbps"] = nbytes / _own_us(row) / 1e3
     return row
 
 
@@ -484,11 +484,15 @@ def _copy_us(case: dict) -> float:
     return min(case["copy_us"], case.get("copy_sm_us", float("inf")))
 
 
+def _own_us(case: dict) -> float:
+    """sgdiff's time that the copy bar is taken on: its own kernel's where the case times one (‡)."""
+    return case.get("kernel_us", case["sgdiff_us"])
+
+
 def _copy_ratio(case: dict) -> str:
     """sgdiff's time over a copy's, of its own kernel where the case times one (‡)."""
-    if "kernel_us" in case:
-        return f"{case['kernel_us'] / _copy_us(case):.2f} ‡ ({case['kernel_us']:.1f})"
-    return f"{case['sgdiff_us'] / _copy_us(case):.2f}"
+    ratio = f"{_own_us(case) / _copy_us(case):.2f}"
+    return f"{ratio} ‡ ({case['kernel_us']:.1f})" if "kernel_us" in case else ratio
 
 
 def write_report(result: dict, out: pathlib.Path) -> None:
@@ -572,11 +576,6 @@ def merge_results(old: dict, new: dict) -> dict:
                   conv_silu=family["conv_epilogue"], conv_silu_mul=family["conv_epilogue"],
                   cast_copy=family["linear_attention"], linear_attention_out=family["linear_attention"])
     return merge_cases(old, new, _case_key, lambda k: family.get(k[0], len(family)))
-
-
-def _own_us(case: dict) -> float:
-    """sgdiff's time that the copy bar is taken on: its own kernel's where the case times one (‡)."""
-    return case.get("kernel_us", case["sgdiff_us"])
 
 
 def across_runs(runs: List[dict]) -> List[dict]:
