@@ -441,7 +441,9 @@ def measure(case: Case) -> dict:
         mismatches=int((got != want).sum()),
         inductor_bitexact=bool(torch.equal(ind, want)),
         inductor_max_diff=float((ind.float() - want.float()).abs().max()),
-        **gpu_times(dict(eager_us=case.eager, inductor_us=inductor_fn, sgdiff_us=case.sgdiff_raw,
+        # Inductor's chain twice, each a graph of its own: how far one kernel's timings part (the noise floor)
+        **gpu_times(dict(eager_us=case.eager, inductor_us=inductor_fn, inductor_again_us=inductor_fn,
+                         sgdiff_us=case.sgdiff_raw,
                          sgdiff_plain_us=lambda: _plain(case.sgdiff_raw), copy_us=lambda: dst.copy_(case.copy_src),
                          copy_sm_us=lambda: torch.bitwise_or(src_ints, 0, out=dst_ints),
                          **({} if case.own_kernel is None else dict(kernel_us=case.own_kernel)))),
@@ -514,13 +516,16 @@ def write_report(result: dict, out: pathlib.Path) -> None:
              "'plain' times the same calls launched each after the last has ended, as eager's, Inductor's and "
              "the copy's are ('-': rows timed before c1ee777). copy: the faster of `copy_` (a memcpy in the graph) "
              "and an elementwise kernel moving the same bytes on the SMs, in the runs that timed both (`copy_sm_us` "
-             "in kernels.json; before, the memcpy alone).", "",
-             "| op | shape | dtype | case | bit-exact | sgdiff | sgdiff plain | eager | Inductor | copy | sgdiff/copy | "
-             "wall sgdiff | wall sgdiff op | wall eager | commit |", "|" + " --- |" * 15]
+             "in kernels.json; before, the memcpy alone). 'Inductor again': the same compiled chain timed a second "
+             "time, as a graph of its own, in the same replays: how far two timings of one kernel part ('-': rows "
+             "timed before it was).", "",
+             "| op | shape | dtype | case | bit-exact | sgdiff | sgdiff plain | eager | Inductor | Inductor again | "
+             "copy | sgdiff/copy | wall sgdiff | wall sgdiff op | wall eager | commit |", "|" + " --- |" * 16]
     for c in result["cases"]:
         lines.append(f"| {c['op']} | {'×'.join(map(str, c['shape']))} | {c['dtype']} | {c['note']} | "
                      f"{'yes' if c['bitexact'] else 'NO (%d)' % c['mismatches']} | {c['sgdiff_us']:.1f} | "
-                     f"{_us(c.get('sgdiff_plain_us'))} | {c['eager_us']:.1f} | {c['inductor_us']:.1f} | {_copy_us(c):.1f} | "
+                     f"{_us(c.get('sgdiff_plain_us'))} | {c['eager_us']:.1f} | {c['inductor_us']:.1f} | "
+                     f"{_us(c.get('inductor_again_us'))} | {_copy_us(c):.1f} | "
                      f"{_copy_ratio(c)} | {c['wall_sgdiff_launcher_us']:.1f}{'' if c.get('wall_sgdiff_via') else ' †'} | "
                      f"{c['wall_sgdiff_us']:.1f} | {c['wall_eager_us']:.1f} | {c.get('commit', result['commit'])} |")
     (out / "kernels.md").write_text("\n".join(lines) + "\n")
@@ -578,12 +583,23 @@ def merge_results(old: dict, new: dict) -> dict:
     return merge_cases(old, new, _case_key, lambda k: family.get(k[0], len(family)))
 
 
+def _noise_floor(cases: List[dict]) -> dict:
+    """Over the runs that timed Inductor's chain twice (``inductor_again_us``): the median gap
+    between its two timings, and in how many of those runs sgdiff was above Inductor by no more
+    than that run's gap (a difference one kernel shows against itself orders nothing)."""
+    timed = [c for c in cases if c.get("inductor_again_us") is not None]
+    gaps = [abs(c["inductor_again_us"] - c["inductor_us"]) for c in timed]
+    return dict(noise_runs=len(timed), noise_median_us=statistics.median(gaps) if gaps else None,
+                within_noise=sum(c["sgdiff_us"] - c["inductor_us"] <= gap for c, gap in zip(timed, gaps)))
+
+
 def across_runs(runs: List[dict]) -> List[dict]:
     """The cases that ran in more than one of ``runs`` (kernel results, in the first run's order
     of cases): each run's GPU times, their medians, in how many runs sgdiff took no longer than
-    Inductor and no longer than 1.5 copies of the same bytes, and the same for sgdiff launched
-    plainly (``sgdiff_plain_us``) in the runs that timed it. Where two kernels tie at a roofline,
-    one run cannot order them; several can say how often each way comes out ahead."""
+    Inductor and no longer than 1.5 copies of the same bytes, the same for sgdiff launched
+    plainly (``sgdiff_plain_us``) in the runs that timed it, and Inductor against itself
+    (:func:`_noise_floor`). Where two kernels tie at a roofline, one run cannot order them;
+    several can say how often each way comes out ahead, and by how much more than noise."""
     seen: Dict[tuple, List[dict]] = {}
     for run in runs:
         for case in run["cases"]:
@@ -608,7 +624,8 @@ def across_runs(runs: List[dict]) -> List[dict]:
                          plain_median_us=statistics.median(c["sgdiff_plain_us"] for c in plain) if plain else None,
                          plain_at_or_below_inductor=sum(c["sgdiff_plain_us"] <= c["inductor_us"] for c in plain),
                          plain_copy_ratio_median=statistics.median(plain_to_copy) if plain else None,
-                         plain_within_copy_bar=sum(r <= COPY_BAR for r in plain_to_copy)))
+                         plain_within_copy_bar=sum(r <= COPY_BAR for r in plain_to_copy),
+                         **_noise_floor(cases)))
     return rows
 
 
@@ -620,21 +637,26 @@ def write_across_runs(runs: List[dict], out: pathlib.Path) -> None:
              "than one of the runs below, each run in a process of its own; GPU times in µs as in `kernels.md`. "
              "/copy: sgdiff's time over a copy of the same bytes, each run's ratio (‡ cases: their own kernel's), "
              f"then the median; ≤ {COPY_BAR}x copy: in how many runs. 'plain': the same calls launched each after "
-             "the last has ended, in the runs that timed them.",
+             "the last has ended, in the runs that timed them. Inductor against itself: in the runs that timed its "
+             "chain twice (each a graph of its own, in the same replays), the median gap between the two timings, "
+             "and in how many of them sgdiff was above Inductor by no more than that run's gap.",
              "", "Runs: " + ", ".join(f"{run['commit']} ({len(run['cases'])} cases)" for run in runs), "",
              "| op | shape | dtype | case | commits | sgdiff / Inductor, each run | median sgdiff | median Inductor | "
              f"runs with sgdiff ≤ Inductor | median /copy | runs ≤ {COPY_BAR}x copy | median plain | "
-             f"plain runs ≤ Inductor | median plain /copy | plain runs ≤ {COPY_BAR}x copy |", "|" + " --- |" * 15]
+             f"plain runs ≤ Inductor | median plain /copy | plain runs ≤ {COPY_BAR}x copy | "
+             "Inductor against itself, median gap | runs sgdiff ≤ Inductor + gap |", "|" + " --- |" * 17]
     for r in rows:
         # three decimals: at a tie the count turns on differences that two would round away
         pairs = ", ".join(f"{s:.3f} / {i:.3f}" for s, i in zip(r["sgdiff_us"], r["inductor_us"]))
         n, p = len(r["sgdiff_us"]), r["plain_runs"]
         plain = (f"{r['plain_median_us']:.3f} | {r['plain_at_or_below_inductor']} of {p} | "
                  f"{r['plain_copy_ratio_median']:.3f} | {r['plain_within_copy_bar']} of {p}") if p else "- | - | - | -"
+        q = r["noise_runs"]
+        noise = f"{r['noise_median_us']:.3f} | {r['within_noise']} of {q}" if q else "- | -"
         lines.append(f"| {r['op']} | {'×'.join(map(str, r['shape']))} | {r['dtype']} | {r['note']} | "
                      f"{', '.join(r['commits'])} | {pairs} | {r['sgdiff_median_us']:.3f} | "
                      f"{r['inductor_median_us']:.3f} | {r['at_or_below_inductor']} of {n} | "
-                     f"{r['copy_ratio_median']:.3f} | {r['within_copy_bar']} of {n} | {plain} |")
+                     f"{r['copy_ratio_median']:.3f} | {r['within_copy_bar']} of {n} | {plain} | {noise} |")
     out.mkdir(parents=True, exist_ok=True)
     (out / "kernels-across-runs.md").write_text("\n".join(lines) + "\n")
 
@@ -666,7 +688,7 @@ def main(argv=None) -> int:
         r = rows[-1]
         tqdm.write(f"{r['op']:<20} {str(r['shape']):<20} {r['dtype']:<9} exact={r['bitexact']} "
                    f"mism={r['mismatches']} sgdiff={r['sgdiff_us']:.1f} eager={r['eager_us']:.1f} "
-                   f"ind={r['inductor_us']:.1f} copy={_copy_us(r):.1f} wall={r['wall_sgdiff_us']:.1f}/"
+                   f"ind={r['inductor_us']:.1f}/{r['inductor_again_us']:.1f} copy={_copy_us(r):.1f} wall={r['wall_sgdiff_us']:.1f}/"
                    f"{r['wall_eager_us']:.1f} launcher={r['wall_sgdiff_launcher_us']:.1f} raw={r['wall_sgdiff_raw_us']:.1f}")
     return 0
 

@@ -104,10 +104,33 @@ def test_runs_compare_with_inductor_case_by_case(tmp_path):
     assert kernels.main(["--out", str(tmp_path / "out"), "--across", *map(str, paths)]) == 0
     report = (tmp_path / "out" / "kernels-across-runs.md").read_text()
     assert "| residual_gate | 2×3 | bfloat16 | n | aaa, bbb, ccc | 2.000 / 1.900, 2.000 / 2.000, 1.800 / 2.100 | " \
-           "2.000 | 2.000 | 2 of 3 | 1.667 | 1 of 3 | 2.050 | 1 of 2 | 1.736 | 0 of 2 |" in report
+           "2.000 | 2.000 | 2 of 3 | 1.667 | 1 of 3 | 2.050 | 1 of 2 | 1.736 | 0 of 2 | - | - |" in report
     assert "| rope | 2×3 | bfloat16 | n | aaa, bbb | 1.000 / 1.100, 1.200 / 1.000 | 1.100 | 1.050 | 1 of 2 | " \
-           "1.000 | 2 of 2 | - | - | - | - |" in report
+           "1.000 | 2 of 2 | - | - | - | - | - | - |" in report
     assert "| modulate |" not in report and "another" not in report
+
+
+def test_across_runs_tells_a_tie_by_inductor_timed_twice(tmp_path):
+    """Runs that timed Inductor's chain twice give the gap between its two timings: sgdiff above
+    Inductor by no more than that run's gap is within noise, by more is not; runs without the
+    second timing count in neither; the table and the report show both."""
+    from bench import kernels
+
+    meta = dict(gpu="g", torch="t", triton="tr")
+    above_by_less = dict(_kernel_case("residual_gate", 388.0), inductor_us=387.8, inductor_again_us=388.3)  # gap 0.5
+    above_by_more = dict(_kernel_case("residual_gate", 389.0), inductor_us=387.8, inductor_again_us=387.6)  # gap 0.2
+    below = dict(_kernel_case("residual_gate", 387.0), inductor_us=387.8, inductor_again_us=387.7)  # gap 0.1
+    untimed = dict(_kernel_case("residual_gate", 390.0), inductor_us=387.8)
+    row, = kernels.across_runs([dict(meta, commit=c, cases=[case]) for c, case in
+                                (("a", above_by_less), ("b", above_by_more), ("c", below), ("d", untimed))])
+    assert (row["noise_runs"], row["within_noise"]) == (3, 2)
+    assert row["noise_median_us"] == pytest.approx(0.2)
+    kernels.write_report(dict(meta, commit="c", cases=[above_by_less, untimed]), tmp_path)
+    table = [line for line in (tmp_path / "kernels.md").read_text().splitlines() if line.startswith("| residual_gate")]
+    assert "| 387.8 | 388.3 | 388.0 |" in table[0] and "| 387.8 | - | 390.0 |" in table[1]
+    kernels.write_across_runs([dict(meta, commit=c, cases=[case]) for c, case in (("a", above_by_less), ("d", untimed))],
+                              tmp_path)
+    assert "| 0.500 | 1 of 1 |" in (tmp_path / "kernels-across-runs.md").read_text()
 
 
 def test_across_runs_bars_a_convolution_case_on_its_own_kernel():
