@@ -13,11 +13,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_dispatch")]
 OP = registry.op_def("residual_gate").load()
 
 
-# Flux.1-dev, Sana 1.6B, PixArt-Sigma, Wan 2.1 1.3B / 14B (fp32 stream), SD3.5-large
+# Flux.1-dev, Sana 1.6B, PixArt-Sigma, Wan 2.1 1.3B / 14B (fp32 stream), SD3.5-large, and a row
+# with a tail just past the size where a program takes 16 warps (residual_gate.LARGE)
 @pytest.mark.parametrize("shape,stream,update", [
     ((1, 4608, 3072), torch.bfloat16, torch.bfloat16), ((2, 1024, 2240), torch.bfloat16, torch.bfloat16),
     ((2, 4096, 1152), torch.float16, torch.float16), ((1, 32760, 1536), torch.float32, torch.bfloat16),
-    ((1, 32760, 5120), torch.float32, torch.bfloat16), ((1, 4429, 2432), torch.bfloat16, torch.bfloat16)])
+    ((1, 32760, 5120), torch.float32, torch.bfloat16), ((1, 4429, 2432), torch.bfloat16, torch.bfloat16),
+    ((1, 10923, 3073), torch.bfloat16, torch.bfloat16)])
 @pytest.mark.parametrize("per_token", [False, True])
 def test_real_shapes_bitexact(shape, stream, update, per_token):
     B, S, D = shape
