@@ -688,7 +688,8 @@ def main(argv=None) -> int:
         r = rows[-1]
         tqdm.write(f"{r['op']:<20} {str(r['shape']):<20} {r['dtype']:<9} exact={r['bitexact']} "
                    f"mism={r['mismatches']} sgdiff={r['sgdiff_us']:.1f} eager={r['eager_us']:.1f} "
-                   f"ind={r['inductor_us']:.1f}/{r['inductor_again_us']:.1f} copy={_copy_us(r):.1f} wall={r['wall_sgdiff_us']:.1f}/"
+                   f"ind={r['inductor_us']:.1f}/{r['inductor_again_us']:.1f} copy={_copy_us(r):.1f} "
+                   f"wall={r['wall_sgdiff_us']:.1f}/"
                    f"{r['wall_eager_us']:.1f} launcher={r['wall_sgdiff_launcher_us']:.1f} raw={r['wall_sgdiff_raw_us']:.1f}")
     return 0
 

@@ -312,8 +312,8 @@ def test_a_reciprocal_of_one_multiplies_nothing(divisor, divides):
 
 @pytest.mark.parametrize("shape,dtype,warps", [
     ((2, 1024, 2240), torch.bfloat16, 8), ((2, 1024, 2240), torch.float32, 8), ((1, 4608, 3072), torch.float16, 8),
-    ((1, 32760, 1536), torch.bfloat16, 16), ((1, 32760, 5120), torch.float32, 16), ((1, 10923, 3073), torch.bfloat16, 16),
-    ((1, 3, 40), torch.bfloat16, 1)])
+    ((1, 32760, 1536), torch.bfloat16, 16), ((1, 32760, 5120), torch.float32, 16),
+    ((1, 10923, 3073), torch.bfloat16, 16), ((1, 3, 40), torch.bfloat16, 1)])
 def test_a_thread_moves_one_16_byte_vector_of_the_residual(shape, dtype, warps):
     """8 warps a program, 16 from Wan's sizes on (2**25 elements), each thread one 16-byte vector
     of the residual; a residual smaller than a program's vectors gets fewer warps, never none."""

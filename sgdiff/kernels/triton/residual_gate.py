@@ -155,11 +155,11 @@ def _plan(residual, gate, update, update_bias):
     product = torch.promote_types(gate.dtype, updated) if gate is not None else updated
     ints = (B * S, S, D, *gate_strides, *update.expand(shape).stride(), *bias_strides)
     warps = WARPS_LARGE if residual.numel() >= LARGE else WARPS
-    # one 16-byte vector of the residual a thread: 8 bf16 or 4 fp32 elements
-    grid, block_r, block_d = launch_rows(B * S, D, max_block=warps * 32 * 16 // residual.element_size(), flat=True)
+    vector = 16 // residual.element_size()  # elements a thread: 8 bf16 or 4 fp32
+    grid, block_r, block_d = launch_rows(B * S, D, max_block=warps * 32 * vector, flat=True)
     return grid, ints, updated, product, torch.promote_types(residual.dtype, product), \
         dict(BLOCK_R=block_r, BLOCK_D=block_d, EVEN=even_tiles(B * S, D, block_r, block_d),
-             num_warps=max(1, min(warps, block_r * block_d * residual.element_size() // (32 * 16))))
+             num_warps=max(1, min(warps, block_r * block_d // (32 * vector))))  # a small residual: fewer
 
 
 def _bind(residual, gate, update, tanh_gate, update_bias, update_divisor, out_dtype=None):
