@@ -1,10 +1,12 @@
 """The private torch APIs sgdiff relies on, in one place.
 
-They drift between torch releases (the GPU box runs 2.11, CI 2.13): keep every use here.
+They drift between torch releases (the GPU box runs 2.11, CI 2.13): keep every use here. The
+modules behind them load on first use, so a kernel that asks for the current CUDA stream does
+not import dynamo.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 
@@ -12,14 +14,15 @@ TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")
 if TORCH_VERSION < (2, 6):
     raise ImportError(f"sgdiff needs torch >= 2.6, found {torch.__version__}")
 
-from torch._dynamo.backends.common import aot_autograd  # noqa: E402
-from torch._functorch.aot_autograd import make_boxed_func  # noqa: E402
 
+# --- capture ------------------------------------------------------------------------------
 
 def aot_capture(compiler: Callable, bw_compiler: Optional[Callable] = None) -> Callable:
     """A dynamo backend that captures the functionalized ATen graph with **no decompositions**
     (so the graph's eager execution is bitwise equal to the model's) and hands it to
     ``compiler(gm, example_inputs)``, which returns a boxed callable."""
+    from torch._dynamo.backends.common import aot_autograd
+
     return aot_autograd(
         fw_compiler=compiler,
         inference_compiler=compiler,
@@ -30,16 +33,20 @@ def aot_capture(compiler: Callable, bw_compiler: Optional[Callable] = None) -> C
 
 
 def boxed_eager(gm: torch.fx.GraphModule, example_inputs) -> Callable:
-    return make_boxed_func(gm.forward)
+    return boxed(gm.forward)
 
 
 def boxed(fn: Callable) -> Callable:
+    from torch._functorch.aot_autograd import make_boxed_func
+
     return make_boxed_func(fn)
 
 
 def reset_dynamo() -> None:
     torch._dynamo.reset()
 
+
+# --- fake tensors and op schemas ------------------------------------------------------------
 
 def fake_mode_of(tensors: Iterable[torch.Tensor]):
     """The FakeTensorMode the tensors share, None if none or if they disagree."""
@@ -50,6 +57,49 @@ def fake_mode_of(tensors: Iterable[torch.Tensor]):
     except AssertionError:
         return None
 
+
+def new_fake_mode():
+    """A FakeTensorMode of its own (for graphs whose values have none in common)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode()
+
+
+def is_op_overload(target: Any) -> bool:
+    """Whether ``target`` is an ATen-style ``OpOverload`` (``torch.ops.aten.add.Tensor``)."""
+    return isinstance(target, torch._ops.OpOverload)
+
+
+def op_schema(target: Any):
+    """The ``FunctionSchema`` of an op overload, None for anything else."""
+    return getattr(target, "_schema", None)
+
+
+# --- CUDA -----------------------------------------------------------------------------------
+
+def current_cuda_device() -> int:
+    """The current CUDA device's index, without ``torch.cuda``'s Python layers."""
+    return torch._C._cuda_getDevice()
+
+
+def current_raw_stream(device: int) -> int:
+    """The current CUDA stream of ``device`` as a raw handle (what a kernel launch takes)."""
+    return torch._C._cuda_getCurrentRawStream(device)
+
+
+def cudnn_enabled() -> bool:
+    """``torch.backends.cudnn.enabled``, read without its Python property."""
+    return torch._C._get_cudnn_enabled()
+
+
+def convolution_on_cudnn(x, weight, bias, stride, padding, dilation, groups) -> bool:
+    """Whether ATen runs this (non-transposed) convolution on cuDNN."""
+    backend = torch._C._select_conv_backend(x, weight, bias, list(stride), list(padding), list(dilation), False,
+                                            [0] * (x.dim() - 2), groups)
+    return backend == torch._C._ConvBackend.Cudnn
+
+
+# --- kernels ATen keeps private -------------------------------------------------------------
 
 def addmm_gelu_tanh(bias: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
     """``gelu_tanh(bias + mat1 @ mat2)``: cuBLASLt's GELU_BIAS epilogue on CUDA where it applies,

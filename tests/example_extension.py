@@ -6,7 +6,7 @@ admit it. The guard refuses operands that are not all of one shape.
 """
 import torch
 
-from sgdiff.fxpasses.matcher import Arg, Lit, Op
+from sgdiff.patterns.matcher import Arg, Lit, Op
 from sgdiff.kernels import registry
 from sgdiff.patterns import ChainPattern, register
 from sgdiff.patterns.base import tensor_meta
@@ -30,13 +30,13 @@ def _check(m):
     return None if len(shapes) == 1 else "operands of different shapes"
 
 
-OP = registry.register_op(registry.OpDef("sgdiff_example::mul_add", Contract.CLOSE, __name__))
+OP = registry.register_op(registry.OpDef("sgdiff_example::mul_add", Contract.CLOSE, module=__name__))
 PATTERN = ChainPattern(
     family="example",
     name="example_mul_add",
     chain=Op(aten.add.Tensor, Op(aten.mul.Tensor, Arg("a"), Arg("b")), Arg("c"), alpha=Lit(1)),
     op="sgdiff_example::mul_add",
-    replacement=lambda m: (m["a"], m["b"], m["c"]),
+    replacement=lambda m: dict(a=m["a"], b=m["b"], c=m["c"]),
     check=_check,
 )
 

@@ -110,7 +110,7 @@ def test_reduce_overhead_mode_is_accepted():
     ({"qualty": "high"}, None, "unknown sgdiff option.*'qualty'.*valid: quality, cudagraphs"),
     ({"quality": "medium"}, None, "unknown sgdiff quality 'medium'; valid: 'lossless', 'extra-high', 'high'"),
     ({}, "max-autotune", "unknown sgdiff mode 'max-autotune'; valid: None, 'default', 'reduce-overhead'"),
-    ({"families": ["modulate", "norms"]}, None, "unknown chain family.*norms.*valid: modulate"),
+    ({"families": ["modulate", "norms"]}, None, "unknown chain family.*norms.*valid: .*modulate"),
     ({"cudagraphs": "yes"}, None, "must be True or False"),
 ])
 def test_bad_options_are_value_errors_naming_valid_values(options, mode, message):
@@ -199,13 +199,15 @@ def test_backend_found_by_name_after_importing_sgdiff():
     assert out.strip() == "[3.0, 3.0] [3.0]"
 
 
-def test_registry_import_pulls_in_no_kernel():
+def test_declaring_the_ops_pulls_in_no_kernel():
+    """The registry finds every op in its module's declaration; none imports Triton or an
+    implementation module until one is asked for."""
     out = _run("""
         import sys
         import sgdiff.kernels.registry as r
-        assert r.kernel_specs("layernorm_modulate")
+        assert r.kernel_specs("layernorm_modulate") and len(r.ops()) >= 19
         loaded = [m for m in sys.modules if m == "triton" or m.startswith("triton.")
-                  or (m.startswith("sgdiff.kernels.") and m not in ("sgdiff.kernels.registry",))]
+                  or m.startswith("sgdiff.kernels.triton")]
         print(loaded)
     """)
     assert out.strip() == "[]"

@@ -37,7 +37,7 @@ def fake_can_use(residual, *args):
     return residual.dim() == 3
 
 
-fake_kernel.can_use, fake_kernel.bind = fake_can_use, fake_bind
+FAKE = registry.Impl(run=fake_kernel, supports=fake_can_use, bind=fake_bind)
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def cpu_kernel():
     calls.update(can_use=0, kernel=0)
     mode["value"] = "exact"
     spec = registry.register_kernel(registry.KernelSpec(
-        "residual_gate", "fake", Contract.BITEXACT, "tests.test_dispatch:fake_kernel",
+        "residual_gate", "fake", Contract.BITEXACT, "tests.test_dispatch:FAKE",
         devices=frozenset({"cpu"}), priority=100))
     dispatch.reset()
     yield
@@ -55,7 +55,7 @@ def cpu_kernel():
 
 
 def args(S=4, D=8):
-    return torch.randn(2, S, D), torch.randn(2, 1, D), torch.randn(2, S, D), False, True, None, None, None  # as the op passes them
+    return torch.randn(2, S, D), torch.randn(2, 1, D), torch.randn(2, S, D), "plain", True, None, None, None  # as the op passes them
 
 
 def test_a_signature_is_verified_once_then_settled(cpu_kernel):
@@ -75,7 +75,7 @@ def test_a_signature_is_verified_once_then_settled(cpu_kernel):
 def test_inputs_the_kernel_refuses_run_the_reference(cpu_kernel):
     r, g, u = torch.randn(4, 8), torch.randn(1, 8), torch.randn(4, 8)
     for _ in range(2):
-        assert torch.equal(dispatch.run("residual_gate", r, g, u, False, True), r + g * u)
+        assert torch.equal(dispatch.run("residual_gate", r, g, u, "plain", True), r + g * u)
     assert calls["kernel"] == 0 and calls["can_use"] == 1  # the refusal is settled too
 
 
@@ -194,7 +194,7 @@ def fake_close_can_use(*args):
     return True
 
 
-fake_close_kernel.can_use = fake_close_can_use
+FAKE_CLOSE = registry.Impl(run=fake_close_kernel, supports=fake_close_can_use)
 
 
 def test_a_close_kernel_is_settled_without_verification():
@@ -202,7 +202,7 @@ def test_a_close_kernel_is_settled_without_verification():
     as it is (no reference run, nothing disabled), and later calls skip ``can_use``."""
     calls.clear()
     spec = registry.register_kernel(registry.KernelSpec(
-        "linear_gelu_tanh", "fake", Contract.CLOSE, "tests.test_dispatch:fake_close_kernel",
+        "linear_gelu_tanh", "fake", Contract.CLOSE, "tests.test_dispatch:FAKE_CLOSE",
         devices=frozenset({"cpu"}), priority=100))
     dispatch.reset()
     try:

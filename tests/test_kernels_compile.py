@@ -127,82 +127,31 @@ def _r(*shape, dtype=torch.bfloat16):
     return torch.randn(*shape).to(dtype)
 
 
-def _chunks(B, D, n, dtype=torch.bfloat16):
-    """n [B, 1, D] chunk views of one [B, n D] projection, as adaLN's emb.chunk(n, dim=1)."""
-    return [c[:, None] for c in _r(B, n * D, dtype=dtype).chunk(n, dim=1)]
+EPILOGUES = {"conv_silu", "conv_silu_mul"}  # whether cuDNN runs the convolution needs a GPU: cases below
 
 
-def _table_rows(B, D, n):
-    """LTX-Video's (table[None, None] + temb.reshape(B, 1, n, D)).unbind(dim=2): strided rows."""
-    return list((_r(n, D)[None, None] + _r(B, 1, n * D).reshape(B, 1, n, D)).unbind(dim=2))
-
-
-def _freqs(S, half):
-    return torch.polar(torch.rand(S, half) + 0.5, torch.randn(S, half))
+def _triton_ops():
+    return [o for o in registry.ops() if any(s.backend == "triton" for s in registry.kernel_specs(o.name))]
 
 
 def _cases():
-    """One param per (op, form), ``(op, make)`` with ``make()`` the op's arguments: the forms the
-    model tests and the bench meet, in bf16 unless named."""
-    S, H = 64, 3
-    cos, sin = _r(S, 128, dtype=torch.float32), _r(S, 128, dtype=torch.float32)
-    c = [
-        ("layernorm_modulate", "Sana affine-free", lambda: (_r(2, S, 2240), None, None, 1e-6, *_chunks(2, 2240, 2), True)),
-        ("layernorm_modulate", "PixArt table rows", lambda: (_r(2, S, 1152), None, None, 1e-6, *_table_rows(2, 1152, 2), True)),
-        ("layernorm_modulate", "Flux affine fp32 params",
-         lambda: (_r(1, S, 3072), _r(3072), _r(3072), 1e-6, *_chunks(1, 3072, 2, torch.float32), True)),
-        ("layer_norm", "per head, affine", lambda: (_r(1, S, H, 128), _r(128), _r(128), 1e-6)),
-        ("layer_norm", "Wan FP32LayerNorm",
-         lambda: (_r(1, S, 1536), _r(1536, dtype=torch.float32), _r(1536, dtype=torch.float32), 1e-6,
-                  torch.float32, torch.bfloat16)),
-        ("modulate", "chunks", lambda: (_r(2, S, 3072), *_chunks(2, 3072, 2))),
-        ("modulate", "per token", lambda: (_r(2, S, 1152), _r(2, S, 1152), _r(2, S, 1152))),
-        ("residual_gate", "broadcast gate", lambda: (_r(2, S, 3072), _chunks(2, 3072, 3)[2], _r(2, S, 3072), False)),
-        ("residual_gate", "tanh gate", lambda: (_r(2, S, 2304), _r(2, 1, 2304), _r(2, S, 2304), True)),
-        ("residual_add", "divisor", lambda: (_r(2, S, 2240), _r(2, S, 2240), 2.0, False)),
-        ("rms_norm", "diffusers per head", lambda: (_r(1, S, H, 128), _r(128), 1e-6, "diffusers")),
-        ("rms_norm", "diffusers rows of 64 (SD3.5)", lambda: (_r(2, H, S, 64), _r(64), 1e-6, "diffusers")),
-        ("rms_norm", "diffusers rows of 2304, fp32 weight",
-         lambda: (_r(2, S, 2304), _r(2304, dtype=torch.float32), 1e-5, "diffusers")),
-        ("rms_norm", "fused per head", lambda: (_r(1, S, H, 128), _r(128), 1e-6, "fused")),
-        ("rms_norm", "fused across heads", lambda: (_r(1, S, 5120), _r(5120), 1e-6, "fused")),
-        ("rmsnorm_modulate", "diffusers LTX", lambda: (_r(2, S, 2048), None, 1e-6, "diffusers", *_table_rows(2, 2048, 2)[::-1])),
-        ("rmsnorm_modulate", "diffusers Lumina", lambda: (_r(2, S, 2304), _r(2304), 1e-5, "diffusers", _chunks(2, 2304, 4)[0], None)),
-        ("rmsnorm_modulate", "diffusers per head, per token",
-         lambda: (_r(1, S, H, 128), _r(128), 1e-6, "diffusers", _r(1, S, H, 128), _r(1, S, H, 128))),
-        ("rmsnorm_modulate", "fused, chunks", lambda: (_r(2, S, 3072), _r(3072), 1e-6, "fused", *_chunks(2, 3072, 2))),
-        ("rmsnorm_modulate", "fused, fp32 scale",
-         lambda: (_r(2, S, 1536), None, 1e-6, "fused", _r(2, 1, 1536, dtype=torch.float32), _r(2, 1, 1536))),
-        ("rope", "interleaved", lambda: (_r(1, S, H, 128), cos[None, :, None], sin[None, :, None], True)),
-        ("rope", "rotate-half, heads first", lambda: (_r(1, H, S, 128), cos[None, None], sin[None, None], False)),
-        ("rope_even_odd", "Wan fp32 tables", lambda: (_r(1, S, H, 128), cos[None, :, None, :64], sin[None, :, None, :64])),
-        ("rope_complex", "Qwen-Image", lambda: (_r(1, S, H, 128), _freqs(S, 64)[:, None])),
-        ("rms_norm_rope", "Flux q", lambda: (_r(1, S, H, 128), _r(128), 1e-6, "fused", cos[None, :, None],
-                                             sin[None, :, None], True)),
-        ("rms_norm_cat_rope", "Flux text + image", lambda: (_r(1, 16, H, 128), _r(128), _r(1, S - 16, H, 128), _r(128),
-                                                            1e-6, "fused", cos[None, :, None], sin[None, :, None], True)),
-        ("silu_mul", "SwiGLU halves", lambda: (*_r(2, S, 2 * 4096).chunk(2, dim=-1),)),
-        ("gelu_tanh_cat", "Sana's GELU of a projection and a cat", lambda: (_r(2 * S, 3072), _r(2 * S, 768))),
-        ("cast_copy", "q to fp32, contiguous", lambda: (_r(1, H, S, 128).transpose(1, 2), torch.float32, False,
-                                                        [0, 0, 0, 0], 0.0, True)),
-        ("linear_attention_out", "Sana linear attention", lambda: (_r(2, 70, 33, S, dtype=torch.float32), 1e-15,
-                                                                    torch.bfloat16)),
-    ]
-    return [pytest.param(op, make, id=f"{op}: {label}") for op, label, make in c]
+    """Every example of every op with a Triton implementation (what the op module declares,
+    what models and the bench meet), at its small sizes."""
+    return [pytest.param(op.name, example, id=f"{op.name}: {example.label}")
+            for op in _triton_ops() if op.name not in EPILOGUES for example in op.examples]
 
 
-def test_cases_cover_every_triton_op():
-    ops = {o.name for o in registry.ops() if any(s.backend == "triton" for s in registry.kernel_specs(o.name))}
-    covered = {p.values[0] for p in _cases()}
-    assert ops - covered <= {"conv_silu", "conv_silu_mul"}, ops - covered  # epilogues: their own cases below
+def test_every_triton_op_has_examples():
+    assert not [op.name for op in _triton_ops() if not op.examples]
+    assert len(_cases()) >= 50
 
 
-@pytest.mark.parametrize("op,make", _cases())
-def test_launch_compiles_for_sm90(monkeypatch, op, make):
-    fn = next(s for s in registry.kernel_specs(op) if s.backend == "triton").load()
-    torch.manual_seed(0)
-    args = make()
-    launches = recorded_launches(monkeypatch, lambda: fn(*args))
+@pytest.mark.parametrize("op,example", _cases())
+def test_launch_compiles_for_sm90(monkeypatch, op, example):
+    impl = registry.op_def(op).triton_impl()
+    args = example.args(small=True)
+    assert impl.supports is None or impl.supports(*args), "the kernel refuses its own example"
+    launches = recorded_launches(monkeypatch, lambda: impl.run(*args))
     assert launches, f"{op} launched no Triton kernel"
     for kernel, largs, kwargs in launches:
         compiled = compile_launch(kernel, largs, kwargs)
@@ -231,7 +180,7 @@ def test_before_hopper_a_kernel_waits_for_nothing(monkeypatch):
 
     monkeypatch.setattr(target_info, "current_target", _target(80))
     x, gate = _r(2, 64, 3072), _r(2, 1, 3072)
-    launches = recorded_launches(monkeypatch, lambda: trg.residual_gate(x, gate, x, False))
+    launches = recorded_launches(monkeypatch, lambda: trg.residual_gate(x, gate, x, "plain"))
     (kernel, largs, kwargs), = launches
     compiled = compile_launch(kernel, largs, kwargs, arch=80)
     assert "griddepcontrol" not in compiled.asm["ptx"]

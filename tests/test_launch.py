@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 
-from sgdiff.kernels.triton import launch
+from sgdiff.kernels.triton import launch, triton_compat
 
 
 def _kernel_fn(x_ptr, out_ptr, n, eps, BLOCK: "constexpr", FLAG: "constexpr" = False):  # noqa: F821
@@ -77,7 +77,7 @@ def test_anything_triton_specializes_on_gets_its_own_compile(lean):
 
 
 def test_launch_hooks_take_tritons_own_path(lean, monkeypatch):
-    monkeypatch.setattr(launch._knobs.runtime, "launch_enter_hook", lambda *a: None)
+    monkeypatch.setattr(triton_compat._knobs.runtime, "launch_enter_hook", lambda *a: None)
     lean[(4,)](torch.zeros(8), torch.zeros(8), 8, 1e-6, BLOCK=16)
     assert [c[0] for c in lean.fn.calls] == ["triton"]
 
@@ -126,7 +126,7 @@ def test_on_hopper_every_launch_is_a_dependent_launch(lean, monkeypatch):
     lean.bound((4,), BLOCK=16)(x, out, 8, 1e-6)
     with launch.plain_launches():
         lean[(4,)](x, out, 8, 1e-6, BLOCK=32)  # timed as a plain launch: no option
-    monkeypatch.setattr(launch._knobs.runtime, "launch_enter_hook", lambda *a: None)
+    monkeypatch.setattr(triton_compat._knobs.runtime, "launch_enter_hook", lambda *a: None)
     lean[(4,)](x, out, 8, 1e-6, BLOCK=16)  # Triton's own launcher: the option too
     calls = [(c[0], c[-1]) for c in lean.fn.calls if c[0] != "run"]
     assert calls == [("warmup", {"BLOCK": 16}), ("warmup", {"BLOCK": 16, "launch_pdl": True}),

@@ -18,12 +18,13 @@ import logging
 import torch
 
 tk = pytest.importorskip("sgdiff.kernels.triton.layernorm_modulate")
+tln = pytest.importorskip("sgdiff.kernels.triton.layer_norm")
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
-needs_gluon = pytest.mark.skipif(tk._layer_norm_warp_rows_kernel is None, reason="this Triton has no Gluon")
+needs_gluon = pytest.mark.skipif(tln._layer_norm_warp_rows_kernel is None, reason="this Triton has no Gluon")
 
 
 def _ptx(rows=16, warps=4, dtype="bf16", affine=True, pow2=True, even=False):
@@ -35,9 +36,9 @@ def _ptx(rows=16, warps=4, dtype="bf16", affine=True, pow2=True, even=False):
     attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3)}  # as a launch specializes aligned rows
     tl_dtype = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}[dtype]
     sig["LAYOUT"] = sig["POW2"] = sig["EVEN_ROWS"] = "constexpr"
-    src = GluonASTSource(tk._layer_norm_warp_rows_kernel.fn, sig, attrs=attrs, constexprs=dict(
+    src = GluonASTSource(tln._layer_norm_warp_rows_kernel.fn, sig, attrs=attrs, constexprs=dict(
         N=128 if pow2 else 72, ROWS=rows, HAS_WEIGHT=affine, HAS_BIAS=affine, DTYPE=tl_dtype, INTERPRET=False,
-        LAYOUT=tk.warp_rows_layout(rows, warps), POW2=pow2, EVEN_ROWS=even))
+        LAYOUT=tln.warp_rows_layout(rows, warps), POW2=pow2, EVEN_ROWS=even))
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": warps, "enable_fp_fusion": False}).asm["ptx"]
 
@@ -107,30 +108,30 @@ class _Kernel:
 @needs_gluon  # the options of its launch are built with Gluon
 def test_a_gluon_kernel_that_fails_to_compile_leaves_the_triton_kernel(monkeypatch, caplog):
     gluon, plain = _Kernel(triton.compiler.errors.CompilationError("", None, "gluon differs")), _Kernel()
-    monkeypatch.setattr(tk, "_layer_norm_warp_rows_kernel", gluon)
-    monkeypatch.setattr(tk, "_layer_norm_short_rows_kernel", plain)
+    monkeypatch.setattr(tln, "_layer_norm_warp_rows_kernel", gluon)
+    monkeypatch.setattr(tln, "_layer_norm_short_rows_kernel", plain)
     monkeypatch.setattr(tk, "INTERPRET", False)
     monkeypatch.setattr(tk, "_gluon_failed", [])
     x = torch.randn(2, 5, 3, 64)
-    launch = tk.layer_norm_bind(x, None, None, 1e-6)
+    launch = tln.layer_norm_bind(x, None, None, 1e-6)
     with caplog.at_level(logging.WARNING, logger="sgdiff"):
         assert launch(x, None, None).shape == x.shape
         launch(x, None, None)
-    assert plain.launches == 2 and gluon.options[0]["ROWS"] == tk.WARP_ROWS_PROGRAM[0]
+    assert plain.launches == 2 and gluon.options[0]["ROWS"] == tln.WARP_ROWS_PROGRAM[0]
     assert "Gluon kernel for rows of 64 failed" in caplog.text and len(tk._gluon_failed) == 1
-    tk.layer_norm_bind(x, None, None, 1e-6)(x, None, None)  # later signatures skip the Gluon kernel
+    tln.layer_norm_bind(x, None, None, 1e-6)(x, None, None)  # later signatures skip the Gluon kernel
     assert len(gluon.options) == 1 and plain.launches == 3
 
 
 @needs_gluon
 def test_a_gluon_kernel_that_runs_is_kept(monkeypatch):
     gluon, plain = _Kernel(), _Kernel()
-    monkeypatch.setattr(tk, "_layer_norm_warp_rows_kernel", gluon)
-    monkeypatch.setattr(tk, "_layer_norm_short_rows_kernel", plain)
+    monkeypatch.setattr(tln, "_layer_norm_warp_rows_kernel", gluon)
+    monkeypatch.setattr(tln, "_layer_norm_short_rows_kernel", plain)
     monkeypatch.setattr(tk, "INTERPRET", False)
     monkeypatch.setattr(tk, "_gluon_failed", [])
     x = torch.randn(7, 128)
-    launch = tk.layer_norm_bind(x, torch.randn(128), None, 1e-6)
+    launch = tln.layer_norm_bind(x, torch.randn(128), None, 1e-6)
     for _ in range(3):
         launch(x, None, None)
     assert gluon.launches == 3 and plain.launches == 0 and not tk._gluon_failed
@@ -372,7 +373,7 @@ def test_layer_norm_plans_on_the_rows_device(monkeypatch):
     monkeypatch.setattr(tk, "_sm_count", lambda device: seen.append(device) or 132)
     gluon, plain = _modulate_kernels(monkeypatch)
     x = torch.randn(3, 5, 1152)
-    tk.layer_norm_bind(x, None, None, 1e-6)(x, None, None)
+    tln.layer_norm_bind(x, None, None, 1e-6)(x, None, None)
     assert seen and all(d.type == "cpu" for d in seen)
 
 

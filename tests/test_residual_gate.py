@@ -16,7 +16,7 @@ ORDERS = ["r + g*u", "r + u*g", "g*u + r", "u*g + r"]
 CASTS = ["none", "fp32_residual", "fp32_both"]  # Wan: (x.float() + y * gate).type_as(x)
 
 
-def make_chain(gate_form, order, tanh=None, dropout=False, cast="none"):
+def make_chain(gate_form, order, gate_fn=None, dropout=False, cast="none"):
     """A gated residual spelled the way one diffusers model or another spells it."""
 
     def gate_of(x, emb, table):
@@ -35,8 +35,10 @@ def make_chain(gate_form, order, tanh=None, dropout=False, cast="none"):
         g = gate_of(x, emb, table)
         if cast != "none":
             g = g.float()
-        if tanh == "after_views":  # Lumina: gate_msa.unsqueeze(1).tanh()
+        if gate_fn == "tanh":  # Lumina: gate_msa.unsqueeze(1).tanh()
             g = g.tanh()
+        elif gate_fn == "sigmoid":  # a gate through a sigmoid, after its views
+            g = torch.sigmoid(g)
         u = y.clone() if dropout else y  # eval-mode Dropout
         if cast == "fp32_both":
             u = u.float()
@@ -59,20 +61,20 @@ def make_args(gate_form, B=2, S=5, D=16, dtype=torch.float32, seed=0):
 
 @given(
     gate_form=st.sampled_from(GATES), order=st.sampled_from(ORDERS),
-    tanh=st.sampled_from([None, "after_views"]), dropout=st.booleans(), cast=st.sampled_from(CASTS),
+    gate_fn=st.sampled_from([None, "tanh", "sigmoid"]), dropout=st.booleans(), cast=st.sampled_from(CASTS),
     dtype=st.sampled_from(DTYPES), B=st.integers(1, 3), S=st.integers(1, 9), D=st.sampled_from([4, 8, 12, 36]),
 )
-def test_every_spelling_is_one_bitexact_site(gate_form, order, tanh, dropout, cast, dtype, B, S, D):
-    fn = make_chain(gate_form, order, tanh, dropout, cast)
+def test_every_spelling_is_one_bitexact_site(gate_form, order, gate_fn, dropout, cast, dtype, B, S, D):
+    fn = make_chain(gate_form, order, gate_fn, dropout, cast)
     args = make_args(gate_form, B, S, D, dtype)
     run, gm, result = rewrite(fn, args, families=["residual_gate"])
     assert result.counts["residual_gate"] == 1, result.skipped
     assert count_op(gm, OP) == 1
-    assert aten.mul.Tensor not in targets(gm) and aten.tanh.default not in targets(gm)
+    assert not {aten.mul.Tensor, aten.tanh.default, aten.sigmoid.default} & set(targets(gm))
     if cast != "fp32_both":  # the Dropout copy goes with the chain (unless a cast follows it)
         assert aten.clone.default not in targets(gm)
     node = next(n for n in gm.graph.nodes if n.target == OP)
-    assert node.args[3] is (tanh is not None)
+    assert node.args[3] == (gate_fn or "plain")
     # Wan's casts: the op reads the bf16 stream and update and writes the bf16 sum; of the
     # gate's and the update's casts one stays (without it the product would round to bf16)
     casts = 1 if cast != "none" and dtype != torch.float32 else 0
@@ -80,14 +82,63 @@ def test_every_spelling_is_one_bitexact_site(gate_form, order, tanh, dropout, ca
     assert bits_equal(run(*args), fn(*args))
 
 
-def test_tanh_before_the_views_stays_with_the_gate():
+@pytest.mark.parametrize("gate_fn", [torch.tanh, torch.sigmoid])
+def test_a_gate_function_before_the_views_stays_with_the_gate(gate_fn):
     def fn(x, y, g):
-        return x + torch.tanh(g)[:, None] * y
+        return x + gate_fn(g)[:, None] * y
 
     args = (torch.randn(2, 5, 8), torch.randn(2, 5, 8), torch.randn(2, 8))
     run, gm, result = rewrite(fn, args)
-    assert result.counts["residual_gate"] == 1 and aten.tanh.default not in targets(gm)
+    assert result.counts["residual_gate"] == 1 and not {aten.tanh.default, aten.sigmoid.default} & set(targets(gm))
     assert bits_equal(run(*args), fn(*args))
+
+
+def test_a_sigmoid_gate_is_the_ops_not_an_operand_left_eager():
+    """``x * torch.sigmoid(gate) + residual``: the sigmoid goes into the op (gate_kind
+    "sigmoid"); a plain gate must not bind the sigmoid's output and leave it a kernel of its own."""
+    def fn(r, x, gate):
+        return x * torch.sigmoid(gate) + r
+
+    args = tuple(torch.randn(2, 5, 8, dtype=torch.bfloat16) for _ in range(3))
+    run, gm, result = rewrite(fn, args, families=["residual_gate"])
+    assert result.counts["residual_gate"] == 1, result.skipped
+    node = next(n for n in gm.graph.nodes if n.target == OP)
+    assert node.args[3] == "sigmoid" and aten.sigmoid.default not in targets(gm)
+    assert bits_equal(run(*args), fn(*args))
+
+
+def test_a_silu_gate_is_no_sigmoid_gate():
+    """Near miss: ``x * F.silu(gate) + r`` is a plain gate (the SiLU stays eager)."""
+    def fn(r, x, gate):
+        return x * F.silu(gate) + r
+
+    args = tuple(torch.randn(2, 5, 8) for _ in range(3))
+    run, gm, result = rewrite(fn, args, families=["residual_gate"])
+    node = next(n for n in gm.graph.nodes if n.target == OP)
+    assert node.args[3] == "plain" and aten.silu.default in targets(gm)
+    assert bits_equal(run(*args), fn(*args))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_sigmoid_gates_match_aten_on_every_value(dtype):
+    """The kernel's sigmoid against ATen's CUDA sigmoid: every bf16 and fp16 value (NaNs,
+    infinities, subnormals), and fp32 extremes and a million random fp32 values."""
+    from sgdiff.kernels.triton import residual_gate as kernel
+
+    if dtype == torch.float32:
+        values = torch.cat([torch.tensor([0.0, -0.0, 1e-40, -1e-40, 88.7, -88.7, 104.0, -104.0, float("inf"),
+                                          -float("inf"), float("nan")]),
+                            torch.randn(1 << 20) * 8]).cuda()
+    else:
+        values = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32).to(torch.int16).view(dtype).cuda()
+    gate = values[: values.numel() // 16 * 16].view(1, -1, 16)  # per-token gates
+    res, upd = torch.zeros_like(gate), torch.ones_like(gate)  # out = sigmoid(gate), rounded
+    assert kernel.can_use(res, gate, upd, "sigmoid")
+    got, want = kernel.residual_gate(res, gate, upd, "sigmoid"), res + torch.sigmoid(gate) * upd
+    assert torch.equal(got.isnan(), want.isnan())
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    assert torch.equal(got.nan_to_num().view(bits), want.nan_to_num().view(bits))
 
 
 @pytest.mark.parametrize("residual_first", [True, False])
@@ -279,16 +330,16 @@ def test_opcheck():
     for dtype in (torch.float32, torch.bfloat16):
         x, y = torch.randn(2, 5, 16, dtype=dtype), torch.randn(2, 5, 16, dtype=dtype)
         for gate in (torch.randn(2, 1, 16, dtype=dtype), torch.randn(2, 5, 16), torch.randn(16, dtype=dtype)):
-            for tanh in (False, True):
-                torch.library.opcheck(residual_gate, (x, gate, y, tanh))
+            for gate_kind in ("plain", "tanh", "sigmoid"):
+                torch.library.opcheck(residual_gate, (x, gate, y, gate_kind))
         for residual_layout in (False, True):
-            args = (x.transpose(0, 1), torch.randn(16, dtype=dtype), y.transpose(0, 1), False, residual_layout)
+            args = (x.transpose(0, 1), torch.randn(16, dtype=dtype), y.transpose(0, 1), "plain", residual_layout)
             torch.library.opcheck(residual_gate, args)
             assert residual_gate(*args).is_contiguous() != residual_layout
-        torch.library.opcheck(residual_gate, (x, torch.randn(16, dtype=dtype), y, True))  # 4 args: residual layout
+        torch.library.opcheck(residual_gate, (x, torch.randn(16, dtype=dtype), y, "tanh"))  # 4 args: residual layout
         for bias in (torch.randn(16, dtype=dtype), torch.randn(16)):  # a linear's bias, maybe promoting
-            torch.library.opcheck(residual_gate, (x, torch.randn(2, 1, 16, dtype=dtype), y, False, True, bias))
-        torch.library.opcheck(residual_gate, (x, torch.randn(2, 1, 16, dtype=dtype), y, False, True, None, 1.0))
+            torch.library.opcheck(residual_gate, (x, torch.randn(2, 1, 16, dtype=dtype), y, "plain", True, bias))
+        torch.library.opcheck(residual_gate, (x, torch.randn(2, 1, 16, dtype=dtype), y, "plain", True, None, 1.0))
         torch.library.opcheck(ADD, (x, y, 3.0, True))
         torch.library.opcheck(ADD, (x.transpose(0, 1), y.transpose(0, 1), 0.5, False))
 

@@ -67,7 +67,7 @@ def test_rows_fit():
     assert rows_fit(big, 2) and not rows_fit(big, 1)
     from sgdiff.kernels.triton import residual_gate as trg  # 32-bit rows: too many fall back
     rows = torch.empty(2**31, 2, device="meta")
-    assert not trg.supported_layout(rows, rows, rows, False) and trg.supported_layout(rows[:4], rows[:4], rows[:4], False)
+    assert not trg.supported_layout(rows, rows, rows, "plain") and trg.supported_layout(rows[:4], rows[:4], rows[:4], "plain")
 
 
 HALVES = r"""

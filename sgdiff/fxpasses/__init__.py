@@ -1,23 +1,6 @@
-"""Graph passes: the chain matcher, the family rewrites and the quality-aware pass manager.
+"""Graph passes: the family rewrites, the quality-aware pass manager, and what readies a
+rewritten graph to run (launch lowering, direct ATen calls, CUDA graphs)."""
+from sgdiff.fxpasses.manager import ManagerResult, PassManager, PatternPass
+from sgdiff.fxpasses.rewrite import PassResult, Skip
 
-Patterns import :mod:`sgdiff.fxpasses.matcher` (the chain vocabulary) while the manager imports
-the patterns, so the names below load on first use.
-"""
-import importlib
-
-_EXPORTS = {
-    "PassManager": "sgdiff.fxpasses.manager",
-    "PatternPass": "sgdiff.fxpasses.manager",
-    "ManagerResult": "sgdiff.fxpasses.manager",
-    "PassResult": "sgdiff.fxpasses.rewrite",
-    "Skip": "sgdiff.fxpasses.rewrite",
-}
-
-
-def __getattr__(name):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'sgdiff.fxpasses' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
-
-
-__all__ = list(_EXPORTS)
+__all__ = ["PassManager", "PatternPass", "ManagerResult", "PassResult", "Skip"]

@@ -16,6 +16,7 @@ import logging
 import torch
 from torch import fx
 
+from sgdiff import _compat
 from sgdiff.kernels.layout import is_dense
 
 log = logging.getLogger("sgdiff")
@@ -25,9 +26,10 @@ aten = torch.ops.aten
 def _op_output(node: fx.Node):
     """``(fresh, alias)``: whether ``node`` is an op's single output, and whether it is a view."""
     target = node.target
-    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or len(target._schema.returns) != 1:
+    schema = _compat.op_schema(target) if node.op == "call_function" and _compat.is_op_overload(target) else None
+    if schema is None or len(schema.returns) != 1:
         return False, False
-    alias = target._schema.returns[0].alias_info is not None
+    alias = schema.returns[0].alias_info is not None
     return not alias, alias
 
 

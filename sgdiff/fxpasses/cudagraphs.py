@@ -19,6 +19,8 @@ from typing import Any, Callable, List, Optional
 import torch
 from torch import fx
 
+from sgdiff import _compat
+
 log = logging.getLogger("sgdiff")
 
 WARMUP = 2
@@ -111,7 +113,8 @@ def _unsupported(args) -> Optional[str]:
 
 def _mutates_inputs(gm: fx.GraphModule) -> Optional[str]:
     for node in gm.graph.nodes:
-        if node.op == "call_function" and getattr(node.target, "_schema", None) is not None:
-            if node.target._schema.is_mutable and any(a.op == "placeholder" for a in node.all_input_nodes):
+        schema = _compat.op_schema(node.target) if node.op == "call_function" else None
+        if schema is not None:
+            if schema.is_mutable and any(a.op == "placeholder" for a in node.all_input_nodes):
                 return f"the graph writes into an input ({node.target})"
     return None

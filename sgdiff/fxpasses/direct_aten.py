@@ -17,12 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
+from sgdiff import _compat
+
 aten = torch.ops.aten
 
 # overload -> (how to call it, the kinds of its positional arguments, keyword arguments it may
 # carry): "N" a tensor node, "L" a list of sizes or dims, "s" an int, "T" a list of tensor nodes.
 # A method name is called on the first argument (``call_method``), a callable is called as is.
-DIRECT: Dict[torch._ops.OpOverload, Tuple[object, Tuple[str, ...], Tuple[str, ...]]] = {
+DIRECT: Dict[object, Tuple[object, Tuple[str, ...], Tuple[str, ...]]] = {
     aten.view.default: ("view", ("NL",), ()),
     aten.t.default: ("t", ("N",), ()),
     aten.unsqueeze.default: ("unsqueeze", ("Ns",), ()),
@@ -62,7 +64,7 @@ def direct_aten_calls(gm: fx.GraphModule) -> int:
 
 
 def _direct(node: fx.Node) -> Optional[object]:
-    entry = DIRECT.get(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
+    entry = DIRECT.get(node.target) if _compat.is_op_overload(node.target) else None
     if entry is None:
         return None
     how, kinds, kwargs = entry

@@ -8,8 +8,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import fx
 
-from sgdiff._compat import fake_mode_of
-from sgdiff.fxpasses.matcher import Match, ReplayViews
+from sgdiff import _compat
+from sgdiff.patterns.matcher import Match, ReplayViews
 from sgdiff.kernels import registry
 from sgdiff.patterns.base import ChainPattern
 from sgdiff.tiers import Contract, Tier
@@ -126,11 +126,44 @@ def _rewrite(graph: fx.Graph, site: _Site) -> None:
     root = site.match.root
     op = registry.op_def(site.pattern.op).load()
     with graph.inserting_before(root):
-        args = tuple(_materialize(graph, a) for a in site.pattern.replacement(site.match))
+        args = tuple(_materialize(graph, a) for a in call_arguments(op, site.pattern, site.pattern.replacement(site.match)))
         new = graph.call_function(op, args)
     new.meta.update({k: v for k, v in root.meta.items() if k in ("stack_trace", "nn_module_stack", "source_fn_stack")})
     _propagate_meta(new)
     root.replace_all_uses_with(new)
+
+
+def call_arguments(op, pattern: ChainPattern, values: Dict[str, Any]) -> Tuple[Any, ...]:
+    """The op's positional arguments from a pattern's arguments by name, checked against the
+    op's schema: every name must be one of the op's, every argument without a default given;
+    trailing arguments left at their defaults are dropped."""
+    if not isinstance(values, dict):
+        raise TypeError(f"pattern {pattern.name!r}: replacement must return the op's arguments by name, "
+                        f"got {type(values).__name__}")
+    schema = _compat.op_schema(op)
+    names = [a.name for a in schema.arguments]
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+        raise TypeError(f"pattern {pattern.name!r}: {pattern.op} takes no argument {', '.join(unknown)}; "
+                        f"its arguments: {', '.join(names)}")
+    out, defaults = [], []
+    for arg in schema.arguments:
+        if arg.name in values:
+            value = values[arg.name]
+        elif arg.has_default_value():
+            value = arg.default_value
+        else:
+            raise TypeError(f"pattern {pattern.name!r}: {pattern.op} needs its argument {arg.name!r}")
+        out.append(value)
+        defaults.append(arg.has_default_value() and _is_default(value, arg.default_value))
+    while defaults and defaults[-1]:
+        defaults.pop()
+        out.pop()
+    return tuple(out)
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    return value is default or (not isinstance(value, fx.Node) and type(value) is type(default) and value == default)
 
 
 def _materialize(graph: fx.Graph, arg: Any) -> Any:
@@ -148,14 +181,12 @@ def _propagate_meta(node: fx.Node) -> None:
     vals = []
     args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: _collect(n, vals))
     tensors = [v for v in vals if isinstance(v, torch.Tensor)]
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     # make_fx in "real" mode gives every value a FakeTensorMode of its own: then make one
-    fake_mode = fake_mode_of(tensors)
+    fake_mode = _compat.fake_mode_of(tensors)
     if fake_mode is None:
         if any(_is_symbolic(t) for t in tensors):
             return
-        fake_mode = FakeTensorMode()
+        fake_mode = _compat.new_fake_mode()
         with fake_mode:
             args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, _refake, (args, kwargs))
     with fake_mode:

@@ -19,7 +19,10 @@ from __future__ import annotations
 import torch
 
 from sgdiff.kernels import dispatch
+from sgdiff.kernels.examples import Example, read_first
 from sgdiff.kernels.layout import in_layout_of
+from sgdiff.kernels.registry import OpDef, triton
+from sgdiff.tiers import Contract
 
 aten = torch.ops.aten
 
@@ -41,4 +44,26 @@ def cast_copy_reference(
     return in_layout_of(y, x)
 
 
-cast_copy = dispatch.define_op("cast_copy", cast_copy_reference)
+def _sana(which):
+    """Sana's linear attention: q or v of one ``[B, S, H D]`` projection, as ``[B, H, D, S]`` views."""
+    def make(t):
+        x = t.randn(t.B, t.S, t.H * t.D).transpose(1, 2).unflatten(1, (t.H, -1))
+        return (x, torch.float32, True, [], 0.0, True) if which == "q" else (x, torch.float32, False, [0, 0, 0, 1],
+                                                                              1.0, True)
+    return make
+
+
+cast_copy = dispatch.define_op(OpDef(
+    "cast_copy", Contract.BITEXACT, cast_copy_reference, impls=(triton("cast_copy"),),
+    examples=(
+        Example("Sana 1.6B q: relu, fp32, contiguous copy", dict(B=2, S=1024, H=70, D=32), _sana("q"),
+                small=dict(S=64, H=3), chain=lambda x, *rest: lambda: torch.relu(x).float().contiguous()),
+        Example("Sana 1.6B v: fp32, a row of ones below", dict(B=2, S=1024, H=70, D=32), _sana("v"),
+                small=dict(S=64, H=3), moved=read_first,
+                chain=lambda x, *rest: lambda: torch.nn.functional.pad(x.float(), (0, 0, 0, 1), value=1.0)),
+        Example("q to fp32, contiguous", dict(B=1, S=4608, H=24, D=128),
+                lambda t: (t.randn(t.B, t.H, t.S, t.D).transpose(1, 2), torch.float32, False, [0, 0, 0, 0], 0.0, True),
+                small=dict(S=64, H=3), bench=False),
+    ),
+    doc="F.pad((relu(x) if relu else x).to(dtype), pad, value), contiguous or in x's layout",
+))

@@ -14,8 +14,12 @@ from __future__ import annotations
 
 
 import torch
+import torch.nn.functional as F
 
 from sgdiff.kernels import dispatch
+from sgdiff.kernels.examples import Example, twice_out
+from sgdiff.kernels.registry import OpDef, triton
+from sgdiff.tiers import Contract
 
 aten = torch.ops.aten
 
@@ -38,4 +42,27 @@ def conv_silu_reference(
     return aten.silu.default(convolution(x, weight, bias, stride, padding, dilation, groups))
 
 
-conv_silu = dispatch.define_op("conv_silu", conv_silu_reference)
+def _sana_inverted(t):
+    """Sana's block: tokens unflattened to a channels-last NCHW view, a 1x1 convolution's weights."""
+    x = t.randn(t.B, t.H * t.W, t.C).unflatten(1, (t.H, t.W)).permute(0, 3, 1, 2)
+    return x, t.randn(t.F, t.C, 1, 1, scale=t.C ** -0.5), t.randn(t.F), [1, 1], [0, 0], [1, 1], 1
+
+
+def _own_epilogue(x, weight, bias, stride, padding, dilation, groups):
+    """sgdiff's part alone: the bias + SiLU epilogue on a bias-free convolution's output."""
+    from sgdiff.kernels.triton.silu_mul import bias_silu_bind
+
+    y = convolution(x, weight, None, stride, padding, dilation, groups)
+    epilogue = bias_silu_bind(y, bias)
+    return lambda: epilogue(y, bias)  # in place
+
+
+conv_silu = dispatch.define_op(OpDef(
+    "conv_silu", Contract.BITEXACT, conv_silu_reference, impls=(triton("conv_silu"),),
+    examples=(
+        Example("Sana 1.6B conv_inverted + SiLU (conv included)", dict(B=2, H=32, W=32, C=2240, F=11200),
+                _sana_inverted, small=dict(H=8, W=8, C=64, F=320), moved=twice_out, own_kernel=_own_epilogue,
+                chain=lambda x, w, b, *geometry: lambda: F.silu(F.conv2d(x, w, b))),
+    ),
+    doc="silu(convolution(x, weight, bias, stride, padding, dilation, groups))",
+))

@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 
 from sgdiff import _compat
+from sgdiff.kernels.registry import Impl
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -40,4 +41,4 @@ def linear_gelu_tanh(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     return y.view(*x.shape[:-1], n)
 
 
-linear_gelu_tanh.can_use = can_use
+LINEAR_GELU_TANH = Impl(run=linear_gelu_tanh, supports=supported_layout)

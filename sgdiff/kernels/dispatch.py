@@ -1,8 +1,8 @@
 """Runtime choice of an op's implementation, with first-sight verification.
 
 The custom op's device kernel calls :func:`run`. It walks the op's KernelSpecs in priority
-order and takes the first that supports the input's device and dtype and whose ``can_use``
-accepts the inputs; the reference implementation (the eager chain) supports everything and
+order and takes the first that supports the input's device and dtype and whose implementation
+``supports`` the inputs; the reference implementation (the eager chain) supports everything and
 comes last, so an input no kernel handles falls back to eager numerics instead of failing.
 
 A bit-exact kernel is trusted per input *signature* (shapes, strides, dtypes, device and
@@ -73,14 +73,14 @@ def _capability(index: int):
 
 
 @functools.lru_cache(maxsize=None)
-def _load(spec: registry.KernelSpec) -> Callable:
+def _load(spec: registry.KernelSpec) -> registry.Impl:
     return spec.load()
 
 
 def _reference(op: str) -> Callable:
     for spec in registry.kernel_specs(op):
         if spec.backend == "reference":
-            return _load(spec)
+            return _load(spec).run
     raise RuntimeError(f"sgdiff::{op} has no reference implementation")
 
 
@@ -106,10 +106,13 @@ def _first_difference(got: torch.Tensor, want: torch.Tensor) -> Optional[str]:
             f"reference {want[idx].item()!r}")
 
 
-def define_op(name: str, reference: Callable):
-    """Register ``sgdiff::<name>`` with ``reference``'s signature (its type hints give the
-    schema). The op runs :func:`run` (the best implementation for its inputs); its fake
-    implementation is the reference itself, made of ATen ops that fake tensors understand."""
+def define_op(op_def: registry.OpDef):
+    """Register ``op_def`` with the registry and as ``sgdiff::<name>`` with torch, with its
+    reference's signature (its type hints give the schema). The op runs :func:`run` (the best
+    implementation for its inputs); its fake implementation is the reference itself, made of
+    ATen ops that fake tensors understand. Returns the torch custom op."""
+    registry.register_op(op_def)
+    name, reference = op_def.name, op_def.reference
     signature = inspect.signature(reference)
 
     @functools.wraps(reference)
@@ -119,7 +122,7 @@ def define_op(name: str, reference: Callable):
         return run(name, *bound.args)
 
     implementation.__name__ = implementation.__qualname__ = name
-    op = torch.library.custom_op(f"sgdiff::{name}", mutates_args=())(implementation)
+    op = torch.library.custom_op(op_def.qualname, mutates_args=())(implementation)
     op.register_fake(reference)
     return op
 
@@ -176,10 +179,10 @@ class SiteLauncher:
         out = run(self.op, *args)
         chosen = _chosen.get((self.op, signature(args), registry.generation()))
         if chosen is not None:  # settled by run (not during a capture, nor with verification off)
-            spec, impl = chosen
-            bind = getattr(impl, "bind", None) if spec.backend != "reference" else None
+            spec, fn, impl = chosen
+            bind = impl.bind if spec.backend != "reference" else None
             try:
-                self._settled[key] = (spec.backend, bind(*args) if bind is not None else impl)
+                self._settled[key] = (spec.backend, bind(*args) if bind is not None else fn)
             except Exception as exc:
                 disable(self.op, spec.backend, f"could not bind: {type(exc).__name__}: {exc}")
         return out
@@ -195,7 +198,7 @@ def _plan(op: str, device: torch.device, dtype: torch.dtype) -> list:
         plan = []
         for spec in registry.kernel_specs(op):
             if spec.backend == "reference":
-                plan.append((spec, _load(spec), None))
+                plan.append((spec, _load(spec)))
                 break
             if (op, spec.backend) not in _disabled and spec.supports(device.type, dtype_name, cap):
                 try:
@@ -203,7 +206,7 @@ def _plan(op: str, device: torch.device, dtype: torch.dtype) -> list:
                 except Exception as exc:  # e.g. no triton on this machine: the next one serves
                     disable(op, spec.backend, f"could not load {spec.loader}: {type(exc).__name__}: {exc}")
                     continue
-                plan.append((spec, impl, getattr(impl, "can_use", None)))
+                plan.append((spec, impl))
         _plans[key] = plan
     return plan
 
@@ -211,13 +214,13 @@ def _plan(op: str, device: torch.device, dtype: torch.dtype) -> list:
 _plans: Dict[tuple, list] = {}
 
 
-_chosen: Dict[tuple, tuple] = {}  # (op, signature, generation) -> (spec, impl), settled choices
+_chosen: Dict[tuple, tuple] = {}  # (op, signature, generation) -> (spec, impl.run, impl), settled choices
 
 
 def run(op: str, *args):
     """Run ``op`` on ``args`` with the best implementation that accepts them.
 
-    Everything that decides the choice (``can_use``, verification) is a function of the
+    Everything that decides the choice (``supports``, verification) is a function of the
     input's signature, so a settled choice is cached per signature: a call then costs one
     signature and one lookup on top of the kernel launch (the reference's too, once settled).
     """
@@ -225,11 +228,11 @@ def run(op: str, *args):
     key = (op, sig, registry.generation())
     chosen = _chosen.get(key)
     if chosen is not None:
-        spec, impl = chosen
+        spec, fn, _ = chosen
         if spec.backend == "reference":
-            return impl(*args)
+            return fn(*args)
         try:
-            return impl(*args)
+            return fn(*args)
         except Exception as exc:  # a kernel must never break the model: fall back
             disable(op, spec.backend, f"raised {type(exc).__name__}: {exc}")
     x = args[0]
@@ -238,33 +241,33 @@ def run(op: str, *args):
 
 def _choose_and_run(op: str, plan: list, sig: tuple, key: tuple, args: tuple):
     x = args[0]
-    for spec, impl, can_use in plan:
+    for spec, impl in plan:
         if spec.backend == "reference":
-            _chosen[key] = (spec, impl)
-            return impl(*args)
+            _chosen[key] = (spec, impl.run, impl)
+            return impl.run(*args)
         try:
-            if can_use is not None and not can_use(*args):
+            if impl.supports is not None and not impl.supports(*args):
                 continue
             if spec.contract is Contract.BITEXACT:
                 if not _verify.get():
                     # with verification off, an unverified kernel runs but is not settled:
                     # turning verification back on verifies it
-                    return impl(*args)
+                    return impl.run(*args)
                 vkey = (op, spec.backend, sig)
                 if vkey not in _verified:
                     if x.is_cuda and torch.cuda.is_current_stream_capturing():
                         # no verification inside a capture: the reference runs, nothing is settled
                         return _reference(op)(*args)
-                    out = impl(*args)
+                    out = impl.run(*args)
                     diff = _first_difference(out, _reference(op)(*args))
                     if diff is not None:
                         disable(op, spec.backend, f"not bit-exact on signature {sig}: {diff}")
                         continue
                     _verified.add(vkey)
-                    _chosen[key] = (spec, impl)
+                    _chosen[key] = (spec, impl.run, impl)
                     return out
-            _chosen[key] = (spec, impl)  # verified, or a looser contract that has nothing to verify
-            return impl(*args)
+            _chosen[key] = (spec, impl.run, impl)  # verified, or a looser contract that has nothing to verify
+            return impl.run(*args)
         except Exception as exc:  # a kernel must never break the model: fall back
             disable(op, spec.backend, f"raised {type(exc).__name__}: {exc}")
     raise RuntimeError(f"no implementation of sgdiff::{op} for {x.device.type} {x.dtype}")

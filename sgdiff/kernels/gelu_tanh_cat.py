@@ -13,8 +13,12 @@ rounding is eager's. The reference implementation *is* that chain.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from sgdiff.kernels import dispatch
+from sgdiff.kernels.examples import Example, twice_out
+from sgdiff.kernels.registry import OpDef, triton
+from sgdiff.tiers import Contract
 
 aten = torch.ops.aten
 
@@ -26,4 +30,20 @@ def gelu_tanh_cat_reference(
     return aten.cat.default([head, aten.gelu.default(x, approximate="tanh")], -1)
 
 
-gelu_tanh_cat = dispatch.define_op("gelu_tanh_cat", gelu_tanh_cat_reference)
+def _flux_single(t):
+    """SDPA's output laid out ``[B, S, H D]`` (a view), and the MLP's projection."""
+    head = t.randn(t.B, t.H, t.S, t.D).transpose(1, 2).flatten(2, 3)
+    return head, t.randn(t.B, t.S, t.F, scale=3)
+
+
+gelu_tanh_cat = dispatch.define_op(OpDef(
+    "gelu_tanh_cat", Contract.BITEXACT, gelu_tanh_cat_reference, impls=(triton("gelu_tanh_cat"),),
+    examples=(
+        Example("Flux.1-dev single block, attention + MLP", dict(B=1, S=4608, H=24, D=128, F=12288), _flux_single,
+                small=dict(S=64, H=3, F=1536), moved=twice_out,
+                chain=lambda head, x: lambda: torch.cat([head, F.gelu(x, approximate="tanh")], dim=-1)),
+        Example("a GELU of a projection and a cat", dict(R=8192, A=3072, G=768),
+                lambda t: (t.randn(t.R, t.A), t.randn(t.R, t.G)), small=dict(R=128), moved=twice_out, bench=False),
+    ),
+    doc="cat([head, gelu(x, approximate='tanh')], dim=-1)",
+))

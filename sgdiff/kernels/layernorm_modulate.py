@@ -18,11 +18,15 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from sgdiff.kernels import dispatch
+from sgdiff.kernels.examples import Example
 from sgdiff.kernels.layer_norm import layer_norm_reference
 from sgdiff.kernels.layout import cast
 from sgdiff.kernels.modulate import modulation
+from sgdiff.kernels.registry import OpDef, triton
+from sgdiff.tiers import Contract
 
 
 def layernorm_modulate_reference(
@@ -40,4 +44,45 @@ def layernorm_modulate_reference(
     return cast(y, out_dtype)
 
 
-layernorm_modulate = dispatch.define_op("layernorm_modulate", layernorm_modulate_reference)
+
+
+def _layernorm_modulate(x, weight, bias, eps, scale, shift, scale_plus_one=True, x_dtype=None, out_dtype=None):
+    """The blocks' spelling: ``F.layer_norm`` (or a ``LayerNorm`` module), then the modulation."""
+    if x_dtype is not None:  # Wan: (norm(x.float()) * (1 + scale) + shift).type_as(x)
+        return lambda: (F.layer_norm(x.to(x_dtype), x.shape[-1:], weight, bias, eps) * (1 + scale) + shift).to(out_dtype)
+    return lambda: F.layer_norm(x, x.shape[-1:], weight, bias, eps) * (1 + scale) + shift
+
+
+def _examples():
+    shapes = [((2, 1024, 2240), "Sana 1.6B", "table"), ((2, 4096, 1152), "PixArt-Sigma", "table"),
+              ((1, 4608, 3072), "Flux.1-dev", "chunk"), ((1, 32760, 5120), "Wan 2.1 14B", "table")]
+    for (B, S, D), model, form in shapes:
+        dtypes = [torch.bfloat16, torch.float16] + ([torch.float32] if "Wan" in model else [])
+        for dtype in dtypes:
+            for affine in (False, True) if dtype == torch.bfloat16 else (False,):
+                def make(t, dtype=dtype, affine=affine, form=form):
+                    x = t.randn(t.B, t.S, t.D, dtype=dtype, scale=2, shift=0.5)
+                    scale, shift = t.modulation(t.B, t.S, t.D, form, dtype)
+                    w, b = (t.randn(t.D, dtype=dtype), t.randn(t.D, dtype=dtype)) if affine else (None, None)
+                    return x, w, b, 1e-6, scale, shift, True
+
+                yield Example(f"{model}, {form} params" + (", affine LN" if affine else ""), dict(B=B, S=S, D=D),
+                              make, chain=_layernorm_modulate)
+
+    def wan(t):  # an fp32 chain between casts, fp32 table + temb parameters
+        x = t.randn(t.B, t.S, t.D, scale=2, shift=0.5)
+        scale, shift = t.modulation(t.B, t.S, t.D, "table", torch.float32)
+        return x, None, None, 1e-6, scale, shift, True, torch.float32, x.dtype
+
+    yield Example("Wan 2.1 1.3B: (norm(x.float()) * (1 + scale) + shift).type_as(x)", dict(B=1, S=32760, D=1536),
+                  wan, chain=_layernorm_modulate)
+    yield Example("PixArt table rows", dict(B=2, S=4096, D=1152),
+                  lambda t: (t.randn(t.B, t.S, t.D), None, None, 1e-6, *t.table_rows(t.B, t.D, 2), True), bench=False)
+
+
+layernorm_modulate = dispatch.define_op(OpDef(
+    "layernorm_modulate", Contract.BITEXACT, layernorm_modulate_reference,
+    impls=(triton("layernorm_modulate"),), examples=tuple(_examples()),
+    doc="layer_norm(x.to(x_dtype), [D], weight, bias, eps) * (scale + 1) + shift, each eager rounding kept, "
+        "cast to out_dtype",
+))

@@ -17,6 +17,9 @@ from __future__ import annotations
 import torch
 
 from sgdiff.kernels import dispatch
+from sgdiff.kernels.examples import Example, read_first
+from sgdiff.kernels.registry import OpDef, triton
+from sgdiff.tiers import Contract
 
 aten = torch.ops.aten
 
@@ -33,4 +36,16 @@ def linear_attention_out_reference(
     return aten._to_copy.default(aten.transpose.int(y, 1, 2), dtype=dtype)
 
 
-linear_attention_out = dispatch.define_op("linear_attention_out", linear_attention_out_reference)
+def _sana_chain(h, eps, dtype):
+    return lambda: (h[:, :, :-1] / (h[:, :, -1:] + eps)).flatten(1, 2).transpose(1, 2).to(dtype)
+
+
+linear_attention_out = dispatch.define_op(OpDef(
+    "linear_attention_out", Contract.BITEXACT, linear_attention_out_reference, impls=(triton("linear_attention_out"),),
+    examples=(
+        Example("Sana 1.6B output: / last row, heads joined, tokens first, bf16", dict(B=2, H=70, D=32, S=1024),
+                lambda t: (t.randn(t.B, t.H, t.D + 1, t.S, dtype=torch.float32, scale=50), 1e-15, torch.bfloat16),
+                small=dict(S=64), moved=read_first, chain=_sana_chain),
+    ),
+    doc="(h[:, :, :-1] / (h[:, :, -1:] + eps)).flatten(1, 2).transpose(1, 2).to(dtype)",
+))

@@ -15,6 +15,9 @@ from typing import Optional
 import torch
 
 from sgdiff.kernels import dispatch
+from sgdiff.kernels.examples import Example
+from sgdiff.kernels.registry import OpDef, triton
+from sgdiff.tiers import Contract
 
 aten = torch.ops.aten
 
@@ -41,4 +44,15 @@ def modulate_reference(
     return modulation(x, scale, shift)
 
 
-modulate = dispatch.define_op("modulate", modulate_reference)
+modulate = dispatch.define_op(OpDef(
+    "modulate", Contract.BITEXACT, modulate_reference, impls=(triton("modulate"),),
+    examples=(
+        Example("Sana 1.6B sized, table params", dict(B=2, S=1024, D=2240),
+                lambda t: (t.randn(t.B, t.S, t.D), *t.modulation(t.B, t.S, t.D, "table"))),
+        Example("Flux.1-dev sized, chunk params", dict(B=1, S=4608, D=3072),
+                lambda t: (t.randn(t.B, t.S, t.D), *t.modulation(t.B, t.S, t.D, "chunk"))),
+        Example("per token", dict(B=2, S=4096, D=1152),
+                lambda t: (t.randn(t.B, t.S, t.D), *t.modulation(t.B, t.S, t.D, "per_token")), bench=False),
+    ),
+    doc="x * (1 + scale) + shift, no norm; shift optional",
+))

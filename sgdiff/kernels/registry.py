@@ -1,13 +1,23 @@
-"""Which implementations exist for each sgdiff op, and what each promises.
+"""Which ops exist, which implementations each has, and what each promises.
 
-The registry is plain data: importing it imports neither triton nor any op or kernel module.
-An implementation is loaded (``importlib``) the first time it is asked for.
+An op is declared where it is defined: its module (``sgdiff.kernels.<op>``) builds an
+:class:`OpDef` (name, contract, reference implementation, accelerated implementations, example
+inputs) and registers it through :func:`sgdiff.kernels.dispatch.define_op`. Nothing here lists
+the built-in ops: the first question about them (:func:`ops`, :func:`op_def`,
+:func:`kernel_specs`) imports every module of :mod:`sgdiff.kernels`, and each module's
+declaration registers itself. An accelerated implementation is named by where it lives
+(:class:`KernelSpec`'s ``loader``) and imported the first time it is asked for, so declaring an
+op imports no Triton.
+
+An implementation module declares what it offers as one :class:`Impl` object (its launch,
+which inputs it takes, how it binds a launch to a signature).
 """
 from __future__ import annotations
 
 import dataclasses
 import importlib
 import logging
+import pkgutil
 from typing import Callable, Dict, FrozenSet, List, Optional, Tuple
 
 from sgdiff.tiers import Contract
@@ -16,35 +26,30 @@ log = logging.getLogger("sgdiff")
 
 
 @dataclasses.dataclass(frozen=True)
-class OpDef:
-    """An sgdiff op: its name in the ``sgdiff`` namespace and the contract it promises.
+class Impl:
+    """An implementation of an op, as its module declares it.
 
-    Implementations of an op compute the same function: each spec's contract is the op's or
-    stricter. Numerics that differ more are another op.
+    ``run(*args)`` takes the op's arguments (positional, in the op's order, defaults applied)
+    and returns the op's output. ``supports(*args)`` says whether ``run`` computes these
+    inputs (shapes, strides, dtypes, scalars; the device is the spec's business); None: all.
+    ``bind(*args)`` returns a callable equivalent to ``run`` for every input of this signature
+    (shapes, strides, dtypes, alignment, scalars) with the host arithmetic done once; None:
+    ``run`` itself serves.
     """
 
-    name: str  # "layernorm_modulate" (namespace sgdiff) or "mylib::my_op"
-    contract: Contract
-    module: str  # the module that defines the op (schema, reference, fake impl)
-    doc: str = ""
-
-    def load(self):
-        """Import the op's module (registers the op with torch); return its default overload."""
-        importlib.import_module(self.module)
-        import torch
-
-        namespace, _, short = self.name.rpartition("::")
-        return getattr(getattr(torch.ops, namespace or "sgdiff"), short).default
+    run: Callable
+    supports: Optional[Callable[..., bool]] = None
+    bind: Optional[Callable[..., Callable]] = None
 
 
 @dataclasses.dataclass(frozen=True)
 class KernelSpec:
-    """One implementation of one op."""
+    """One implementation of one op: where it lives, what it promises, where it runs."""
 
     op: str
-    backend: str  # "reference" | "triton" | ...
-    contract: Contract
-    loader: str  # "package.module:attribute", imported on first use
+    backend: str  # "reference" | "triton" | "cublaslt" | ...
+    contract: Optional[Contract]  # None in an OpDef's impls: the op's
+    loader: str  # "package.module:attribute" (an Impl or a plain function), imported on first use
     devices: FrozenSet[str] = frozenset({"cpu", "cuda"})
     dtypes: FrozenSet[str] = frozenset({"float32", "float16", "bfloat16"})
     min_capability: Optional[Tuple[int, int]] = None  # CUDA compute capability
@@ -57,36 +62,110 @@ class KernelSpec:
             return capability is not None and tuple(capability) >= self.min_capability
         return True
 
-    def load(self) -> Callable:
+    def load(self) -> Impl:
         module, _, attr = self.loader.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        found = getattr(importlib.import_module(module), attr)
+        return found if isinstance(found, Impl) else Impl(run=found)
+
+
+def triton(module: str, **fields) -> KernelSpec:
+    """The Triton implementation in ``sgdiff.kernels.triton.<module>``, for an OpDef's impls:
+    its ``Impl`` is the module's attribute named after the op in capitals."""
+    fields = {"devices": frozenset({"cuda"}), "min_capability": (8, 0), "priority": 10, **fields}
+    return KernelSpec("", "triton", None, f"sgdiff.kernels.triton.{module}", **fields)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpDef:
+    """An sgdiff op: its name, the contract it promises, and what computes it.
+
+    ``reference`` is the eager chain itself (the oracle every bit-exact implementation is
+    verified against; for a ``close`` op, the fp32 math it promises); its signature and type
+    hints are the op's schema. ``impls`` are the accelerated implementations (each spec's
+    contract is the op's or stricter: numerics that differ more are another op).
+    ``examples`` are the inputs the op meets in models (:class:`sgdiff.kernels.examples.Example`):
+    the tests compile, interpret and run them, and the kernel bench times them. An op with no
+    reference implements itself (its module registers it with torch); ``module`` then names it.
+    """
+
+    name: str  # "layernorm_modulate" (namespace sgdiff) or "mylib::my_op"
+    contract: Contract
+    reference: Optional[Callable] = None
+    impls: Tuple[KernelSpec, ...] = ()
+    examples: tuple = ()
+    doc: str = ""
+    module: Optional[str] = None
+
+    @property
+    def qualname(self) -> str:
+        return self.name if "::" in self.name else f"sgdiff::{self.name}"
+
+    def load(self):
+        """Import the op's module (registers the op with torch); return its default overload."""
+        importlib.import_module(self.module or self.reference.__module__)
+        import torch
+
+        namespace, _, short = self.qualname.rpartition("::")
+        return getattr(getattr(torch.ops, namespace), short).default
+
+    def triton_impl(self) -> Optional[Impl]:
+        """The op's Triton implementation, loaded (None if it has none)."""
+        spec = next((s for s in kernel_specs(self.name) if s.backend == "triton"), None)
+        return spec.load() if spec is not None else None
 
 
 _OPS: Dict[str, OpDef] = {}
 _SPECS: Dict[str, List[KernelSpec]] = {}
 _generation = [0]  # bumped on every registration, so cached choices are redone
+_discovered = [False]
 
 
 def generation() -> int:
     return _generation[0]
 
 
+def _discover() -> None:
+    """Import every module of :mod:`sgdiff.kernels` once: each op module registers its op."""
+    if _discovered[0]:
+        return
+    _discovered[0] = True
+    import sgdiff.kernels as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        if not info.ispkg:
+            importlib.import_module(f"{package.__name__}.{info.name}")
+
+
 def register_op(op: OpDef) -> OpDef:
-    if op.name in _OPS and _OPS[op.name] != op:
-        raise ValueError(f"sgdiff op {op.name!r} is already registered differently")
+    """Register ``op``, its reference (an implementation that supports everything, tried
+    last) and the implementations it declares."""
+    if op.name in _OPS:
+        if _OPS[op.name] != op:
+            raise ValueError(f"sgdiff op {op.name!r} is already registered differently")
+        return op
     _OPS[op.name] = op
     _SPECS.setdefault(op.name, [])
+    for spec in op.impls:
+        loader = spec.loader if ":" in spec.loader else f"{spec.loader}:{op.name.rpartition('::')[2].upper()}"
+        register_kernel(dataclasses.replace(spec, op=op.name, contract=spec.contract or op.contract, loader=loader))
+    if op.reference is not None:
+        register_kernel(KernelSpec(op.name, "reference", op.contract,
+                                   f"{op.reference.__module__}:{op.reference.__qualname__}", priority=-(10 ** 9)))
     return op
 
 
 def register_kernel(spec: KernelSpec) -> KernelSpec:
+    """Add an implementation of a registered op (user extensions, tests)."""
     op = _OPS.get(spec.op)
     if op is None:
+        _discover()
+        op = _OPS.get(spec.op)
+    if op is None:
         raise ValueError(f"KernelSpec for unknown op {spec.op!r}; register the OpDef first")
-    if Contract(spec.contract).strictness > op.contract.strictness:
+    if spec.contract is None or Contract(spec.contract).strictness > op.contract.strictness:
         raise ValueError(
-            f"{spec.backend} implementation of {spec.op} promises {spec.contract.value}, "
-            f"looser than the op's {op.contract.value}"
+            f"{spec.backend} implementation of {spec.op} promises "
+            f"{spec.contract.value if spec.contract else 'nothing'}, looser than the op's {op.contract.value}"
         )
     specs = _SPECS[spec.op]
     if spec not in specs:
@@ -97,6 +176,7 @@ def register_kernel(spec: KernelSpec) -> KernelSpec:
 
 
 def op_def(name: str) -> OpDef:
+    _discover()
     try:
         return _OPS[name]
     except KeyError:
@@ -104,98 +184,12 @@ def op_def(name: str) -> OpDef:
 
 
 def ops() -> List[OpDef]:
-    return list(_OPS.values())
+    """Every registered op, by name."""
+    _discover()
+    return [_OPS[name] for name in sorted(_OPS)]
 
 
 def kernel_specs(op: str) -> List[KernelSpec]:
-    """The implementations of ``op``, highest priority first."""
+    """The implementations of ``op``, highest priority first (the reference last)."""
+    _discover()
     return list(_SPECS.get(op, ()))
-
-
-# ---------------------------------------------------------------------------------------
-# The built-in ops and their implementations.
-
-register_op(OpDef(
-    "layernorm_modulate", Contract.BITEXACT, "sgdiff.kernels.layernorm_modulate",
-    "layer_norm(x.to(x_dtype), [D], weight, bias, eps) * (scale + 1) + shift, each eager rounding kept, "
-    "cast to out_dtype",
-))
-register_kernel(KernelSpec(
-    "layernorm_modulate", "reference", Contract.BITEXACT,
-    "sgdiff.kernels.layernorm_modulate:layernorm_modulate_reference",
-))
-register_kernel(KernelSpec(
-    "layernorm_modulate", "triton", Contract.BITEXACT,
-    "sgdiff.kernels.triton.layernorm_modulate:layernorm_modulate",
-    devices=frozenset({"cuda"}), min_capability=(8, 0), priority=10,
-))
-
-# Chain families beyond LayerNorm-modulate. Each op's module holds its schema, its reference
-# implementation (the eager chain, or for a `close` op the fp32 math it promises) and its fake.
-for _name, _contract, _doc in (
-    ("modulate", Contract.BITEXACT,
-     "x * (1 + scale) + shift, no norm; shift optional"),
-    ("rmsnorm_modulate", Contract.BITEXACT,
-     "rms_norm(x, weight, eps, form) * (1 + scale) + shift, each eager rounding kept"),
-    ("residual_gate", Contract.BITEXACT,
-     "residual + gate * update (tanh(gate) with tanh_gate), in eager's promoted dtypes and the "
-     "residual's layout (contiguous with residual_layout=False); the update maybe + a bias, / a divisor; "
-     "the sum maybe cast to out_dtype"),
-    ("residual_add", Contract.BITEXACT,
-     "update / divisor + residual (or residual + update / divisor), in eager's promoted dtype and layout"),
-    ("rope", Contract.BITEXACT,
-     "(x.float() * cos + rotate(x).float() * sin).to(x.dtype), interleaved pairs or rotate-half"),
-    ("rope_complex", Contract.BITEXACT,
-     "view_as_real(view_as_complex(x.float() pairs) * freqs).flatten(3).type_as(x)"),
-    ("rope_even_odd", Contract.BITEXACT,
-     "out[..., 0::2] = x1 * cos - x2 * sin; out[..., 1::2] = x1 * sin + x2 * cos (Wan)"),
-    ("rms_norm", Contract.BITEXACT,
-     "RMSNorm over the last dim: F.rms_norm composite or fused, or diffusers' RMSNorm"),
-    ("layer_norm", Contract.BITEXACT,
-     "native_layer_norm(x.to(x_dtype)) over the last dim, cast to out_dtype"),
-    ("silu_mul", Contract.BITEXACT,
-     "silu(a) * b"),
-    ("rms_norm_rope", Contract.BITEXACT,
-     "rope(rms_norm(x, weight, eps, form), cos, sin, interleaved): a QK norm and its RoPE"),
-    ("rms_norm_cat_rope", Contract.BITEXACT,
-     "rope(cat([rms_norm(x0, w0, eps, form), rms_norm(x1, w1, eps, form)], 1), cos, sin, interleaved)"),
-    ("gelu_tanh_cat", Contract.BITEXACT,
-     "cat([head, gelu(x, approximate='tanh')], dim=-1)"),
-    ("conv_silu", Contract.BITEXACT,
-     "silu(convolution(x, weight, bias, stride, padding, dilation, groups))"),
-    ("conv_silu_mul", Contract.BITEXACT,
-     "a, gate = convolution(x, weight, bias, ...).chunk(2, dim=1); a * silu(gate)"),
-    ("cast_copy", Contract.BITEXACT,
-     "F.pad((relu(x) if relu else x).to(dtype), pad, value), contiguous or in x's layout"),
-    ("linear_attention_out", Contract.BITEXACT,
-     "(h[:, :, :-1] / (h[:, :, -1:] + eps)).flatten(1, 2).transpose(1, 2).to(dtype)"),
-    ("linear_gelu_tanh", Contract.CLOSE,
-     "gelu_tanh(x @ weight.T + bias) in one fp32 pass, one rounding to x.dtype. fp32: bitwise "
-     "equal to eager. fp16/bf16 (measured, tests/test_activation.py): a third of the elements "
-     "differ from eager's two roundings, by at most 2 ulps where |out| >= 0.1 and at most "
-     "2^-10 (fp16) / 2^-7 (bf16) of max |out| anywhere. On CUDA: cuBLASLt's GELU_BIAS epilogue "
-     "(tests/gpu/test_linear_gelu_gpu.py checks the same bounds)"),
-):
-    register_op(OpDef(_name, _contract, f"sgdiff.kernels.{_name}", _doc))
-    register_kernel(KernelSpec(_name, "reference", _contract, f"sgdiff.kernels.{_name}:{_name}_reference"))
-del _name, _contract, _doc
-
-# The feed-forward GEMM and its GELU as one cuBLASLt call (close: one fp32 pass).
-register_kernel(KernelSpec(
-    "linear_gelu_tanh", "cublaslt", Contract.CLOSE, "sgdiff.kernels.cublaslt:linear_gelu_tanh",
-    devices=frozenset({"cuda"}), dtypes=frozenset({"float16", "bfloat16"}), priority=10,
-))
-
-for _name, _module in (("residual_gate", "residual_gate"), ("residual_add", "residual_gate"), ("rope", "rope"),
-                      ("rope_even_odd", "rope"),
-                      ("rms_norm", "rms_norm"), ("silu_mul", "silu_mul"), ("gelu_tanh_cat", "gelu_tanh_cat"),
-                      ("rms_norm_rope", "rms_norm_rope"), ("rms_norm_cat_rope", "rms_norm_rope"),
-                      ("rope_complex", "rope"), ("conv_silu", "conv_silu"), ("conv_silu_mul", "conv_silu"),
-                      ("cast_copy", "cast_copy"), ("linear_attention_out", "linear_attention_out"),
-                      ("modulate", "modulate"), ("rmsnorm_modulate", "rmsnorm_modulate"),
-                      ("layer_norm", "layernorm_modulate")):
-    register_kernel(KernelSpec(
-        _name, "triton", Contract.BITEXACT, f"sgdiff.kernels.triton.{_module}:{_name}",
-        devices=frozenset({"cuda"}), min_capability=(8, 0), priority=10,
-    ))
-del _name, _module

@@ -12,6 +12,9 @@ from __future__ import annotations
 import torch
 
 from sgdiff.kernels import dispatch
+from sgdiff.kernels.examples import Example
+from sgdiff.kernels.registry import OpDef, triton
+from sgdiff.tiers import Contract
 
 aten = torch.ops.aten
 
@@ -26,4 +29,13 @@ def residual_add_reference(
     return aten.add.Tensor(y, residual) if update_first else aten.add.Tensor(residual, y)
 
 
-residual_add = dispatch.define_op("residual_add", residual_add_reference)
+residual_add = dispatch.define_op(OpDef(
+    "residual_add", Contract.BITEXACT, residual_add_reference, impls=(triton("residual_gate"),),
+    examples=(
+        Example("Sana 1.6B cross-attention: attn / 1.0 + x", dict(B=2, S=1024, D=2240),
+                lambda t: (t.randn(t.B, t.S, t.D), t.randn(t.B, t.S, t.D), 1.0, True)),
+        Example("divisor 2, residual first", dict(B=2, S=1024, D=2240),
+                lambda t: (t.randn(t.B, t.S, t.D), t.randn(t.B, t.S, t.D), 2.0, False), bench=False),
+    ),
+    doc="update / divisor + residual (or residual + update / divisor), in eager's promoted dtype and layout",
+))

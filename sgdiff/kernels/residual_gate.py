@@ -1,8 +1,9 @@
 """sgdiff::residual_gate — the gated residual update of a DiT block.
 
-Eager chain (Flux, SD3, Sana, PixArt, Wan, QwenImage; Lumina-style ``tanh`` gates)::
+Eager chain (Flux, SD3, Sana, PixArt, Wan, QwenImage; Lumina-style ``tanh`` gates, and
+``sigmoid`` gates as gated attention outputs and GLU-style residuals write them)::
 
-    g = tanh(gate) if tanh_gate else gate     # rounded to gate.dtype
+    g = gate, tanh(gate) or sigmoid(gate)     # gate_kind "plain", "tanh", "sigmoid"; rounded to gate.dtype
     y = g * update                            # rounded to the promoted dtype
     y = residual + y                          # rounded to the promoted dtype
 
@@ -30,16 +31,24 @@ from typing import Optional
 import torch
 
 from sgdiff.kernels import dispatch
+from sgdiff.kernels.examples import Example
 from sgdiff.kernels.layout import cast, in_layout_of
+from sgdiff.kernels.registry import OpDef, triton
+from sgdiff.tiers import Contract
 
 aten = torch.ops.aten
+
+#: what a gate may go through before the product, by the name the op takes (``gate_kind``);
+#: "plain": nothing
+GATE_FUNCTIONS = {"tanh": aten.tanh.default, "sigmoid": aten.sigmoid.default}
+GATE_KINDS = ("plain", *GATE_FUNCTIONS)
 
 
 def residual_gate_reference(
     residual: torch.Tensor,
     gate: torch.Tensor,
     update: torch.Tensor,
-    tanh_gate: bool,
+    gate_kind: str,
     residual_layout: bool = True,
     update_bias: Optional[torch.Tensor] = None,
     update_divisor: Optional[float] = None,
@@ -49,9 +58,45 @@ def residual_gate_reference(
         update = aten.add.Tensor(update, update_bias)
     if update_divisor is not None:
         update = aten.div.Tensor(update, update_divisor)
-    g = aten.tanh.default(gate) if tanh_gate else gate
+    if gate_kind not in GATE_KINDS:
+        raise ValueError(f"unknown gate kind {gate_kind!r}; known: {', '.join(GATE_KINDS)}")
+    g = gate if gate_kind == "plain" else GATE_FUNCTIONS[gate_kind](gate)
     y = aten.add.Tensor(residual, aten.mul.Tensor(g, update))
     return cast(in_layout_of(y, residual) if residual_layout else y.contiguous(), out_dtype)
 
 
-residual_gate = dispatch.define_op("residual_gate", residual_gate_reference)
+def _wan_chain(residual, gate, update, *rest):
+    return lambda: (residual.float() + update.float() * gate).type_as(residual)
+
+
+def _examples():
+    for (B, S, D), model in (((2, 1024, 2240), "Sana 1.6B"), ((2, 4096, 1152), "PixArt-Sigma"),
+                             ((1, 4608, 3072), "Flux.1-dev"), ((1, 32760, 5120), "Wan 2.1 14B")):
+        yield Example(f"{model}, gate [B,1,D] chunk", dict(B=B, S=S, D=D),
+                      lambda t: (t.randn(t.B, t.S, t.D), t.chunks(t.B, t.D, 6)[2], t.randn(t.B, t.S, t.D), "plain"))
+    # Wan keeps the residual stream and the gates in fp32; the update is bf16
+    yield Example("Wan 2.1 14B, fp32 stream and gate, bf16 update", dict(B=1, S=32760, D=5120),
+                  lambda t: (t.randn(t.B, t.S, t.D, dtype=torch.float32), t.chunks(t.B, t.D, 6, torch.float32)[2],
+                             t.randn(t.B, t.S, t.D), "plain"))
+    # PixArt's self-attention: the update divided by rescale_output_factor, then gated
+    yield Example("self-attention: x + g * (attn / 1.0)", dict(B=2, S=1024, D=2240),
+                  lambda t: (t.randn(t.B, t.S, t.D), t.chunks(t.B, t.D, 6)[2], t.randn(t.B, t.S, t.D), "plain",
+                             True, None, 1.0))
+    # Wan 2.1 1.3B's blocks: (x.float() + y.float() * gate).type_as(x), gate an fp32 chunk
+    yield Example("Wan 2.1 1.3B: (x.float() + y.float() * gate).type_as(x)", dict(B=1, S=32760, D=1536),
+                  lambda t: (t.randn(t.B, t.S, t.D), t.table_chunks(t.B, t.D, 6, torch.float32)[2],
+                             t.randn(t.B, t.S, t.D), "plain", True, None, None, torch.bfloat16), chain=_wan_chain)
+    yield Example("Lumina tanh gate", dict(B=2, S=4352, D=2304),
+                  lambda t: (t.randn(t.B, t.S, t.D), t.randn(t.B, 1, t.D), t.randn(t.B, t.S, t.D), "tanh"), bench=False)
+    yield Example("per-token sigmoid gate", dict(B=1, S=4608, D=3072),
+                  lambda t: (t.randn(t.B, t.S, t.D), t.randn(t.B, t.S, t.D, scale=4), t.randn(t.B, t.S, t.D), "sigmoid"),
+                  chain=lambda residual, gate, update, *rest: lambda: update * torch.sigmoid(gate) + residual)
+
+
+residual_gate = dispatch.define_op(OpDef(
+    "residual_gate", Contract.BITEXACT, residual_gate_reference, impls=(triton("residual_gate"),),
+    examples=tuple(_examples()),
+    doc="residual + g * update with g = gate, tanh(gate) or sigmoid(gate) (gate_kind), in eager's promoted dtypes and the residual's "
+        "layout (contiguous with residual_layout=False); the update maybe + a bias, / a divisor; the sum maybe "
+        "cast to out_dtype",
+))

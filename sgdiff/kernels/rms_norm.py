@@ -27,7 +27,10 @@ from typing import Optional
 import torch
 
 from sgdiff.kernels import dispatch
+from sgdiff.kernels.examples import Example
 from sgdiff.kernels.layout import in_layout_of
+from sgdiff.kernels.registry import OpDef, triton
+from sgdiff.tiers import Contract
 
 aten = torch.ops.aten
 
@@ -87,4 +90,44 @@ def rms_norm_reference(
     return in_layout_of(rms_norm_chain(x, weight, eps, form), x)
 
 
-rms_norm = dispatch.define_op("rms_norm", rms_norm_reference)
+def module_chain(x, weight, eps, form):
+    """The norm as a model holds it: diffusers' ``RMSNorm`` (form ``diffusers``) or
+    ``torch.nn.RMSNorm`` (``fused``: ``F.rms_norm``), with ``weight`` as its parameter."""
+    if form == "diffusers":
+        from diffusers.models.normalization import RMSNorm
+
+        norm = RMSNorm(x.shape[-1], eps=eps, elementwise_affine=weight is not None)
+    else:
+        norm = torch.nn.RMSNorm(x.shape[-1], eps=eps, elementwise_affine=weight is not None)
+    if weight is not None:
+        norm.weight = torch.nn.Parameter(weight, requires_grad=False)
+    return lambda: norm(x)
+
+
+def _heads(form, transposed=False):
+    def make(t):
+        x = t.randn(t.B, t.S, t.H, t.D)
+        return x.transpose(1, 2) if transposed else x, t.randn(t.D), 1e-6, form
+
+    return make
+
+
+rms_norm = dispatch.define_op(OpDef(
+    "rms_norm", Contract.BITEXACT, rms_norm_reference, impls=(triton("rms_norm"),),
+    examples=(
+        Example("[B, S, H, D], diffusers form", dict(B=1, S=4608, H=24, D=128), _heads("diffusers"),
+                small=dict(S=64, H=3), chain=module_chain),
+        Example("[B, H, S, D] view (SD3.5-large), diffusers form", dict(B=2, S=4096, H=38, D=64),
+                _heads("diffusers", transposed=True), small=dict(S=64, H=3), chain=module_chain),
+        Example("Flux.1-dev q per head (F.rms_norm, fused)", dict(B=1, S=4608, H=24, D=128), _heads("fused"),
+                small=dict(S=64, H=3), chain=module_chain),
+        Example("Wan 2.1 1.3B q across heads (F.rms_norm, fused)", dict(B=1, S=32760, D=1536),
+                lambda t: (t.randn(t.B, t.S, t.D), t.randn(t.D), 1e-6, "fused"), chain=module_chain),
+        Example("Wan 2.1 14B q across heads (F.rms_norm, fused)", dict(B=1, S=32760, D=5120),
+                lambda t: (t.randn(t.B, t.S, t.D), t.randn(t.D), 1e-6, "fused"), chain=module_chain),
+        Example("diffusers rows of 2304, fp32 weight", dict(B=2, S=4352, D=2304),
+                lambda t: (t.randn(t.B, t.S, t.D), t.randn(t.D, dtype=torch.float32), 1e-5, "diffusers"),
+                bench=False),
+    ),
+    doc="RMSNorm over the last dim: F.rms_norm composite or fused, or diffusers' RMSNorm",
+))

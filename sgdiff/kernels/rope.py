@@ -20,8 +20,11 @@ from __future__ import annotations
 import torch
 
 from sgdiff.kernels import dispatch
+from sgdiff.kernels.examples import Example
 from sgdiff.kernels.layout import in_layout_of
+from sgdiff.kernels.registry import OpDef, triton
 from sgdiff.kernels.rms_norm import to
+from sgdiff.tiers import Contract
 
 aten = torch.ops.aten
 
@@ -49,4 +52,30 @@ def rope_reference(
     return in_layout_of(to(aten.add.Tensor(x_term, rot_term), x.dtype), x)
 
 
-rope = dispatch.define_op("rope", rope_reference)
+def _flux_chain(x, cos, sin, interleaved):
+    """diffusers' ``apply_rotary_emb`` (use_real) on a ``[B, S, H, D]`` q."""
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    freqs = (cos[0, :, 0], sin[0, :, 0])
+    return lambda: apply_rotary_emb(x, freqs, use_real_unbind_dim=-1 if interleaved else -2, sequence_dim=1)
+
+
+def _flux(interleaved):
+    return lambda t: (t.randn(t.B, t.S, t.H, t.D), t.randn(t.S, t.D, dtype=torch.float32)[None, :, None],
+                      t.randn(t.S, t.D, dtype=torch.float32)[None, :, None], interleaved)
+
+
+rope = dispatch.define_op(OpDef(
+    "rope", Contract.BITEXACT, rope_reference, impls=(triton("rope"),),
+    examples=(
+        Example("Flux.1-dev q, interleaved", dict(B=1, S=4608, H=24, D=128), _flux(True),
+                small=dict(S=64, H=3), chain=_flux_chain),
+        Example("Flux.1-dev q, rotate-half", dict(B=1, S=4608, H=24, D=128), _flux(False),
+                small=dict(S=64, H=3), chain=_flux_chain),
+        Example("rotate-half, heads first", dict(B=1, S=4608, H=24, D=128),
+                lambda t: (t.randn(t.B, t.H, t.S, t.D), t.randn(t.S, t.D, dtype=torch.float32)[None, None],
+                           t.randn(t.S, t.D, dtype=torch.float32)[None, None], False),
+                small=dict(S=64, H=3), bench=False),
+    ),
+    doc="(x.float() * cos + rotate(x).float() * sin).to(x.dtype), interleaved pairs or rotate-half",
+))

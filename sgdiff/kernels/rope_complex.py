@@ -17,8 +17,11 @@ from __future__ import annotations
 import torch
 
 from sgdiff.kernels import dispatch
+from sgdiff.kernels.examples import Example
 from sgdiff.kernels.layout import in_layout_of
+from sgdiff.kernels.registry import OpDef, triton
 from sgdiff.kernels.rms_norm import to
+from sgdiff.tiers import Contract
 
 aten = torch.ops.aten
 
@@ -33,4 +36,18 @@ def rope_complex_reference(
     return in_layout_of(to(y, x.dtype), x)
 
 
-rope_complex = dispatch.define_op("rope_complex", rope_complex_reference)
+def _qwen_chain(x, freqs):
+    from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb_qwen
+
+    return lambda: apply_rotary_emb_qwen(x, freqs[:, 0], use_real=False)
+
+
+rope_complex = dispatch.define_op(OpDef(
+    "rope_complex", Contract.BITEXACT, rope_complex_reference, impls=(triton("rope"),),
+    examples=(
+        Example("Qwen-Image q, complex table (use_real=False)", dict(B=1, S=4096, H=24, D=128),
+                lambda t: (t.randn(t.B, t.S, t.H, t.D), t.polar(t.S, t.D // 2)[:, None]),
+                small=dict(S=64, H=3), chain=_qwen_chain),
+    ),
+    doc="view_as_real(view_as_complex(x.float() pairs) * freqs).flatten(3).type_as(x)",
+))

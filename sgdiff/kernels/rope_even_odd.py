@@ -18,6 +18,9 @@ from __future__ import annotations
 import torch
 
 from sgdiff.kernels import dispatch
+from sgdiff.kernels.examples import Example
+from sgdiff.kernels.registry import OpDef, triton
+from sgdiff.tiers import Contract
 
 aten = torch.ops.aten
 
@@ -36,4 +39,25 @@ def rope_even_odd_reference(
     return out
 
 
-rope_even_odd = dispatch.define_op("rope_even_odd", rope_even_odd_reference)
+def _wan_chain(x, cos, sin):
+    """WanAttnProcessor's ``apply_rotary_emb``: the tables' even and odd halves."""
+    def chain():
+        x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+        out = torch.empty_like(x)
+        out[..., 0::2] = x1 * cos - x2 * sin
+        out[..., 1::2] = x1 * sin + x2 * cos
+        return out.type_as(x)
+
+    return chain
+
+
+rope_even_odd = dispatch.define_op(OpDef(
+    "rope_even_odd", Contract.BITEXACT, rope_even_odd_reference, impls=(triton("rope"),),
+    examples=(
+        Example("Wan 2.1 1.3B q, fp32 tables", dict(B=1, S=32760, H=12, D=128),
+                lambda t: (t.randn(t.B, t.S, t.H, t.D), t.randn(1, t.S, 1, t.D, dtype=torch.float32)[..., 0::2],
+                           t.randn(1, t.S, 1, t.D, dtype=torch.float32)[..., 1::2]),
+                small=dict(S=64, H=3), chain=_wan_chain),
+    ),
+    doc="out[..., 0::2] = x1 * cos - x2 * sin; out[..., 1::2] = x1 * sin + x2 * cos (Wan)",
+))

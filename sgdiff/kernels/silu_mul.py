@@ -14,9 +14,13 @@ implementation *is* that chain.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from sgdiff.kernels import dispatch
+from sgdiff.kernels.examples import Example
 from sgdiff.kernels.layout import in_layout_of
+from sgdiff.kernels.registry import OpDef, triton
+from sgdiff.tiers import Contract
 
 aten = torch.ops.aten
 
@@ -28,4 +32,21 @@ def silu_mul_reference(
     return in_layout_of(aten.mul.Tensor(aten.silu.default(a), b), a)
 
 
-silu_mul = dispatch.define_op("silu_mul", silu_mul_reference)
+def _sana_glu(t):
+    """The halves of Sana's depthwise convolution output, channels-last: ``(gate, hidden)``."""
+    conv = t.randn(t.B, 2 * t.C, t.H, t.W).to(memory_format=torch.channels_last)
+    hidden, gate = conv.chunk(2, dim=1)
+    return gate, hidden
+
+
+silu_mul = dispatch.define_op(OpDef(
+    "silu_mul", Contract.BITEXACT, silu_mul_reference, impls=(triton("silu_mul"),),
+    examples=(
+        Example("Sana 1.6B GLU, channels-last chunks", dict(B=2, C=5600, H=32, W=32), _sana_glu,
+                small=dict(C=96, H=8, W=8), chain=lambda gate, hidden: lambda: hidden * F.silu(gate)),
+        Example("SwiGLU halves of a projection", dict(B=1, S=4608, F=12288),
+                lambda t: tuple(t.randn(t.B, t.S, 2 * t.F).chunk(2, dim=-1)), small=dict(S=64, F=4096),
+                chain=lambda a, b: lambda: F.silu(a) * b),
+    ),
+    doc="silu(a) * b",
+))

@@ -1,15 +1,21 @@
 """The chain patterns sgdiff knows, one module per family, and the extension point.
 
-``register(pattern)`` adds a :class:`ChainPattern` of your own; the pass manager applies it
-like the built-in ones (its op must be registered in :mod:`sgdiff.kernels.registry`).
+A family module declares ``FAMILY = Family(name, after=...)`` and ``patterns()``; nothing lists
+the modules: the first question about patterns imports every module of this package that
+declares a family. ``register(pattern)`` adds a :class:`ChainPattern` of your own; the pass
+manager applies it like the built-in ones (its op must be registered in
+:mod:`sgdiff.kernels.registry`).
 """
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Dict, Iterable, List, Optional
 
-from sgdiff.patterns.base import FAMILIES, ChainPattern
+from sgdiff.patterns.base import ChainPattern, Family
 
 _registered: Dict[str, ChainPattern] = {}
+_families: Dict[str, Family] = {}
 _builtins_loaded = False
 
 
@@ -18,11 +24,26 @@ def _load_builtins() -> None:
     if _builtins_loaded:
         return
     _builtins_loaded = True
-    from sgdiff.patterns import activation, linear_attention, modulate, qk_norm, residual_gate, rope
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        family = getattr(module, "FAMILY", None)
+        if isinstance(family, Family):
+            _families[family.name] = family
+            for p in module.patterns():
+                register(p)
 
-    for module in (modulate, residual_gate, rope, qk_norm, activation, linear_attention):
-        for p in module.patterns():
-            register(p)
+
+def _ordered(families: Dict[str, Family]) -> List[str]:
+    """Family names with every family after those it names in ``after`` (ties by name)."""
+    done: List[str] = []
+    pending = sorted(families)
+    while pending:
+        ready = [f for f in pending if all(a in done or a not in families for a in families[f].after)]
+        if not ready:
+            raise ValueError(f"pattern families order each other in a cycle: {pending}")
+        done.append(ready[0])
+        pending.remove(ready[0])
+    return done
 
 
 def register(pattern: ChainPattern, *, replace: bool = False) -> ChainPattern:
@@ -48,9 +69,11 @@ def all_patterns(families: Optional[Iterable[str]] = None) -> List[ChainPattern]
 
 
 def families() -> List[str]:
+    """Every family in the order the pass manager applies them: the built-in ones as their
+    modules order them, then those only registered patterns name, by name."""
     _load_builtins()
-    extra = sorted({p.family for p in _registered.values()} - set(FAMILIES))
-    return list(FAMILIES) + extra
+    builtin = _ordered(_families)
+    return builtin + sorted({p.family for p in _registered.values()} - set(builtin))
 
 
-__all__ = ["ChainPattern", "register", "unregister", "all_patterns", "families", "FAMILIES"]
+__all__ = ["ChainPattern", "Family", "register", "unregister", "all_patterns", "families"]

@@ -27,9 +27,11 @@ from typing import List, Optional
 import torch
 from torch import fx
 
-from sgdiff.fxpasses.matcher import AnyOf, Arg, Items, Lit, Match, Op, Views, getitem
+from sgdiff.patterns.matcher import AnyOf, Arg, Items, Lit, Match, Op, Views, getitem
 from sgdiff.patterns import parts
-from sgdiff.patterns.base import ChainPattern, like_layout_reason, same_shape, same_size, tensor_meta
+from sgdiff.patterns.base import ChainPattern, Family, like_layout_reason, same_shape, same_size, tensor_meta
+
+FAMILY = Family("activation")
 
 aten = torch.ops.aten
 
@@ -75,12 +77,12 @@ def chain(key: ActivationKey):
 
 def replacement(key: ActivationKey):
     if key.kind == "silu_mul":
-        return lambda m: (m["a"], m["b"])
+        return lambda m: dict(a=m["a"], b=m["b"])
     if key.kind == "gelu_tanh_cat":
-        return lambda m: (m["head"], m["x"])
+        return lambda m: dict(head=m["head"], x=m["x"])
     if key.kind in ("conv_silu", "conv_silu_mul"):
-        return lambda m: (m["x"], m["weight"], m["bias"], m["stride"], m["padding"], m["dilation"], m["groups"])
-    return lambda m: (m["x"], m["weight"], m.get("bias"))
+        return lambda m: {name: m[name] for name in ("x", "weight", "bias", "stride", "padding", "dilation", "groups")}
+    return lambda m: dict(x=m["x"], weight=m["weight"], bias=m.get("bias"))
 
 
 def check(key: ActivationKey):

@@ -7,19 +7,28 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 from torch import fx
 
-from sgdiff.fxpasses.matcher import Expr, Match
+from sgdiff.patterns.matcher import Expr, Match
 from sgdiff.kernels.layout import like_strides, same_strides
 
-#: the stable family names a Report counts under
-FAMILIES = ("modulate", "residual_gate", "rope", "qk_norm", "activation", "linear_attention")
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A family of patterns, as its module declares it (``FAMILY = Family(...)``): the name a
+    Report counts its sites under, and the families whose rewrites must run before its own
+    (their chains hide inside its chains, or its patterns match their ops)."""
+
+    name: str
+    after: Tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
 class ChainPattern:
     """An eager chain and the sgdiff op that replaces it.
 
-    ``replacement(match)`` returns the op's positional arguments (graph nodes, literals, or
-    :class:`~sgdiff.fxpasses.matcher.ReplayViews`). ``check(match)`` is the static safety
+    ``replacement(match)`` returns the op's arguments by name (graph nodes, literals, or
+    :class:`~sgdiff.patterns.matcher.ReplayViews`), checked against the op's schema when the
+    site is rewritten; arguments left at their defaults are left out of the call, so a graph
+    reads as the chain would without the option. ``check(match)`` is the static safety
     guard: it reads fake-tensor metadata only (never a device value) and returns a reason to
     skip the site, or None.
     """
@@ -28,7 +37,7 @@ class ChainPattern:
     name: str
     chain: Expr
     op: str
-    replacement: Callable[[Match], Tuple[Any, ...]]
+    replacement: Callable[[Match], Dict[str, Any]]
     check: Callable[[Match], Optional[str]] = lambda m: None
     #: larger chains first: a pattern that covers another's root wins the site
     priority: int = 0
@@ -36,20 +45,6 @@ class ChainPattern:
     def __post_init__(self):
         if not self.family or not self.name or not self.op:
             raise ValueError("a ChainPattern needs a family, a name and an op")
-
-
-def without_defaults(required: Tuple[Any, ...], optional: Tuple[Tuple[str, Any, Any], ...]) -> Tuple[Any, ...]:
-    """An op's positional arguments: ``required``, then the ``(name, value, default)`` of the
-    optional ones up to the last that is not its default (a graph then reads as the chain
-    would without the option)."""
-    values = [value for _, value, _ in optional]
-    while values and _is_default(values[-1], optional[len(values) - 1][2]):
-        values.pop()
-    return tuple(required) + tuple(values)
-
-
-def _is_default(value: Any, default: Any) -> bool:
-    return value is default or (not isinstance(value, fx.Node) and type(value) is type(default) and value == default)
 
 
 # --- helpers for checks: everything comes from node.meta["val"] ------------------------

@@ -20,9 +20,11 @@ from typing import List, Optional
 
 import torch
 
-from sgdiff.fxpasses.matcher import Arg, Lit, Match, Op, Views
+from sgdiff.patterns.matcher import Arg, Lit, Match, Op, Views
 from sgdiff.patterns import parts
-from sgdiff.patterns.base import ChainPattern, like_layout_reason, same_shape, tensor_meta, val
+from sgdiff.patterns.base import ChainPattern, Family, like_layout_reason, same_shape, tensor_meta, val
+
+FAMILY = Family("linear_attention")
 
 aten = torch.ops.aten
 
@@ -55,10 +57,12 @@ def _dtype(m: Match) -> torch.dtype:
 
 def replacement(kind: str):
     if kind == "output":
-        return lambda m: (m["h"], float(m["eps"]), parts.cast_dtype(m, "cast"))
+        return lambda m: dict(h=m["h"], eps=float(m["eps"]), dtype=parts.cast_dtype(m, "cast"))
     if kind == "cast_pad":
-        return lambda m: (m["x"], _dtype(m), False, list(m["pad"]), float(m["value"]), True)
-    return lambda m: (m["x"], _dtype(m), True, [], 0.0, kind == "relu_cast_contiguous")
+        return lambda m: dict(x=m["x"], dtype=_dtype(m), relu=False, pad=list(m["pad"]), value=float(m["value"]),
+                              contiguous=True)
+    return lambda m: dict(x=m["x"], dtype=_dtype(m), relu=True, pad=[], value=0.0,
+                          contiguous=kind == "relu_cast_contiguous")
 
 
 def _output_reason(m: Match) -> Optional[str]:

@@ -22,11 +22,13 @@ from typing import List, Optional
 
 import torch
 
-from sgdiff.fxpasses.matcher import Arg, Lit, Match, Op, ReplayViews
+from sgdiff.patterns.matcher import Arg, Lit, Match, Op, ReplayViews
 from sgdiff.patterns import parts
-from sgdiff.patterns.base import ChainPattern, broadcast_reason, same_shape, tensor_meta, without_defaults
+from sgdiff.patterns.base import ChainPattern, Family, broadcast_reason, same_shape, tensor_meta
 
 aten = torch.ops.aten
+
+FAMILY = Family("modulate")
 
 NORMS = ("layer_norm", "rms_norm", "none")
 OPS = {"layer_norm": "layernorm_modulate", "rms_norm": "rmsnorm_modulate", "none": "modulate"}
@@ -71,12 +73,13 @@ def replacement(key: ModulateKey):
     if key.norm == "layer_norm":
         def args(m: Match):
             x, x_dtype, out_dtype = _casts(m)
-            return without_defaults((x, m["weight"], m["bias"], m["eps"], _scale(m), m.get("shift"), True),
-                                    (("x_dtype", x_dtype, None), ("out_dtype", out_dtype, None)))
+            return dict(x=x, weight=m["weight"], bias=m["bias"], eps=m["eps"], scale=_scale(m), shift=m.get("shift"),
+                        scale_plus_one=True, x_dtype=x_dtype, out_dtype=out_dtype)
         return args
     if key.norm == "rms_norm":
-        return lambda m: (m["x"], m.get("weight"), m["eps"], parts.rms_norm_form(m)[0], _scale(m), m.get("shift"))
-    return lambda m: (m["x"], _scale(m), m.get("shift"))
+        return lambda m: dict(x=m["x"], weight=m.get("weight"), eps=m["eps"], form=parts.rms_norm_form(m)[0],
+                              scale=_scale(m), shift=m.get("shift"))
+    return lambda m: dict(x=m["x"], scale=_scale(m), shift=m.get("shift"))
 
 
 def check(key: ModulateKey):
@@ -118,7 +121,7 @@ def layer_norm_cast_chain():
 
 def layer_norm_cast_args(m: Match):
     x, x_dtype, out_dtype = _casts(m)
-    return x, m["weight"], m["bias"], m["eps"], x_dtype, out_dtype
+    return dict(x=x, weight=m["weight"], bias=m["bias"], eps=m["eps"], x_dtype=x_dtype, out_dtype=out_dtype)
 
 
 def layer_norm_cast_check(m: Match) -> Optional[str]:

@@ -6,7 +6,7 @@ from typing import Any, Callable, Optional, Tuple
 import torch
 from torch import fx
 
-from sgdiff.fxpasses.matcher import AnyOf, Arg, Expr, Lit, Match, Op, Views, When, getitem
+from sgdiff.patterns.matcher import AnyOf, Arg, Expr, Lit, Match, Op, Views, When, getitem
 from sgdiff.patterns.base import same_size, tensor_meta, val
 
 aten = torch.ops.aten

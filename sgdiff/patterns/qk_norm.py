@@ -21,10 +21,13 @@ from typing import List, Optional
 
 import torch
 
-from sgdiff.fxpasses.matcher import Arg, Items, Lit, Match, Op, When, getitem
+from sgdiff.patterns.matcher import Arg, Items, Lit, Match, Op, When, getitem
 from sgdiff.kernels import registry
 from sgdiff.patterns import parts
-from sgdiff.patterns.base import ChainPattern, like_layout_reason, tensor_meta
+from sgdiff.patterns.base import ChainPattern, Family, like_layout_reason, tensor_meta
+
+# its fused patterns match the norms feeding sgdiff::rope calls
+FAMILY = Family("qk_norm", after=("rope",))
 
 ROPE_HEAD_DIM = 128  # what sgdiff::rms_norm_rope's kernel takes
 
@@ -46,8 +49,8 @@ def chain(key: QkNormKey):
 
 def replacement(key: QkNormKey):
     if key.norm == "rms_norm":
-        return lambda m: (m["x"], m.get("weight"), m["eps"], parts.rms_norm_form(m)[0])
-    return lambda m: (m["x"], m["weight"], m["bias"], m["eps"])
+        return lambda m: dict(x=m["x"], weight=m.get("weight"), eps=m["eps"], form=parts.rms_norm_form(m)[0])
+    return lambda m: dict(x=m["x"], weight=m["weight"], bias=m["bias"], eps=m["eps"])
 
 
 def check(key: QkNormKey):
@@ -119,8 +122,8 @@ def rms_norm_cat_rope_pattern() -> ChainPattern:
         name="qk_rms_norm_cat_rope",
         chain=When(Op(rope, joined, Arg("cos"), Arg("sin"), Arg("interleaved")), _two_fused_rms_norms_only_into),
         op="rms_norm_cat_rope",
-        replacement=lambda m: (m["x0"], m["weight0"], m["x1"], m["weight1"], m["eps0"], "fused", m["cos"], m["sin"],
-                               m["interleaved"]),
+        replacement=lambda m: dict(x0=m["x0"], w0=m["weight0"], x1=m["x1"], w1=m["weight1"], eps=m["eps0"],
+                                   form="fused", cos=m["cos"], sin=m["sin"], interleaved=m["interleaved"]),
         check=_cat_reason,
         priority=1,
     )
@@ -134,7 +137,8 @@ def rms_norm_rope_pattern() -> ChainPattern:
         name="qk_rms_norm_rope",
         chain=When(chain, _fused_rms_norm_only_into),
         op="rms_norm_rope",
-        replacement=lambda m: (m["x"], m.get("weight"), m["eps"], "fused", m["cos"], m["sin"], m["interleaved"]),
+        replacement=lambda m: dict(x=m["x"], weight=m.get("weight"), eps=m["eps"], form="fused", cos=m["cos"],
+                                   sin=m["sin"], interleaved=m["interleaved"]),
         check=check(QkNormKey("rms_norm", "per_head")),  # the root's layout: the RoPE's output
         priority=1,  # before the norm alone takes the site
     )

@@ -1,11 +1,13 @@
 """Family ``residual_gate``: the gated residual update of a DiT block.
 
-The eager chain (Flux, SD3, Sana, PixArt, QwenImage; Wan in fp32; Lumina with ``tanh``)::
+The eager chain (Flux, SD3, Sana, PixArt, QwenImage; Wan in fp32; Lumina with ``tanh``; gates
+through a ``sigmoid``)::
 
     residual + gate * update
 
 in every operand order, with ``gate`` a ``[B,1,D]`` chunk, ``gate.unsqueeze(1)``, a per-token
-``[B,S,D]`` tensor, or ``tanh`` of one (before or after its views); ``update`` may still carry
+``[B,S,D]`` tensor, or ``tanh`` or ``sigmoid`` of one (before or after its views: the gate kind
+is part of the variant's key, so a sigmoid gate is the op's and never an operand left eager); ``update`` may still carry
 the ``aten.clone`` of an eval-mode Dropout, which the op makes unnecessary, and the ``+ bias``
 that ATen adds after the ``bmm`` of a linear whose input is a strided 3-D view (Sana's linear
 attention's output projection), which the op folds in. Wan's
@@ -24,28 +26,31 @@ from typing import List, Optional
 
 import torch
 
-from sgdiff.fxpasses.matcher import AnyOf, Arg, Lit, Match, Op, ReplayViews, Views
+from sgdiff.kernels.residual_gate import GATE_FUNCTIONS, GATE_KINDS
+from sgdiff.patterns.matcher import AnyOf, Arg, Lit, Match, Op, ReplayViews, Views
 from sgdiff.patterns import parts
-from sgdiff.patterns.base import (ChainPattern, broadcast_reason, like_layout_reason, same_shape, tensor_meta,
-                                  without_defaults)
+from sgdiff.patterns.base import (ChainPattern, Family, broadcast_reason, like_layout_reason, same_shape, tensor_meta)
 
 aten = torch.ops.aten
+
+# a per-token modulation, x * (1 + scale) + shift, is also a product added to a token stream
+FAMILY = Family("residual_gate", after=("modulate",))
 
 
 @dataclasses.dataclass(frozen=True)
 class ResidualGateKey:
-    tanh: bool  # the gate goes through tanh first
+    gate: str  # "plain", or what the gate goes through first: "tanh", "sigmoid"
     bias: bool  # the update is ``update + bias``, a 1-D bias added after a linear's GEMM
     divisor: bool  # the update is divided by a number (``/ attn.rescale_output_factor``)
 
     @property
     def name(self) -> str:
-        return ("residual_gate" + ("_tanh" if self.tanh else "") + ("_bias" if self.bias else "")
+        return ("residual_gate" + ("" if self.gate == "plain" else f"_{self.gate}") + ("_bias" if self.bias else "")
                 + ("_div" if self.divisor else ""))
 
     @property
     def priority(self) -> int:  # the longer chain first, before a shorter one takes its root
-        return 4 * self.divisor + 2 * self.bias + self.tanh
+        return 4 * self.divisor + 2 * self.bias + (self.gate != "plain")
 
 
 def _divided(update):
@@ -70,8 +75,8 @@ def _is_residual(v) -> bool:
 
 
 def chain(key: ResidualGateKey):
-    if key.tanh:  # tanh commutes with the views between it and the product: replay them
-        gate = Views(Op(aten.tanh.default, Arg("gate"), shared=True), "gate_views")
+    if key.gate != "plain":  # an elementwise function commutes with the views after it: replay them
+        gate = Views(Op(GATE_FUNCTIONS[key.gate], Arg("gate"), shared=True), "gate_views")
     else:
         gate = parts.maybe_upcast("gate")
     # a copied update first: either operand could be the Dropout's copy
@@ -115,12 +120,12 @@ def replacement(key: ResidualGateKey):
     def args(m: Match):
         folded = folded_operands(m)
         residual, gate, update = (parts.operand(m, name, folded.get(name, False)) for name in FOLDABLE)
-        if m.get("gate_views"):  # a tanh gate: its views replayed on the gate
+        if m.get("gate_views"):  # a tanh or sigmoid gate: its views replayed on the gate
             gate = ReplayViews(m["gate_views"], m["gate"])
         # residual_layout=False only where eager's output is contiguous but the residual is not
-        return without_defaults((residual, gate, update, key.tanh), (
-            ("residual_layout", _layout_of_residual(m), True), ("update_bias", m.get("update_bias"), None),
-            ("update_divisor", m.get("update_divisor"), None), ("out_dtype", parts.cast_dtype(m, "out_cast"), None)))
+        return dict(residual=residual, gate=gate, update=update, gate_kind=key.gate,
+                    residual_layout=_layout_of_residual(m), update_bias=m.get("update_bias"),
+                    update_divisor=m.get("update_divisor"), out_dtype=parts.cast_dtype(m, "out_cast"))
 
     return args
 
@@ -158,11 +163,12 @@ def residual_add_chain():
 
 
 def residual_add_args(m: Match):
-    return m["residual"], m["update"], m["update_divisor"], m.root.args[1] is m["residual"]
+    return dict(residual=m["residual"], update=m["update"], update_divisor=m["update_divisor"],
+                update_first=m.root.args[1] is m["residual"])
 
 
 def patterns() -> List[ChainPattern]:
-    keys = [ResidualGateKey(tanh, bias, divisor) for tanh in (True, False) for bias in (True, False)
+    keys = [ResidualGateKey(gate, bias, divisor) for gate in GATE_KINDS for bias in (True, False)
             for divisor in (True, False)]
     return [
         ChainPattern(

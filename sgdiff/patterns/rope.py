@@ -22,11 +22,13 @@ from typing import List, Optional
 
 import torch
 
-from sgdiff.fxpasses.matcher import AnyOf, Arg, Expr, Items, Lit, Match, Op, getitem
+from sgdiff.patterns.matcher import AnyOf, Arg, Expr, Items, Lit, Match, Op, getitem
 from sgdiff.patterns import parts
-from sgdiff.patterns.base import ChainPattern, broadcast_reason, like_layout_reason, same_size, tensor_meta
+from sgdiff.patterns.base import ChainPattern, Family, broadcast_reason, like_layout_reason, same_size, tensor_meta
 
 aten = torch.ops.aten
+
+FAMILY = Family("rope")
 
 FORMS = ("interleaved", "rotate_half", "complex", "even_odd")
 OPS = {"interleaved": "rope", "rotate_half": "rope", "complex": "rope_complex", "even_odd": "rope_even_odd"}
@@ -104,10 +106,10 @@ def chain(key: RopeKey) -> Expr:
 
 def replacement(key: RopeKey):
     if key.form == "complex":
-        return lambda m: (m["x"], m["freqs"])
+        return lambda m: dict(x=m["x"], freqs=m["freqs"])
     if key.form == "even_odd":
-        return lambda m: (m["x"], m["cos"], m["sin"])
-    return lambda m: (m["x"], m["cos"], m["sin"], key.form == "interleaved")
+        return lambda m: dict(x=m["x"], cos=m["cos"], sin=m["sin"])
+    return lambda m: dict(x=m["x"], cos=m["cos"], sin=m["sin"], interleaved=key.form == "interleaved")
 
 
 def check(key: RopeKey):

@@ -20,7 +20,7 @@ def _inputs(offset):
     residual = base[offset:].view(2, 1024, 2240)
     gate = torch.randn(2, 6, 2240, device="cuda", dtype=torch.bfloat16)[:, 2:3]
     update = torch.randn(2, 1024, 2240, device="cuda", dtype=torch.bfloat16)
-    return residual, gate, update, False, True
+    return residual, gate, update, "plain", True
 
 
 def test_direct_launch_matches_tritons_own_at_every_alignment():
@@ -101,7 +101,7 @@ def test_each_dependent_launch_reads_what_the_kernel_before_it_wrote():
 
     def chain(x, norm, gated):
         for _ in range(10):
-            x = gated(x, gate, norm(x, w, b, 1e-6, scale, shift), False)
+            x = gated(x, gate, norm(x, w, b, 1e-6, scale, shift), "plain")
         return x
 
     want = chain(x, layernorm_modulate_reference, residual_gate_reference)

@@ -1,4 +1,5 @@
 """layernorm_modulate on CUDA: the Triton kernel is bitwise equal to eager, or is not used."""
+import dataclasses
 import logging
 import os
 from unittest import mock
@@ -10,6 +11,7 @@ import triton
 from hypothesis import given, settings, strategies as st
 
 from sgdiff.kernels import dispatch, registry
+from sgdiff.kernels.triton import layer_norm as tln
 from sgdiff.kernels.triton import layernorm_modulate as tk
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_dispatch")]
@@ -138,10 +140,10 @@ def test_wrong_kernel_is_caught_and_disabled_alone(monkeypatch, caplog):
     real = dispatch._load(spec)
 
     def wrong(*args):
-        return real(*args) + 1  # visibly wrong in any dtype
+        return real.run(*args) + 1  # visibly wrong in any dtype
 
-    wrong.can_use = real.can_use
-    monkeypatch.setattr(dispatch, "_load", lambda s: wrong if s is spec else s.load())
+    wrong_impl = dataclasses.replace(real, run=wrong)
+    monkeypatch.setattr(dispatch, "_load", lambda s: wrong_impl if s is spec else s.load())
     x = torch.randn(2, 64, 1152, device="cuda", dtype=torch.bfloat16)
     s = torch.randn(2, 1, 1152, device="cuda", dtype=torch.bfloat16)
     with caplog.at_level(logging.WARNING, logger="sgdiff"):
@@ -158,8 +160,7 @@ def test_raising_kernel_falls_back(monkeypatch):
     def boom(*args):
         raise RuntimeError("injected")
 
-    boom.can_use = lambda *a: True
-    monkeypatch.setattr(dispatch, "_load", lambda s: boom if s is spec else s.load())
+    monkeypatch.setattr(dispatch, "_load", lambda s: registry.Impl(run=boom) if s is spec else s.load())
     x = torch.randn(2, 8, 64, device="cuda", dtype=torch.bfloat16)
     s = torch.randn(2, 1, 64, device="cuda", dtype=torch.bfloat16)
     assert torch.equal(OP(x, None, None, 1e-6, s, s, True), eager(x, None, None, 1e-6, s, s))
@@ -210,7 +211,7 @@ def test_per_head_layer_norm(B, S, H, D, dtype, layout, affine, casts):
     w, b = (torch.randn(D, device="cuda").to(pdtype), torch.randn(D, device="cuda").to(pdtype)) if affine else (None, None)
     cast_args = (torch.float32, dtype) if casts else (None, None)
     want = F.layer_norm(x.to(pdtype), (D,), w, b, 1e-6).to(dtype)
-    assert tk.layer_norm_can_use(x, w, b, 1e-6, *cast_args)
+    assert tln.layer_norm_can_use(x, w, b, 1e-6, *cast_args)
     got = registry.op_def("layer_norm").load()(x, w, b, 1e-6, *cast_args)
     assert torch.equal(bits(got), bits(want)) and got.is_contiguous()
     assert not dispatch.disabled(), dispatch.disabled()
@@ -233,22 +234,22 @@ def test_per_head_layer_norm_tiny_and_cancelling_rows(D, dtype):
     x[50] = torch.randint(-3, 4, (8, D), device="cuda", generator=g) * 2.0 ** -60
     x = x.to(dtype)
     for w, b in ((None, None), (torch.randn(D, device="cuda", generator=g).to(dtype), None)):
-        got, want = tk.layer_norm(x, w, b, 1e-6), F.layer_norm(x, (D,), w, b, 1e-6)
+        got, want = tln.layer_norm(x, w, b, 1e-6), F.layer_norm(x, (D,), w, b, 1e-6)
         assert torch.equal(bits(got), bits(want))
 
 
 def _short_rows(kernel, x, w, b, rows, warps):
     M, N = x.shape
     out = torch.empty_like(x)
-    options = (tk.warp_rows_options(M, N, rows, warps) if kernel is tk._layer_norm_warp_rows_kernel
+    options = (tln.warp_rows_options(M, N, rows, warps) if kernel is tln._layer_norm_warp_rows_kernel
                else dict(ROWS=rows, num_warps=warps))
     kernel[(triton.cdiv(M, rows),)](x, w if w is not None else x, b if b is not None else x, out, M, N, 1e-6,
-                                    HAS_WEIGHT=w is not None, HAS_BIAS=b is not None, DTYPE=tk.TL_DTYPE[x.dtype],
+                                    HAS_WEIGHT=w is not None, HAS_BIAS=b is not None, DTYPE=tln.TL_DTYPE[x.dtype],
                                     INTERPRET=False, enable_fp_fusion=False, **options)
     return out
 
 
-@pytest.mark.skipif(tk._layer_norm_warp_rows_kernel is None, reason="needs Triton's Gluon")
+@pytest.mark.skipif(tln._layer_norm_warp_rows_kernel is None, reason="needs Triton's Gluon")
 @pytest.mark.parametrize("D", [4, 8, 12, 36, 64, 72, 96, 100, 124, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_warp_rows_kernel_every_head_dim_and_program_shape(D, dtype):
@@ -264,9 +265,9 @@ def test_warp_rows_kernel_every_head_dim_and_program_shape(D, dtype):
                                 torch.randn(D, device="cuda", generator=g).to(dtype))):
         want = bits(F.layer_norm(x, (D,), w, b, 1e-6))
         for rows, warps in ((8, 1), (16, 2), (16, 4), (32, 4), (64, 4), (32, 8), (64, 8)):
-            got = _short_rows(tk._layer_norm_warp_rows_kernel, x, w, b, rows, warps)
+            got = _short_rows(tln._layer_norm_warp_rows_kernel, x, w, b, rows, warps)
             assert torch.equal(bits(got), want), (rows, warps)
         for rows, warps in ((16, 2), (32, 8)):  # rows that fill every program: no row mask
-            got = _short_rows(tk._layer_norm_warp_rows_kernel, x[:992], w, b, rows, warps)
+            got = _short_rows(tln._layer_norm_warp_rows_kernel, x[:992], w, b, rows, warps)
             assert torch.equal(bits(got), want[:992]), (rows, warps)
-        assert torch.equal(bits(_short_rows(tk._layer_norm_short_rows_kernel, x, w, b, 16, 4)), want)
+        assert torch.equal(bits(_short_rows(tln._layer_norm_short_rows_kernel, x, w, b, 16, 4)), want)

@@ -28,7 +28,7 @@ def test_real_shapes_bitexact(shape, stream, update, per_token):
             torch.randn(B, 6 * D, device="cuda")).to(stream)
     gate = gate.chunk(2, dim=-1)[1] if per_token else gate.chunk(6, dim=1)[2][:, None]
     upd = torch.randn(shape, device="cuda").to(update)
-    args = (res, gate, upd, False)
+    args = (res, gate, upd, "plain")
     assert tk.can_use(*args)
     assert torch.equal(tk.residual_gate(*args), res + gate * upd)
     # Sana's linear-attention output projection: bmm on a transposed input, then its bias
@@ -42,9 +42,9 @@ def test_real_shapes_bitexact(shape, stream, update, per_token):
        dtypes=st.sampled_from([(torch.bfloat16,) * 3, (torch.float16,) * 3, (torch.float32,) * 3,
                                (torch.float32, torch.float32, torch.bfloat16)]),
        gate_form=st.sampled_from(["row", "per_token", "vector", "transposed_residual"]),
-       tanh=st.booleans(), bias=st.sampled_from([None, "same", "fp32"]),
+       gate_kind=st.sampled_from(["plain", "tanh", "sigmoid"]), bias=st.sampled_from([None, "same", "fp32"]),
        divisor=st.sampled_from([None, 1.0, 3.0, 0.7, 2]))
-def test_any_layout_is_exact_or_falls_back(B, S, D, dtypes, gate_form, tanh, bias, divisor):
+def test_any_layout_is_exact_or_falls_back(B, S, D, dtypes, gate_form, gate_kind, bias, divisor):
     rd, gd, ud = dtypes
     res = torch.randn(B, S, D, device="cuda").to(rd)
     if gate_form == "transposed_residual":
@@ -55,8 +55,9 @@ def test_any_layout_is_exact_or_falls_back(B, S, D, dtypes, gate_form, tanh, bia
     upd = torch.randn(B, S, D, device="cuda").to(ud)
     b = None if bias is None else torch.randn(D, device="cuda").to(ud if bias == "same" else torch.float32)
     u = upd if b is None else upd + b
-    want = res + (torch.tanh(gate) if tanh else gate) * (u if divisor is None else u / divisor)
-    got = OP(res, gate, upd, tanh, True, b, divisor)
+    g = {"plain": gate, "tanh": torch.tanh(gate), "sigmoid": torch.sigmoid(gate)}[gate_kind]
+    want = res + g * (u if divisor is None else u / divisor)
+    got = OP(res, gate, upd, gate_kind, True, b, divisor)
     assert torch.equal(got, want) and got.stride() == want.stride()
     assert not dispatch.disabled(), dispatch.disabled()
 
@@ -74,7 +75,7 @@ def test_wan_casts_are_exact(B, S, D, dtype, per_token, gate_dtype):
     want = (x.float() + y.float() * gate).type_as(x)
     # a narrow gate times a narrow update would round to bf16: the update's cast then stays
     update = y if gate_dtype == torch.float32 else y.float()
-    got = OP(x, gate, update, False, True, None, None, dtype)
+    got = OP(x, gate, update, "plain", True, None, None, dtype)
     assert got.dtype == dtype and torch.equal(got, want)
     assert not dispatch.disabled(), dispatch.disabled()
 
@@ -124,7 +125,7 @@ def test_a_divisor_of_one_keeps_every_value(dtype, gated):
     res = torch.randn(upd.shape, device="cuda").to(dtype)
     gate = torch.randn(1, 1, 64, device="cuda").to(dtype)
     if gated:
-        got, want = tk.residual_gate(res, gate, upd, False, True, None, 1.0), res + gate * (upd / 1.0)
+        got, want = tk.residual_gate(res, gate, upd, "plain", True, None, 1.0), res + gate * (upd / 1.0)
     else:
         got, want = tk.residual_add(res, upd, 1.0, False), res + upd / 1.0
     numbers = ~want.isnan()
@@ -140,7 +141,7 @@ def test_tanh_gates_match_cuda_tanhf():
     for values in (every_bf16, extremes, torch.randn(1 << 20, device="cuda") * 3):
         gate = values.view(1, -1, 16)  # per-token gates
         res, upd = torch.zeros_like(gate), torch.ones_like(gate)  # out = tanh(gate), rounded
-        assert tk.can_use(res, gate, upd, True)
-        got, want = tk.residual_gate(res, gate, upd, True), res + torch.tanh(gate) * upd
+        assert tk.can_use(res, gate, upd, "tanh")
+        got, want = tk.residual_gate(res, gate, upd, "tanh"), res + torch.tanh(gate) * upd
         assert torch.equal(got.isnan(), want.isnan())
         assert torch.equal(got.nan_to_num(), want.nan_to_num())

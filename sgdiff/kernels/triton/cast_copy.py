@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.layout import contiguous_strides, like_strides
+from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait, one_input_one_output
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan
 
@@ -113,16 +114,16 @@ def _plan(x, pad, contiguous):
         x_shape, x_strides, out_shape, out_strides = x.shape, x.stride(), shape, strides
         # the whole of a head's rows a tile, up to 64 (Sana's v padded to 33 rows: one 64-row tile rather
         # than 32 and a tile of one row), by 32 tokens: with the sizes compiled in, 32 x 32 and 64 x 32 (v)
-        # tiles beat 32 x 128 and 64 x 64 (H200, one run: q 6.21 -> 6.14 µs, v 6.55 -> 6.32)
+        # tiles beat 32 x 128 and 64 x 64 (measured: bench/results/README.md)
         block_i, warps = min(64, triton.next_power_of_2(shape[2])), 4
     else:
-        # heads merged, 64 rows by 32 tokens on 8 warps (Sana's q, H200, one run: 5.77 µs a head at a
-        # time, merged 5.68; 64 x 32 on 4 warps 5.85, 128 x 16 5.98)
+        # heads merged, 64 rows by 32 tokens on 8 warps (against a head at a time, 4 warps and 128 x 16:
+        # bench/results/README.md)
         x_shape, x_strides, out_shape, out_strides = merged
         block_i, warps = MERGED_ROWS, 8
     block_j = max(16, min(32, triton.next_power_of_2(shape[3])))
     # programs along the tokens first, then the rows, then the slices (Inductor's order for this
-    # transpose): Sana's q 6.14 -> 6.05 µs, v 6.32 -> 6.28 (H200, one run)
+    # transpose)
     grid = (triton.cdiv(out_shape[3], block_j), triton.cdiv(out_shape[2], block_i), out_shape[0] * out_shape[1])
     reach = max(sum((n - 1) * st for n, st in zip(x.shape, x.stride())),
                 sum((n - 1) * st for n, st in zip(shape, strides)))
@@ -146,4 +147,4 @@ def cast_copy(x, dtype, relu, pad, value, contiguous):
     return bind(x, dtype, relu, pad, value, contiguous)(x)
 
 
-cast_copy.can_use, cast_copy.bind = can_use, bind
+CAST_COPY = Impl(run=cast_copy, supports=supported_layout, bind=bind)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import functools
 
-import torch
 
+from sgdiff import _compat
 from sgdiff.kernels.conv_silu import conv_silu_reference, convolution
 from sgdiff.kernels.conv_silu_mul import conv_silu_mul_reference
+from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton.rows import DTYPES
 from sgdiff.kernels.triton.silu_mul import bias_silu_bind, bias_silu_mul_bind
 
@@ -29,9 +30,7 @@ def supported_layout(x, weight, bias, stride, padding, dilation, groups, halves:
 
 def on_cudnn(x, weight, bias, stride, padding, dilation, groups) -> bool:
     """Whether ATen runs this convolution on cuDNN (and so adds the bias afterwards)."""
-    backend = torch._C._select_conv_backend(x, weight, bias, list(stride), list(padding), list(dilation), False,
-                                            [0] * (x.dim() - 2), groups)
-    return backend == torch._C._ConvBackend.Cudnn
+    return _compat.convolution_on_cudnn(x, weight, bias, stride, padding, dilation, groups)
 
 
 def can_use(x, weight, bias, stride, padding, dilation, groups, halves: bool = False) -> bool:
@@ -47,7 +46,7 @@ def _conv_epilogue_bind(reference, bind_epilogue):
     epilogue = []
 
     def launch(x, weight, bias, stride, padding, dilation, groups):
-        if not torch._C._get_cudnn_enabled():
+        if not _compat.cudnn_enabled():
             return reference(x, weight, bias, stride, padding, dilation, groups)
         y = convolution(x, weight, None, stride, padding, dilation, groups)
         if not epilogue:
@@ -77,5 +76,6 @@ def conv_silu_mul(x, weight, bias, stride, padding, dilation, groups):
     return conv_silu_mul_bind()(x, weight, bias, stride, padding, dilation, groups)
 
 
-conv_silu.can_use, conv_silu.bind = can_use, conv_silu_bind
-conv_silu_mul.can_use, conv_silu_mul.bind = functools.partial(can_use, halves=True), conv_silu_mul_bind
+# (whether ATen would run the convolution on cuDNN needs the device: supports checks it)
+CONV_SILU = Impl(run=conv_silu, supports=can_use, bind=conv_silu_bind)
+CONV_SILU_MUL = Impl(run=conv_silu_mul, supports=functools.partial(can_use, halves=True), bind=conv_silu_mul_bind)

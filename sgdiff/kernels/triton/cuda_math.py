@@ -20,6 +20,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from sgdiff.kernels.triton.triton_compat import has_cuda_option
+
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 INTERPRET_C = tl.constexpr(INTERPRET)  # the same, for functions that cannot take it as an argument
 
@@ -112,9 +114,8 @@ def silu_rounded(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
     negated (``b q0 - a``), which keeps a zero quotient's sign through the correction; where it
     is NaN (an infinite operand) the uncorrected quotient stands; and ``1 + expf(-x)`` is one
     fma (:func:`expf_parts`). Against a scale of 2**-64 chosen for large denominators, a check
-    of the quotient for 0 and a product and a sum, 5 fewer SASS instructions an element:
-    conv_silu's epilogue 32.8 -> 28.0 µs, conv_silu_mul's 19.7 -> 18.4 (H200, two runs each).
-    fp32 results take ``div.rn``."""
+    of the quotient for 0 and a product and a sum, 5 fewer SASS instructions an element (what
+    that saved: bench/results/README.md). fp32 results take ``div.rn``."""
     if INTERPRET or DTYPE == tl.float32:
         d = 1.0 + expf(x * -1.0, INTERPRET)
         q = tl.math.div_rn(x, d)
@@ -127,15 +128,6 @@ def silu_rounded(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
         q = tl.fma(tl.fma(b, q0, a * -1.0) * -1.0, r, q0)
         q = tl.where(q == q, q, q0)
     return q.to(DTYPE)
-
-
-def has_cuda_option(name: str) -> bool:
-    """Whether this Triton's CUDA backend takes the launch/compile option ``name``."""
-    try:
-        from triton.backends.nvidia.compiler import CUDAOptions
-    except ImportError:
-        return False
-    return name in getattr(CUDAOptions, "__dataclass_fields__", {})
 
 
 @functools.lru_cache(maxsize=None)

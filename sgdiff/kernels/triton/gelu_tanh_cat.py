@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from sgdiff.kernels.registry import Impl
 
 from sgdiff.kernels.triton.cuda_math import INTERPRET, libdevice_options, tanhf
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
@@ -111,4 +112,4 @@ def gelu_tanh_cat(head, x):
     return bind(head, x)(head, x)
 
 
-gelu_tanh_cat.can_use, gelu_tanh_cat.bind = can_use, bind
+GELU_TANH_CAT = Impl(run=gelu_tanh_cat, supports=supported_layout, bind=bind)

@@ -1,7 +1,7 @@
 """Triton launches with little host time.
 
 ``kernel[grid](*args, **kwargs)`` binds and specializes every argument again on every call:
-about 25 µs of host time per launch on the H200's host (triton 3.6), more than the GPU time of
+tens of µs of host time per launch (bench/results/README.md), more than the GPU time of
 a short-row kernel, so a model that is host-bound without CUDA graphs (Sana at batch 2) would
 lose wall time to the kernels that save it GPU time. :class:`LeanKernel` keeps Triton's
 compiled kernel per *launch key* and calls its launch function directly (about 6 µs).
@@ -19,14 +19,11 @@ On Hopper and later every launch is a programmatic dependent launch (PDL): the G
 kernel's programs while the kernel before it in the stream finishes, and each program calls
 :func:`grid_dependency_wait` before it touches memory, which returns once that kernel has
 completed and its writes are visible. Only the launch and the index arithmetic overlap the
-previous kernel, never a read or a write, so the bits are those of a plain launch. Measured on
-an H200, 20 calls of one kernel back to back in a CUDA graph: Sana's layernorm_modulate 5.20 ->
-4.91 µs, affine 5.48 -> 5.23, PixArt's 8.28 -> 7.97, the Sana linear attention's output 4.74 ->
-4.38; what it saves depends on the kernel before (after residual_gate, 0.5 µs; after a cuBLAS
-GEMM, nothing measured; Sana's step with CUDA graphs unchanged). The next kernel is never let in
-early (``griddepcontrol.launch_dependents``): its programs would wait on the SMs, and every
-kernel measured was slower (Sana residual_gate 4.2 -> 6.4, PixArt layernorm_modulate 8.3 ->
-10.8). ``SGDIFF_DEPENDENT_LAUNCHES=0`` launches plainly.
+previous kernel, never a read or a write, so the bits are those of a plain launch; what it
+saves depends on the kernel before. The next kernel is never let in early
+(``griddepcontrol.launch_dependents``): its programs would wait on the SMs, and every kernel
+measured was slower (both measured: bench/results/README.md). ``SGDIFF_DEPENDENT_LAUNCHES=0``
+launches plainly.
 """
 from __future__ import annotations
 
@@ -41,27 +38,14 @@ import torch
 import triton
 import triton.language as tl
 
-from sgdiff.kernels.triton.cuda_math import INTERPRET, INTERPRET_C, has_cuda_option
+from sgdiff import _compat
+from sgdiff.kernels.triton import triton_compat
+from sgdiff.kernels.triton.cuda_math import INTERPRET, INTERPRET_C
+from sgdiff.kernels.triton.triton_compat import cuda_capability_geq, launch_hooked
 
 log = logging.getLogger("sgdiff")
 
-try:
-    from triton import knobs as _knobs
-except ImportError:  # an older Triton: no direct launches
-    _knobs = None
-
-try:
-    from triton.language.target_info import cuda_capability_geq
-    PDL = has_cuda_option("launch_pdl")
-except ImportError:  # an older Triton: no programmatic launches
-    PDL = False
-
-
-def _hooked() -> bool:
-    """Whether a launch hook is set (a plain callable, or a non-empty chain of them)."""
-    enter, leave = _knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook
-    return bool((enter is not None and getattr(enter, "calls", True))
-                or (leave is not None and getattr(leave, "calls", True)))
+PDL = triton_compat.HAS_TARGET_INFO and triton_compat.has_cuda_option("launch_pdl")
 
 
 PDL_CAPABILITY = (9, 0)  # griddepcontrol and programmatic launches: Hopper and later
@@ -109,12 +93,8 @@ def plain_launches():
         _plain.pop()
 
 
-def current_device() -> int:
-    return torch._C._cuda_getDevice()
-
-
-def raw_stream(device: int) -> int:
-    return torch._C._cuda_getCurrentRawStream(device)
+current_device = _compat.current_cuda_device
+raw_stream = _compat.current_raw_stream
 
 
 class LeanKernel:
@@ -130,7 +110,7 @@ class LeanKernel:
         self._names = tuple(params)
         self._defaults = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
         self._launches: Dict[tuple, tuple] = {}
-        self._direct = not INTERPRET and _knobs is not None
+        self._direct = not INTERPRET and triton_compat.DIRECT_LAUNCHES
 
     def __getitem__(self, grid):
         return functools.partial(self._launch, tuple(grid))
@@ -150,7 +130,7 @@ class LeanKernel:
 
     def _entry(self, grid: Tuple[int, ...], args: tuple, kwargs: dict) -> Optional[tuple]:
         """What a direct launch of these arguments needs, or None where it launches Triton's way."""
-        if not self._direct or _hooked():
+        if not self._direct or launch_hooked():
             return None
         key = (current_device(), grid,
                *[(a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a for a in args],
@@ -165,15 +145,14 @@ class LeanKernel:
         """Compile through Triton (no launch) and keep what a direct launch needs."""
         warmup = getattr(self.fn, "warmup", None)
         compiled = warmup(*args, grid=grid, **kwargs) if warmup is not None else None  # errors as a launch's
-        try:
-            run = compiled.run  # loads the module on this device
-            tail = tuple(kwargs[n] if n in kwargs else self._defaults[n] for n in self._names[len(args):])
-            entry = (run, *grid, *(1,) * (3 - len(grid)), compiled.function, compiled.packed_metadata, tail)
-        except (AttributeError, KeyError, TypeError) as exc:  # a Triton without these internals: the usual way
+        direct = triton_compat.direct_launch(compiled) if compiled is not None else None
+        if direct is None:  # a Triton without these internals: the usual way
             self._direct = False
-            log.info("sgdiff: launching %s through Triton's own launcher (%s: %s)", self.__name__,
-                     type(exc).__name__, exc)
+            log.info("sgdiff: launching %s through Triton's own launcher", self.__name__)
             return None
+        run, function, metadata = direct
+        tail = tuple(kwargs[n] if n in kwargs else self._defaults[n] for n in self._names[len(args):])
+        entry = (run, *grid, *(1,) * (3 - len(grid)), function, metadata, tail)
         self._launches[key] = entry
         return entry
 
@@ -192,7 +171,7 @@ class BoundLaunch:
 
     def __call__(self, *args: Any):
         entry = self.entry
-        if entry is None or current_device() != self.device or _hooked():
+        if entry is None or current_device() != self.device or launch_hooked():
             kwargs = launch_options(self.kwargs)
             entry = self.kernel._entry(self.grid, args, kwargs)
             if entry is None:

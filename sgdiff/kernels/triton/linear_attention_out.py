@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from sgdiff.kernels.registry import Impl
 
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait, one_input_one_output
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan
@@ -55,7 +56,7 @@ def _plan(h):
     B, H, R, N = h.shape
     D = R - 1
     block_i = min(32, triton.next_power_of_2(D))
-    # 64 tokens a tile: twice the programs of 128 for Sana's 140 heads (H200, one run: 5.25 -> 4.75 µs)
+    # 64 tokens a tile: twice the programs of 128 for Sana's 140 heads (measured: bench/results/README.md)
     block_j = max(16, min(64, 4096 // block_i, triton.next_power_of_2(N)))
     grid = (B * H, triton.cdiv(D, block_i), triton.cdiv(N, block_j))
     shape, strides = (B, N, H * D), (H * D * N, 1, N)
@@ -74,4 +75,4 @@ def linear_attention_out(h, eps, dtype):
     return bind(h, eps, dtype)(h)
 
 
-linear_attention_out.can_use, linear_attention_out.bind = can_use, bind
+LINEAR_ATTENTION_OUT = Impl(run=linear_attention_out, supports=supported_layout, bind=bind)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from sgdiff.kernels.registry import Impl
 
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.rows import (
@@ -125,4 +126,4 @@ def modulate(x, scale, shift):
     return bind(x, scale, shift)(x, scale, shift)
 
 
-modulate.can_use, modulate.bind = can_use, bind
+MODULATE = Impl(run=modulate, supports=supported_layout, bind=bind)

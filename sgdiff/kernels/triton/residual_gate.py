@@ -6,7 +6,8 @@ Eager chain and its rounding steps::
     u = u * (1 / divisor)  # with update_divisor: ATen's division by a CPU scalar (the fp64
                            # reciprocal rounded to fp32 on the host, then an fp32 product), rounded to u's dtype;
                            # not launched where that reciprocal is 1 (divides)
-    g = tanh(gate)         # with tanh_gate: fp32 tanhf, rounded to gate.dtype
+    g = tanh(gate)         # gate_kind "tanh": fp32 tanhf, rounded to gate.dtype
+    g = sigmoid(gate)      # gate_kind "sigmoid": fp32 1 / (1 + expf(-gate)), IEEE division, rounded to gate.dtype
     y = g * update         # fp32 product, rounded to promote(gate, update)
     y = residual + y       # fp32 sum, rounded to promote(residual, y)
     y = y.to(out_dtype)    # with out_dtype: Wan's .type_as(x), from the registers
@@ -17,7 +18,9 @@ A program writes a tile of rows by a column block of ``residual`` ([B, S, D], co
 consecutive programs in memory order; ``gate``, ``update`` and the bias are read through
 broadcast strides, so ``[B, 1, D]`` gates and chunk views need no copy.
 A ``tanh`` gate (rounded to gate.dtype first, as eager stores it) uses libdevice's ``tanhf``,
-CUDA's own (:mod:`sgdiff.kernels.triton.cuda_math`).
+CUDA's own (:mod:`sgdiff.kernels.triton.cuda_math`); a ``sigmoid`` gate is ATen's CUDA
+``sigmoid``, ``one / (one + std::exp(-x))`` in fp32 (``expf`` is libdevice's ``__nv_expf``, the
+division correctly rounded: nvcc builds ATen without fast-math).
 """
 from __future__ import annotations
 
@@ -26,7 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from sgdiff.kernels.triton.cuda_math import INTERPRET, libdevice_options, tanhf
+from sgdiff.kernels.registry import Impl
+from sgdiff.kernels.triton.cuda_math import INTERPRET, expf, libdevice_options, tanhf
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.rows import DTYPES, TL_DTYPE, cached_plan, even_tiles, launch_rows, row_tile, rows_fit
 
@@ -42,8 +46,7 @@ def _residual_gate_kernel(
     n_rows,  # B * S
     S: tl.constexpr,  # rows per batch entry (compiled in: divisions by it are multiplications)
     D: tl.constexpr,  # row length (compiled in)
-    # the operands' strides compiled in too (a kernel per layout; a model has a few): Sana 4.68 ->
-    # 4.39 µs, PixArt 14.29 -> 14.09, Flux 21.28 -> 21.19, Wan 1.3B 71.6 -> 71.3 (H200, one run)
+    # the operands' strides compiled in too (a kernel per layout; a model has a few)
     stride_gb: tl.constexpr, stride_gs: tl.constexpr, stride_gd: tl.constexpr,
     stride_ub: tl.constexpr, stride_us: tl.constexpr, stride_ud: tl.constexpr,
     stride_bb: tl.constexpr, stride_bs: tl.constexpr, stride_bd: tl.constexpr,
@@ -51,7 +54,7 @@ def _residual_gate_kernel(
     UPDATE_DTYPE: tl.constexpr,  # promote(update, bias)
     PRODUCT_DTYPE: tl.constexpr,  # promote(gate, update + bias)
     SUM_DTYPE: tl.constexpr,  # promote(residual, product); out_ptr's dtype may differ (a cast)
-    TANH: tl.constexpr,
+    GATE_FN: tl.constexpr,  # GATE_FNS[gate_kind]: 0 the gate itself, 1 tanh, 2 sigmoid
     HAS_BIAS: tl.constexpr,
     DIVIDE: tl.constexpr,
     GATED: tl.constexpr,  # False: residual + update (sgdiff::residual_add; gate_ptr unused)
@@ -74,8 +77,11 @@ def _residual_gate_kernel(
         u = (u.to(tl.float32) * inv_divisor).to(UPDATE_DTYPE)
     if GATED:
         g = tl.load(gate_ptr + bi * stride_gb + si * stride_gs + d * stride_gd, mask=mask, other=0.0)
-        if TANH:
+        if GATE_FN == 1:
             g = tanhf(g.to(tl.float32), INTERPRET).to(gate_ptr.dtype.element_ty)
+        elif GATE_FN == 2:
+            e = expf(g.to(tl.float32) * -1.0, INTERPRET)
+            g = tl.math.div_rn(tl.full(e.shape, 1.0, tl.float32), 1.0 + e).to(gate_ptr.dtype.element_ty)
         y = (g.to(tl.float32) * u.to(tl.float32)).to(PRODUCT_DTYPE)
     else:
         y = u
@@ -84,13 +90,16 @@ def _residual_gate_kernel(
     tl.store(out_ptr + row * D + d, out.to(SUM_DTYPE).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def can_use(residual, gate, update, tanh_gate, residual_layout=True, update_bias=None, update_divisor=None,
+GATE_FNS = {"plain": 0, "tanh": 1, "sigmoid": 2}
+
+
+def can_use(residual, gate, update, gate_kind, residual_layout=True, update_bias=None, update_divisor=None,
             out_dtype=None) -> bool:
-    return residual.is_cuda and supported_layout(residual, gate, update, tanh_gate, residual_layout, update_bias,
+    return residual.is_cuda and supported_layout(residual, gate, update, gate_kind, residual_layout, update_bias,
                                                  update_divisor, out_dtype)
 
 
-def supported_layout(residual, gate, update, tanh_gate, residual_layout=True, update_bias=None,
+def supported_layout(residual, gate, update, gate_kind, residual_layout=True, update_bias=None,
                      update_divisor=None, out_dtype=None) -> bool:
     """can_use without the device check (the interpreter runs the kernel on CPU tensors).
 
@@ -100,7 +109,7 @@ def supported_layout(residual, gate, update, tanh_gate, residual_layout=True, up
     if not (2 <= residual.dim() <= 3 and residual.is_contiguous() and residual.numel() > 0
             and rows_fit(residual, residual.shape[-1])):  # rows in 32 bits (the kernel's row_tile)
         return False
-    if residual.shape[-1] > 16384 or out_dtype not in (None, *DTYPES):
+    if residual.shape[-1] > 16384 or out_dtype not in (None, *DTYPES) or gate_kind not in GATE_FNS:
         return False
     operands = [t for t in (residual, gate, update, update_bias) if t is not None]
     for t in operands:
@@ -119,7 +128,7 @@ def residual_add_can_use(residual, update, update_divisor, update_first) -> bool
 
 def residual_add_supported_layout(residual, update, update_divisor, update_first) -> bool:
     """Both contiguous: eager's output is then contiguous whatever the operand order."""
-    return update.is_contiguous() and supported_layout(residual, None, update, False)
+    return update.is_contiguous() and supported_layout(residual, None, update, "plain")
 
 
 def reciprocal(divisor: float) -> float:
@@ -137,11 +146,8 @@ def divides(inv_divisor: float) -> bool:
     return inv_divisor != 1.0
 
 
-# Warps a program, each thread one 16-byte vector of the residual. Against 1024 elements and 4
-# warps a program (H200, the medians of three processes, µs; bench shapes, bf16 unless fp32):
-# 8 warps, Sana 3.94 -> 3.69, its residual_add 4.01 -> 3.91, PixArt 13.69 -> 13.72, Flux 20.76 ->
-# 20.79; 16 warps from Wan's sizes on, Wan 2.1 1.3B 70.50 -> 70.19, Wan-14B 230.21 -> 229.80 and
-# fp32 387.20 -> 386.05 (Inductor 230.60 and 387.62: both had tied at the memory roofline).
+# Warps a program, each thread one 16-byte vector of the residual: 8, and 16 from Wan's sizes on
+# (against 1024 elements and 4 warps a program: bench/results/README.md).
 WARPS, WARPS_LARGE, LARGE = 8, 16, 1 << 25
 
 
@@ -162,14 +168,14 @@ def _plan(residual, gate, update, update_bias):
              num_warps=max(1, min(warps, block_r * block_d // (32 * vector))))  # a small residual: fewer
 
 
-def _bind(residual, gate, update, tanh_gate, update_bias, update_divisor, out_dtype=None):
+def _bind(residual, gate, update, gate_kind, update_bias, update_divisor, out_dtype=None):
     """The launch for inputs of this signature: ``launch(residual, gate, update, bias)``."""
     grid, ints, updated, product, total, blocks = _plan(residual, gate, update, update_bias)
     dtype, view = out_dtype or total, residual.shape
     inv = reciprocal(update_divisor) if update_divisor is not None else 1.0
     kernel = _residual_gate_kernel.bound(
         grid, UPDATE_DTYPE=TL_DTYPE[updated], PRODUCT_DTYPE=TL_DTYPE[product], SUM_DTYPE=TL_DTYPE[total],
-        TANH=bool(tanh_gate), HAS_BIAS=update_bias is not None, DIVIDE=divides(inv),
+        GATE_FN=GATE_FNS[gate_kind], HAS_BIAS=update_bias is not None, DIVIDE=divides(inv),
         GATED=gate is not None, **blocks, INTERPRET=INTERPRET,
         enable_fp_fusion=False, **libdevice_options())
 
@@ -182,26 +188,26 @@ def _bind(residual, gate, update, tanh_gate, update_bias, update_divisor, out_dt
     return launch
 
 
-def bind(residual, gate, update, tanh_gate, residual_layout=True, update_bias=None, update_divisor=None,
+def bind(residual, gate, update, gate_kind, residual_layout=True, update_bias=None, update_divisor=None,
          out_dtype=None):
     """:func:`residual_gate` for inputs of this signature, its host arithmetic done."""
-    launch = _bind(residual, gate, update, tanh_gate, update_bias, update_divisor, out_dtype)
+    launch = _bind(residual, gate, update, gate_kind, update_bias, update_divisor, out_dtype)
 
-    def bound(residual, gate, update, tanh_gate, residual_layout=True, update_bias=None, *_):
+    def bound(residual, gate, update, gate_kind, residual_layout=True, update_bias=None, *_):
         return launch(residual, gate, update, update_bias)
 
     return bound
 
 
-def residual_gate(residual, gate, update, tanh_gate, residual_layout=True, update_bias=None, update_divisor=None,
+def residual_gate(residual, gate, update, gate_kind, residual_layout=True, update_bias=None, update_divisor=None,
                   out_dtype=None):
     """Launch; the caller has checked :func:`can_use`."""
-    return _bind(residual, gate, update, tanh_gate, update_bias, update_divisor, out_dtype)(
+    return _bind(residual, gate, update, gate_kind, update_bias, update_divisor, out_dtype)(
         residual, gate, update, update_bias)
 
 
 def residual_add_bind(residual, update, update_divisor, update_first):
-    launch = _bind(residual, None, update, False, None, update_divisor)
+    launch = _bind(residual, None, update, "plain", None, update_divisor)
     return lambda residual, update, *_: launch(residual, None, update, None)
 
 
@@ -210,5 +216,5 @@ def residual_add(residual, update, update_divisor, update_first):
     return residual_add_bind(residual, update, update_divisor, update_first)(residual, update)
 
 
-residual_gate.can_use, residual_gate.bind = can_use, bind
-residual_add.can_use, residual_add.bind = residual_add_can_use, residual_add_bind
+RESIDUAL_GATE = Impl(run=residual_gate, supports=supported_layout, bind=bind)
+RESIDUAL_ADD = Impl(run=residual_add, supports=residual_add_supported_layout, bind=residual_add_bind)

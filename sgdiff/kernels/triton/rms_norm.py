@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.layout import like_strides
+from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton.cuda_math import INTERPRET, rsqrtf
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.modulate import modulated, out_dtypes
@@ -252,11 +253,10 @@ def _rms_norm_fused_kernel(
     acc = tl.zeros((BLOCK_R, THREADS), tl.float32)
     grid_dependency_wait()
     # A row of several tiles is read twice: the first read keeps it in L2, the second evicts it,
-    # and the output (a long row's: far more than L2 holds) is written to leave it (measured
-    # on Wan-14B's rows of 5120: 164.5 against 191.1 us, a copy 158.4). A row of one tile (a
-    # QK norm's head) is read once and evicted first: the projection it normalizes is dead after
-    # it, while the output goes on to the attention (Flux's per-head rows on an H200, one run:
-    # 14.50 us with evict_last, 14.30 without a hint, 14.0 evict-first).
+    # and the output (a long row's: far more than L2 holds) is written to leave it. A row of one
+    # tile (a QK norm's head) is read once and evicted first: the projection it normalizes is
+    # dead after it, while the output goes on to the attention (both measured:
+    # bench/results/README.md).
     for k in tl.static_range(ITERS):
         col = cols + k * 4 * THREADS
         v = tl.load(x_row + col[None, :], mask=row_ok[:, None] & (col < N)[None, :], other=0.0,
@@ -399,4 +399,4 @@ def rms_norm(x, weight, eps, form):
     return bind(x, weight, eps, form)(x, weight)
 
 
-rms_norm.can_use, rms_norm.bind = can_use, bind
+RMS_NORM = Impl(run=rms_norm, supports=supported_layout, bind=bind)

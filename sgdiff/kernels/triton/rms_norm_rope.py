@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.layout import like_strides
+from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton import rms_norm as trms
 from sgdiff.kernels.triton import rope as trope
 from sgdiff.kernels.triton.cuda_math import INTERPRET
@@ -60,8 +61,7 @@ def _rms_norm_rope_kernel(
         x_row = x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None]
     grid_dependency_wait()
     # the query or key projection is dead after this kernel and evicted first, the tables (every
-    # head's, the next kernel's and the next block's) last: Flux's double-block query 21.9 ->
-    # 19.05 us, its single-block query 19.15 -> 19.0 (H200, one run; evict-first alone: 19.2, 18.75)
+    # head's, the next kernel's and the next block's) last (measured: bench/results/README.md)
     v = tl.load(x_row + d[None, :], mask=row_ok, other=0.0, eviction_policy="evict_first")
     r = fused_inv_rms(fused_sum_squares(tl.zeros((BLOCK_R, 32), tl.float32), v), D, eps, INTERPRET)
     y = r[:, None] * v.to(tl.float32)
@@ -171,5 +171,5 @@ def rms_norm_cat_rope(x0, w0, x1, w1, eps, form, cos, sin, interleaved):
                                                                      interleaved)
 
 
-rms_norm_rope.can_use, rms_norm_rope.bind = can_use, bind
-rms_norm_cat_rope.can_use, rms_norm_cat_rope.bind = can_use_cat, bind_cat
+RMS_NORM_ROPE = Impl(run=rms_norm_rope, supports=supported_layout, bind=bind)
+RMS_NORM_CAT_ROPE = Impl(run=rms_norm_cat_rope, supports=supported_layout_cat, bind=bind_cat)

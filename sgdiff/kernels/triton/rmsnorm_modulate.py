@@ -6,6 +6,7 @@ the product and the sum to their promoted dtypes); the output is contiguous, as 
 """
 from __future__ import annotations
 
+from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton import modulate as tmod
 from sgdiff.kernels.triton import rms_norm as trms
 
@@ -29,4 +30,4 @@ def rmsnorm_modulate(x, weight, eps, form, scale, shift):
     return bind(x, weight, eps, form, scale, shift)(x, weight, eps, form, scale, shift)
 
 
-rmsnorm_modulate.can_use, rmsnorm_modulate.bind = can_use, bind
+RMSNORM_MODULATE = Impl(run=rmsnorm_modulate, supports=supported_layout, bind=bind)

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.layout import like_strides
+from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.rows import (
     DTYPES,
@@ -257,6 +258,6 @@ def rope_complex(x, freqs, complex_fma=None):
     return bind_complex(x, freqs, complex_fma)(x, freqs)
 
 
-rope.can_use, rope.bind = can_use, bind
-rope_even_odd.can_use, rope_even_odd.bind = can_use_even_odd, bind_even_odd
-rope_complex.can_use, rope_complex.bind = can_use_complex, bind_complex
+ROPE = Impl(run=rope, supports=supported_layout, bind=bind)
+ROPE_EVEN_ODD = Impl(run=rope_even_odd, supports=supported_layout_even_odd, bind=bind_even_odd)
+ROPE_COMPLEX = Impl(run=rope_complex, supports=supported_layout_complex, bind=bind_complex)

@@ -10,9 +10,8 @@ Eager chain and its rounding steps::
 Elementwise over the output (layout ``like(a)``), walked innermost dim last so that slices of
 a projection and Sana's channels-last GLU read and write whole rows. Programs go in memory order
 (a flat launch) where a row spans whole programs and ``b`` is read, as in SwiGLU's halves of
-12288 (80.3 µs against 82.5 with a column of row blocks first); Sana's GLU (rows of 5600, two
-a program) and the in-place conv epilogue are faster the other way (17.8 µs against 18.6;
-conv_silu 163 against 166, convolution included). H200, one run.
+12288; Sana's GLU (rows of 5600, two a program) and the in-place conv epilogue are faster the
+other way (measured: bench/results/README.md).
 
 The same kernel is the epilogue of a biased convolution (sgdiff::conv_silu, conv_silu_mul).
 cuDNN convolves without the bias and ATen adds it afterwards (``output.add_(bias)``: an fp32
@@ -27,6 +26,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.layout import like_strides
+from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton.cuda_math import INTERPRET, libdevice_options, silu_rounded, to_fp32
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.rows import (
@@ -49,8 +49,7 @@ def _silu_mul_kernel(
     a_bias_ptr, b_bias_ptr,  # biases broadcast to the output (zero strides but the channel's)
     n_rows,
     n1: tl.constexpr, n2: tl.constexpr, D: tl.constexpr,  # the shape, compiled in: its divisions are multiplications
-    # and the strides (a kernel per layout): Sana's GLU 17.91 -> 17.79 µs, SwiGLU 79.12 -> 78.87, the
-    # conv_silu_mul epilogue 85.02 -> 84.57 with its convolution (H200, one run)
+    # and the strides (a kernel per layout; a model has a few)
     so0: tl.constexpr, so1: tl.constexpr, so2: tl.constexpr, so3: tl.constexpr,
     sa0: tl.constexpr, sa1: tl.constexpr, sa2: tl.constexpr, sa3: tl.constexpr,
     sb0: tl.constexpr, sb1: tl.constexpr, sb2: tl.constexpr, sb3: tl.constexpr,
@@ -123,10 +122,9 @@ def _plan(a, b, a_bias, b_bias):
 def _input_eviction(a, b, l2_bytes: int) -> str:
     """``a`` and ``b`` (a gate and its other half: an activation's input, dead after it) are read
     evict-first where together they fit in L2 (``l2_bytes``), which then keeps the output for
-    the next kernel: Sana's GLU 17.6 -> 16.2-16.4 µs, conv_silu_mul's epilogue 18.4 -> 16.4 (H200,
-    two runs). A stream larger than L2 passes through it anyway, and is slower with the hint
-    (SwiGLU's halves of 12288: 79.3 -> 82.8). Without ``b`` the output is written over ``a``
-    (conv_silu's epilogue): no hint."""
+    the next kernel. A stream larger than L2 passes through it anyway, and is slower with the
+    hint (both measured: bench/results/README.md). Without ``b`` the output is written over
+    ``a`` (conv_silu's epilogue): no hint."""
     if b is None:
         return ""
     read = a.numel() * a.element_size() + b.numel() * b.element_size()
@@ -190,4 +188,4 @@ def bias_silu_mul_bind(y, bias):
     return lambda y, bias: launch(*operands(y, bias))
 
 
-silu_mul.can_use, silu_mul.bind = can_use, bind
+SILU_MUL = Impl(run=silu_mul, supports=supported_layout, bind=bind)

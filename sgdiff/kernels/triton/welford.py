@@ -26,6 +26,10 @@ program; ``tl.reduce`` over it runs the same shuffle tree (checked bitwise on an
 combine with swapped operands is not exact, so the order is what it looks like). nvcc
 contracts ``a * b + c`` into FMAs; these kernels are compiled with ``enable_fp_fusion=False``
 and write each FMA explicitly.
+
+The Gluon kernels (sgdiff::layer_norm's per-head rows, sgdiff::layernorm_modulate's row a warp)
+lay ATen's threads out in a layout of their own, several a lane; the Gluon helpers at the end
+take ATen's tree over those lanes and registers in its order.
 """
 import functools
 
@@ -34,8 +38,15 @@ import torch
 import triton
 import triton.language as tl
 
-from sgdiff.kernels.triton.cuda_math import count_reciprocal, to_fp32
+from sgdiff.kernels.triton.cuda_math import count_reciprocal, rsqrtf, to_fp32
 from sgdiff.kernels.triton.rows import halves
+
+try:  # Triton's layout-explicit dialect (triton >= 3.5); not run by the interpreter
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+except ImportError:
+    gluon = None
+
 
 THREADS = 128  # ATen: 32 x 4 threads per row
 VEC = 4  # ATen's vec_size for every dtype
@@ -250,3 +261,107 @@ def _online(mean, m2, x, active, inv_count, MASKED: tl.constexpr):
     if MASKED:
         return tl.where(active, new_mean, mean), tl.where(active, new_m2, m2)
     return new_mean, new_m2
+
+
+# --- Gluon: ATen's tree over the lanes and registers of a layout written out ------------
+
+if gluon is not None:
+    # sgdiff::layer_norm's per-head rows, a row an 8-lane segment
+
+    @gluon.jit
+    def _row_lane0(v):
+        """Every lane of an 8-lane segment (one row) takes the segment's first lane's value."""
+        return gl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, 0, 0x181f, -1;", "=r,r", [v],
+                                         dtype=gl.float32, is_pure=True, pack=1)
+
+    @gluon.jit
+    def _fold_last_axis(mean, m2, n, POW2: gl.constexpr):
+        """Combine the two entries of the last (size-2, in-thread) axis: (own, other) = (0, 1)."""
+        mean_own, mean_oth = gl.split(mean)
+        m2_own, m2_oth = gl.split(m2)
+        n_own, n_oth = gl.split(n)
+        if POW2:
+            return welford_combine_pow2(mean_own, m2_own, n_own, mean_oth, m2_oth, n_oth)
+        else:
+            return welford_combine(mean_own, m2_own, n_own, mean_oth, m2_oth, n_oth)
+
+    # sgdiff::layernorm_modulate's row a warp: ATen's 128 threads in a warp's lanes and registers
+
+    @gluon.jit
+    def _warp_lane0(v):
+        """Every lane of the warp takes lane 0's value."""
+        return gl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, 0, 0x1f, -1;", "=r,r", [v],
+                                         dtype=gl.float32, is_pure=True, pack=1)
+
+    @gluon.constexpr_function
+    def _lane_xor_asm(offset):
+        return f"shfl.sync.bfly.b32 $0, $1, {offset}, 0x1f, -1;"
+
+    @gluon.jit
+    def _lane_xor(v, OFFSET: gl.constexpr):
+        """Every lane takes lane ``lane ^ OFFSET``'s value (fp32, one shuffle a register)."""
+        return gl.inline_asm_elementwise(_lane_xor_asm(OFFSET), "=r,r", [v], dtype=gl.float32, is_pure=True, pack=1)
+
+    @gluon.constexpr_function
+    def _tree_term(tree, level, a, b, i):
+        return tree[level][a][b][i]
+
+    @gluon.jit
+    def _known_combine(own_mean, own_m2, oth_mean, oth_m2, b0, TREE: gl.constexpr, LEVEL: gl.constexpr,
+                       A: gl.constexpr):
+        """welford_combine of ATen warp (A, b)'s states at one level of the tree, its count terms
+        compiled in (``TREE``: :func:`warp_row_tree_terms`); ``b0``: the lanes of b = 0."""
+        n_a = gl.where(b0, _tree_term(TREE, LEVEL, A, 0, 0), _tree_term(TREE, LEVEL, A, 1, 0))
+        n_b = gl.where(b0, _tree_term(TREE, LEVEL, A, 0, 1), _tree_term(TREE, LEVEL, A, 1, 1))
+        oth_n = gl.where(b0, _tree_term(TREE, LEVEL, A, 0, 2), _tree_term(TREE, LEVEL, A, 1, 2))
+        nonempty = gl.where(b0, _tree_term(TREE, LEVEL, A, 0, 3), _tree_term(TREE, LEVEL, A, 1, 3))
+        return combine_with_terms(own_mean, own_m2, oth_mean, oth_m2, n_a, n_b, oth_n, nonempty)
+
+    @gluon.jit
+    def _by_warp_and_hi(v, ROWS: gl.constexpr):
+        """A ``[rows, 128]`` tile of ATen's threads (l = 64 a + 32 b + 16 hi + lo) as its four
+        ``[rows, b, lo]`` parts ``((a0 hi0, a0 hi1), (a1 hi0, a1 hi1))``: a and hi are a
+        thread's registers, so no data moves."""
+        v = gl.permute(gl.reshape(v, [ROWS, 2, 2, 2, 16]), [0, 2, 4, 1, 3])  # [row, b, lo, a, hi]
+        hi0, hi1 = gl.split(v)
+        a0hi0, a1hi0 = gl.split(hi0)
+        a0hi1, a1hi1 = gl.split(hi1)
+        return (a0hi0, a0hi1), (a1hi0, a1hi1)
+
+    @gluon.jit
+    def _as_threads(v, ROWS: gl.constexpr, LANES: gl.constexpr):
+        """A ``[rows, b, lo]`` value every lane of a row's warp holds alike, as a ``[rows, 128]`` tile."""
+        v = gl.join(v, v)
+        v = gl.permute(gl.join(v, v), [0, 3, 1, 4, 2])  # [row, a, b, hi, lo]
+        return gl.convert_layout(gl.reshape(v, [ROWS, THREADS_C]), LANES)
+
+    @gluon.jit
+    def _warp_row_stats(mean, m2, l, eps, N: gl.constexpr, TREE: gl.constexpr, LANES: gl.constexpr,
+                        INTERPRET: gl.constexpr):
+        """Mean and rstd of each row from ATen's 128 threads' Welford states (``[rows, 128]``,
+        l = 64 a + 32 b + 16 hi + lo; lane 16 b + lo holds a, hi in registers), as
+        ``[rows, 128]`` tiles.
+
+        ATen's tree in its order: offset 16 pairs registers (hi); offsets 8 to 1 are butterfly
+        shuffles over the 16 lanes of lo, each lane combining (own, other), so that lane 0
+        follows shuffle-down's path; the cross-warp steps 0 <- 2, 1 <- 3 pair registers (a),
+        and 0 <- 1 is a shuffle at offset 16 (b). Lane 0 ends with ATen's state and every lane
+        takes it. The counts on lane 0's path are known from N, so each combine's terms are
+        constants (other lanes combine garbage that never reaches lane 0): no count is
+        shuffled, no reciprocal taken."""
+        ROWS: gl.constexpr = mean.shape[0]
+        b0 = _by_warp_and_hi(gl.zeros_like(mean) + (l[None, :] // 32 % 2 == 0).to(gl.float32), ROWS)[0][0] != 0.0
+        means, m2s = _by_warp_and_hi(mean, ROWS), _by_warp_and_hi(m2, ROWS)
+        warps = ()
+        for a in gl.static_range(2):
+            mu, v = _known_combine(means[a][0], m2s[a][0], means[a][1], m2s[a][1], b0, TREE, 0, a)  # offset 16
+            for level in gl.static_range(1, 5):  # offsets 8, 4, 2, 1
+                mu, v = _known_combine(mu, v, _lane_xor(mu, 16 >> level), _lane_xor(v, 16 >> level), b0, TREE, level, a)
+            warps = warps + ((mu, v),)
+        mu, v = _known_combine(warps[0][0], warps[0][1], warps[1][0], warps[1][1], b0, TREE, 5, 0)  # 0 <- 2, 1 <- 3
+        mu, v = _known_combine(mu, v, _lane_xor(mu, 16), _lane_xor(v, 16), b0, TREE, 6, 0)  # warps 0 <- 1
+        mu, v = _warp_lane0(mu), _warp_lane0(v)
+        rstd = rsqrtf(gl.div_rn(v, gl.full(v.shape, N, gl.float32, v.type.layout)) + eps, INTERPRET)
+        return _as_threads(mu, ROWS, LANES), _as_threads(rstd, ROWS, LANES)
+else:
+    _row_lane0 = _fold_last_axis = _warp_row_stats = None

@@ -22,6 +22,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 from torch import fx
 
+from sgdiff import _compat
+
 aten = torch.ops.aten
 
 
@@ -225,7 +227,7 @@ def _match_all(items: Sequence[Tuple[Expr, Any]], m: Match) -> Iterator[Match]:
 def bound_arguments(node: fx.Node) -> Optional[Dict[str, Any]]:
     """The node's arguments by schema name, defaults filled in (positional for non-ATen)."""
     target = node.target
-    schema = getattr(target, "_schema", None)
+    schema = _compat.op_schema(target)
     if schema is None:
         return {f"arg{i}": a for i, a in enumerate(node.args)} | dict(node.kwargs)
     out: Dict[str, Any] = {}

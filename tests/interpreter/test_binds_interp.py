@@ -1,0 +1,39 @@
+"""Every Triton implementation's bind, on its op's first example at its small sizes: a launch
+bound to one signature, called again with other tensors of that geometry, gives what the
+implementation's own call gives on them (it reads the call's tensors, not the bind's, and
+writes a fresh output each call). The convolution epilogues bind on a convolution's output on
+the GPU only (whether cuDNN runs it): their own tests in tests/interpreter/test_rowwise_interp.py."""
+import pytest
+import torch
+
+from sgdiff.kernels import registry
+
+pytestmark = pytest.mark.interpreter
+EPILOGUES = ("conv_silu", "conv_silu_mul")
+CAP, TOKENS = 128, 24  # sizes at most 128, 24 tokens: the interpreter runs each program on the host
+
+
+def _ops():
+    return [op.name for op in registry.ops() if op.name not in EPILOGUES
+            and any(s.backend == "triton" for s in registry.kernel_specs(op.name))]
+
+
+def _bits(t):
+    return t.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+@pytest.mark.parametrize("op", _ops())
+def test_a_bound_launch_reads_each_calls_tensors(op):
+    impl = registry.op_def(op).triton_impl()
+    example = registry.op_def(op).examples[0]
+    first, other = (example.args(small=True, seed=seed, cap=CAP, tokens=TOKENS) for seed in (0, 1))
+    assert impl.supports is None or impl.supports(*first)
+    launch = impl.bind(*first)
+    a, b = launch(*other), launch(*other)
+    assert a.data_ptr() != b.data_ptr()
+    assert torch.equal(_bits(a), _bits(impl.run(*other)))
+    assert torch.equal(_bits(launch(*first)), _bits(impl.run(*first)))
+
+
+def test_every_triton_op_is_bound_here():
+    assert len(_ops()) >= 16
