@@ -24,4 +24,4 @@ def test_linear_gelu_runs_on_cublaslt_within_its_contract(dtype, M, K, N, bias):
     b = torch.randn(N, device="cuda", generator=g).to(dtype) if bias else None
     got = OP(x, w, b)
     assert_linear_gelu_contract(got, F.gelu(F.linear(x, w, b), approximate="tanh"), LINEAR_GELU_SHARE[dtype])
-    assert [spec.backend for (op, *_), (spec, _) in dispatch._chosen.items() if op == "linear_gelu_tanh"] == ["cublaslt"]
+    assert [spec.backend for (op, *_), (spec, *_) in dispatch._chosen.items() if op == "linear_gelu_tanh"] == ["cublaslt"]
