@@ -14,7 +14,7 @@ from sgdiff import _compat
 from sgdiff.fxpasses import ManagerResult, PassManager
 from sgdiff.fxpasses.cudagraphs import CudaGraphRunner
 from sgdiff.fxpasses.direct_aten import direct_aten_calls
-from sgdiff.fxpasses.lowering import lower_to_launchers
+from sgdiff.fxpasses.lowering import lower_to_call_sites
 from sgdiff.kernels import dispatch
 from sgdiff.options import Options
 from sgdiff.tiers import Tier, current_call_tier
@@ -73,7 +73,7 @@ class TieredGraph:
             result = None
         if result is not None and self.on_result is not None:
             self.on_result(result)
-        lower_to_launchers(gm)
+        lower_to_call_sites(gm)
         direct_aten_calls(gm)
         fn = gm.forward
         if self.options.cudagraphs:

@@ -1,17 +1,10 @@
-"""Shared test helpers: trace a chain, run passes on it, compare bitwise."""
+"""Shared test helpers: what a graph calls, bitwise comparisons, every 16-bit value, the
+linear+GELU contract. (Capturing and rewriting a chain: tests/capture.py.)"""
 from __future__ import annotations
 
-from typing import Callable, Sequence
 
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
 
-from sgdiff.fxpasses import PassManager
-
-
-def trace(fn: Callable, *args, mode: str = "fake"):
-    """An ATen graph of ``fn`` (as aot_autograd would give it, no decompositions)."""
-    return make_fx(fn, tracing_mode=mode)(*args)
 
 
 def targets(gm) -> list:
@@ -20,13 +13,6 @@ def targets(gm) -> list:
 
 def count_op(gm, op) -> int:
     return sum(t == op for t in targets(gm))
-
-
-def rewrite(fn: Callable, args: Sequence, quality="lossless", families=None, mode="fake"):
-    """Trace ``fn``, apply the pass manager; return (graph module, result)."""
-    gm = trace(fn, *args, mode=mode)
-    result = PassManager(quality, families=families).apply(gm)
-    return gm, result
 
 
 def every_16bit_value(dtype: torch.dtype, device="cuda") -> torch.Tensor:

@@ -214,17 +214,17 @@ def test_declaring_the_ops_pulls_in_no_kernel():
 
 
 def test_executed_graph_calls_the_reference_directly_where_nothing_is_faster():
-    from sgdiff.fxpasses.lowering import lower_to_launchers
+    from sgdiff.fxpasses.lowering import lower_to_call_sites
     from sgdiff.kernels.layernorm_modulate import layernorm_modulate_reference
-    from tests.helpers import rewrite
+    from tests.capture import rewrite
 
     fn = lambda x, s: F.layer_norm(x, x.shape[-1:]) * (1 + s)  # noqa: E731
     args = (torch.randn(2, 4, 8), torch.randn(2, 1, 8))
-    gm, result = rewrite(fn, args, families=["modulate"])
+    run, gm, result = rewrite(fn, args, families=["modulate"])
     assert result.counts["modulate"] == 1
-    assert lower_to_launchers(gm) == 1  # on CPU only the reference exists: no dispatch at all
+    assert lower_to_call_sites(gm) == 1  # on CPU only the reference exists: no dispatch at all
     assert layernorm_modulate_reference in [n.target for n in gm.graph.nodes]
-    assert torch.equal(gm(*args), fn(*args))
+    assert torch.equal(run(*args), fn(*args))
 
 
 def test_diffusers_regional_compile_rewrites_each_block():

@@ -109,7 +109,7 @@ def test_without_verification_nothing_is_settled(cpu_kernel):
 
 
 def test_a_call_site_settles_per_alignment_then_runs_the_bound_launch(cpu_kernel, monkeypatch):
-    site = dispatch.SiteLauncher("residual_gate", (0, 1, 2))
+    site = dispatch.CallSite("residual_gate", (0, 1, 2))
     signatures = []
     monkeypatch.setattr(dispatch, "signature", lambda a, _s=dispatch.signature: signatures.append(1) or _s(a))
     a = args()
@@ -127,7 +127,7 @@ def test_a_call_site_settles_per_alignment_then_runs_the_bound_launch(cpu_kernel
 
 
 def test_a_call_site_forgets_what_a_disabled_kernel_settled(cpu_kernel, caplog):
-    site = dispatch.SiteLauncher("residual_gate", (0, 1, 2))
+    site = dispatch.CallSite("residual_gate", (0, 1, 2))
     site(*args())
     site(*args())
     assert calls["bound"] == 1
@@ -145,7 +145,7 @@ def test_a_call_site_forgets_what_a_disabled_kernel_settled(cpu_kernel, caplog):
 
 
 def test_a_call_site_forgets_after_a_reset(cpu_kernel):
-    site = dispatch.SiteLauncher("residual_gate", (0, 1, 2))
+    site = dispatch.CallSite("residual_gate", (0, 1, 2))
     site(*args())
     dispatch.reset()  # (as disabling any implementation does) nothing settled survives
     site(*args())
@@ -153,7 +153,7 @@ def test_a_call_site_forgets_after_a_reset(cpu_kernel):
 
 
 def test_during_a_capture_or_without_verification_a_site_settles_nothing(cpu_kernel):
-    site = dispatch.SiteLauncher("residual_gate", (0, 1, 2))
+    site = dispatch.CallSite("residual_gate", (0, 1, 2))
     with dispatch.verification(False):
         site(*args())
         site(*args())
@@ -161,7 +161,7 @@ def test_during_a_capture_or_without_verification_a_site_settles_nothing(cpu_ker
 
 
 def test_lowering_gives_each_static_site_its_own_launcher(cpu_kernel):
-    from sgdiff.fxpasses.lowering import lower_to_launchers
+    from sgdiff.fxpasses.lowering import lower_to_call_sites
     from tests.capture import rewrite
 
     def fn(x, y, g):
@@ -172,13 +172,13 @@ def test_lowering_gives_each_static_site_its_own_launcher(cpu_kernel):
     for dynamic in (False, True):
         run, gm, result = rewrite(fn, a, families=["residual_gate"], dynamic=dynamic)
         assert result.counts["residual_gate"] == 2
-        assert lower_to_launchers(gm) == 2
+        assert lower_to_call_sites(gm) == 2
         sites = [n.target for n in gm.graph.nodes if n.op == "call_function" and n.target.__name__.startswith("sgdiff_")]
         assert len(sites) == 2
         if dynamic:  # symbolic sizes: a signature can change between calls, the op's launcher serves
-            assert all(t is dispatch.launcher("residual_gate") for t in sites)
+            assert all(t is dispatch.runner("residual_gate") for t in sites)
         else:
-            assert all(isinstance(t, dispatch.SiteLauncher) for t in sites) and sites[0] is not sites[1]
+            assert all(isinstance(t, dispatch.CallSite) for t in sites) and sites[0] is not sites[1]
         for _ in range(2):
             assert torch.equal(run(*a), fn(*a))
 

@@ -40,7 +40,7 @@ def recorded_launches(monkeypatch, call):
     def launcher(kernel, kwargs):
         return lambda *args, **more: launches.append((kernel, args, {**kwargs, **more}))
 
-    monkeypatch.setattr(LeanKernel, "bound", lambda self, grid, **kwargs: launcher(self, kwargs))
+    monkeypatch.setattr(LeanKernel, "bind", lambda self, grid, **kwargs: launcher(self, kwargs))
     monkeypatch.setattr(LeanKernel, "__getitem__", lambda self, grid: launcher(self, {}))
     call()
     return launches

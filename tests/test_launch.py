@@ -123,7 +123,7 @@ def test_on_hopper_every_launch_is_a_dependent_launch(lean, monkeypatch):
     monkeypatch.setattr(launch, "dependent_launches", lambda device: device == 1)
     monkeypatch.setattr(launch, "current_device", lambda: 1)
     lean[(4,)](x, out, 8, 1e-6, BLOCK=16)  # another device, Hopper: its own compile, with the option
-    lean.bound((4,), BLOCK=16)(x, out, 8, 1e-6)
+    lean.bind((4,), BLOCK=16)(x, out, 8, 1e-6)
     with launch.plain_launches():
         lean[(4,)](x, out, 8, 1e-6, BLOCK=32)  # timed as a plain launch: no option
     monkeypatch.setattr(triton_compat._knobs.runtime, "launch_enter_hook", lambda *a: None)

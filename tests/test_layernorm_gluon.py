@@ -95,7 +95,7 @@ class _Kernel:
     def __init__(self, error=None):
         self.error, self.launches, self.options = error, 0, []
 
-    def bound(self, grid, **options):
+    def bind(self, grid, **options):
         self.options.append(options)
 
         def launch(*args):

@@ -6,7 +6,8 @@ from hypothesis import given, strategies as st
 
 from sgdiff.fxpasses import PassManager
 from tests import capture
-from tests.helpers import bits_equal, count_op, rewrite, targets
+from tests.capture import rewrite
+from tests.helpers import bits_equal, count_op, targets
 
 aten = torch.ops.aten
 from sgdiff.kernels import registry  # noqa: E402
@@ -89,7 +90,7 @@ def make_args(form, B=2, S=5, D=16, dtype=torch.float32, seed=0):
 def test_every_spelling_is_one_bitexact_site(form, shift, swap_mul, swap_add, affine, upcast, dtype, B, S, D, eps):
     fn = make_chain(form, shift, swap_mul, swap_add, affine, upcast, eps)
     args = make_args(form, B, S, D, dtype)
-    gm, result = rewrite(fn, args)
+    run, gm, result = rewrite(fn, args)
     assert result.counts["modulate"] == 1, result.skipped
     assert count_op(gm, OP) == 1
     assert aten.native_layer_norm.default not in targets(gm)
@@ -99,7 +100,7 @@ def test_every_spelling_is_one_bitexact_site(form, shift, swap_mul, swap_add, af
         assert node.args[0].op == "placeholder" and node.args[7:] == (torch.float32, dtype), node.args
     else:  # no casts: the arguments at their defaults (scale_plus_one=True, no casts) are left out
         assert len(node.args) == 6, node.args
-    assert bits_equal(gm(*args), fn(*args))
+    assert bits_equal(run(*args), fn(*args))
 
 
 LAYER_NORM = registry.op_def("layer_norm").load()
@@ -115,12 +116,12 @@ def test_fp32_layernorm_and_its_casts_are_one_site(dtype, affine):
                             1e-6).to(x.dtype)
 
     args = (torch.randn(2, 5, 16, dtype=dtype), torch.randn(16), torch.randn(16))
-    gm, result = rewrite(fn, args)
+    run, gm, result = rewrite(fn, args)
     assert result.counts["modulate"] == 1 and count_op(gm, LAYER_NORM) == 1
     node = next(n for n in gm.graph.nodes if n.target == LAYER_NORM)
     assert node.args[0].op == "placeholder" and node.args[4:] == (torch.float32, dtype)
     assert aten.native_layer_norm.default not in targets(gm) and aten._to_copy.default not in targets(gm)
-    assert bits_equal(gm(*args), fn(*args))
+    assert bits_equal(run(*args), fn(*args))
 
 
 @pytest.mark.parametrize("name,fn,sites", [
@@ -132,14 +133,14 @@ def test_fp32_layernorm_and_its_casts_are_one_site(dtype, affine):
 ])
 def test_near_misses_of_an_fp32_layernorm(name, fn, sites):
     args = (torch.randn(2, 5, 16, dtype=torch.bfloat16),)
-    gm, result = rewrite(fn, args)
+    run, gm, result = rewrite(fn, args)
     assert result.counts["modulate"] == sites, name
     if sites:  # the op reads the cast, not x: x_dtype would claim a widening
         node = next(n for n in gm.graph.nodes if n.target == LAYER_NORM)
         assert node.args[0].target == aten._to_copy.default and node.args[4] is None, node.args
     if name.startswith("a cast to another device"):
         return
-    got, want = gm(*args), fn(*args)
+    got, want = run(*args), fn(*args)
     for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
         assert bits_equal(g, w), name
 
@@ -150,23 +151,23 @@ def test_modulate_result_with_another_user_keeps_its_cast():
         return y.type_as(x), y
 
     args = (torch.randn(2, 5, 16, dtype=torch.bfloat16), torch.randn(2, 1, 16), torch.randn(2, 1, 16))
-    gm, result = rewrite(fn, args)
+    run, gm, result = rewrite(fn, args)
     assert result.counts["modulate"] == 1
     node = next(n for n in gm.graph.nodes if n.target == OP)
     assert node.args[0].op == "placeholder" and node.args[7:] == (torch.float32,), node.args  # no out_dtype
     assert count_op(gm, aten._to_copy.default) == 1  # the cast back, for its own user
-    assert all(bits_equal(g, w) for g, w in zip(gm(*args), fn(*args)))
+    assert all(bits_equal(g, w) for g, w in zip(run(*args), fn(*args)))
 
 
 def test_affine_layernorm_keeps_its_weight_and_bias():
     fn = make_chain("chunk", affine=True)
     args = make_args("chunk")
-    gm, result = rewrite(fn, args)
+    run, gm, result = rewrite(fn, args)
     node = next(n for n in gm.graph.nodes if n.target == OP)
     assert node.args[1] is not None and node.args[2] is not None
-    assert bits_equal(gm(*args), fn(*args))
+    assert bits_equal(run(*args), fn(*args))
     # the same chain without affine must not carry any weight
-    gm2, _ = rewrite(make_chain("chunk"), args)
+    _, gm2, _ = rewrite(make_chain("chunk"), args)
     node2 = next(n for n in gm2.graph.nodes if n.target == OP)
     assert node2.args[1] is None and node2.args[2] is None
 
@@ -175,10 +176,10 @@ def test_affine_layernorm_keeps_its_weight_and_bias():
 def test_eps_is_carried_exactly(eps):
     fn = make_chain("unsqueeze", eps=eps)
     args = make_args("unsqueeze")
-    gm, _ = rewrite(fn, args)
+    run, gm, _ = rewrite(fn, args)
     node = next(n for n in gm.graph.nodes if n.target == OP)
     assert node.args[3] == eps
-    assert bits_equal(gm(*args), fn(*args))
+    assert bits_equal(run(*args), fn(*args))
 
 
 def test_one_norm_feeding_two_modulates_is_two_sites():
@@ -189,10 +190,10 @@ def test_one_norm_feeding_two_modulates_is_two_sites():
         return a, b
 
     args = (torch.randn(2, 5, 8), torch.randn(2, 8), torch.randn(2, 8))
-    gm, result = rewrite(fn, args)
+    run, gm, result = rewrite(fn, args)
     assert result.counts["modulate"] == 2
     assert count_op(gm, OP) == 2 and aten.native_layer_norm.default not in targets(gm)
-    for got, want in zip(gm(*args), fn(*args)):
+    for got, want in zip(run(*args), fn(*args)):
         assert bits_equal(got, want)
 
 
@@ -202,12 +203,12 @@ def test_intermediate_with_another_user_is_not_swallowed():
         return y + b[:, None], y  # y escapes: the with-shift chain must not be fused
 
     args = (torch.randn(2, 5, 8), torch.randn(2, 8), torch.randn(2, 8))
-    gm, result = rewrite(fn, args)
+    run, gm, result = rewrite(fn, args)
     # what remains fusible is the scale-only chain that produces y
     assert result.counts["modulate"] == 1
     assert any("another user" in s.reason for s in result.skipped)
     assert aten.add.Tensor in targets(gm)  # the shift add stays eager
-    for got, want in zip(gm(*args), fn(*args)):
+    for got, want in zip(run(*args), fn(*args)):
         assert bits_equal(got, want)
 
 
@@ -217,9 +218,9 @@ def test_shared_one_plus_scale_is_recomputed_not_lost():
         return F.layer_norm(x, x.shape[-1:], eps=1e-6) * t + b[:, None], t
 
     args = (torch.randn(2, 5, 8), torch.randn(2, 8), torch.randn(2, 8))
-    gm, result = rewrite(fn, args)
+    run, gm, result = rewrite(fn, args)
     assert result.counts["modulate"] == 1
-    for got, want in zip(gm(*args), fn(*args)):
+    for got, want in zip(run(*args), fn(*args)):
         assert bits_equal(got, want)
 
 
@@ -233,9 +234,9 @@ def test_shared_one_plus_scale_is_recomputed_not_lost():
 ])
 def test_near_misses_are_not_layernorm_modulate(name, fn):
     args = (torch.randn(2, 5, 8), torch.randn(2, 1, 8), torch.randn(2, 1, 8))
-    gm, result = rewrite(fn, args, families=["modulate"])
+    run, gm, result = rewrite(fn, args, families=["modulate"])
     assert count_op(gm, OP) == 0, name
-    assert bits_equal(gm(*args), fn(*args))
+    assert bits_equal(run(*args), fn(*args))
 
 
 def test_shift_subtracted_or_scaled_add_keeps_the_add():
@@ -243,19 +244,19 @@ def test_shift_subtracted_or_scaled_add_keeps_the_add():
     for fn in (lambda x, s, b: F.layer_norm(x, x.shape[-1:]) * (1 + s) - b,
                lambda x, s, b: torch.add(F.layer_norm(x, x.shape[-1:]) * (1 + s), b, alpha=2)):
         args = (torch.randn(2, 5, 8), torch.randn(2, 1, 8), torch.randn(2, 1, 8))
-        gm, result = rewrite(fn, args)
+        run, gm, result = rewrite(fn, args)
         assert result.counts["modulate"] == 1
         assert any(t in targets(gm) for t in (aten.sub.Tensor, aten.add.Tensor))
-        assert bits_equal(gm(*args), fn(*args))
+        assert bits_equal(run(*args), fn(*args))
 
 
 def test_scale_broadcasting_beyond_the_input_is_skipped():
     fn = lambda x, s, b: F.layer_norm(x, x.shape[-1:]) * (1 + s) + b  # noqa: E731
     args = (torch.randn(1, 5, 8), torch.randn(3, 1, 8), torch.randn(3, 1, 8))  # output is [3, 5, 8]
-    gm, result = rewrite(fn, args)
+    run, gm, result = rewrite(fn, args)
     assert result.counts["modulate"] == 0
     assert any("broadcast" in s.reason for s in result.skipped)
-    assert bits_equal(gm(*args), fn(*args))
+    assert bits_equal(run(*args), fn(*args))
 
 
 def test_scale_broadcast_over_another_dim_is_computed_as_written():
@@ -263,18 +264,18 @@ def test_scale_broadcast_over_another_dim_is_computed_as_written():
     # operand exactly as the chain used it, so the result is the chain's, bit for bit.
     fn = lambda x, s, b: F.layer_norm(x, x.shape[-1:]) * (1 + s[:, :, None]) + b[:, None]  # noqa: E731
     args = (torch.randn(2, 8, 8), torch.randn(2, 8), torch.randn(2, 8))
-    gm, _ = rewrite(fn, args)
-    assert bits_equal(gm(*args), fn(*args))
+    run, gm, _ = rewrite(fn, args)
+    assert bits_equal(run(*args), fn(*args))
 
 
 def test_symbolic_shapes():
     fn = make_chain("unsqueeze")
     args = make_args("unsqueeze", B=2, S=7, D=12)
-    gm, result = rewrite(fn, args, mode="symbolic")
+    run, gm, result = rewrite(fn, args, dynamic=True)
     assert result.counts["modulate"] == 1
     for shape in [(2, 7, 12), (3, 4, 12)]:
         a = make_args("unsqueeze", *shape)
-        assert bits_equal(gm(*a), fn(*a))
+        assert bits_equal(run(*a), fn(*a))
 
 
 def test_passes_need_fake_tensor_metadata():
@@ -324,7 +325,7 @@ def test_every_rms_and_bare_spelling_is_one_bitexact_site(norm, form, shift, swa
                                                           dtype, B, S, D, eps):
     fn = make_chain(form, shift, swap_mul, swap_add, affine, upcast, eps, norm=norm)
     args = make_args(form, B, S, D, dtype)
-    run, gm, result = capture.rewrite(fn, args, families=["modulate"])
+    run, gm, result = rewrite(fn, args, families=["modulate"])
     assert result.counts["modulate"] == 1, result.skipped
     assert count_op(gm, NORM_OPS[norm]) == 1
     assert not set(RMS_CHAIN) & set(targets(gm)) and aten.mul.Tensor not in targets(gm)
@@ -358,7 +359,7 @@ def test_rms_eps_and_form_are_carried_exactly(eps):
     for norm, form in (("diffusers", "diffusers"), ("F.rms_norm", "composite")):
         fn = make_chain("unsqueeze", eps=eps, affine=True, norm=norm)
         args = make_args("unsqueeze", dtype=torch.bfloat16)
-        run, gm, _ = capture.rewrite(fn, args)
+        run, gm, _ = rewrite(fn, args)
         node = next(n for n in gm.graph.nodes if n.target == NORM_OPS[norm])
         assert node.args[3] == form
         assert node.args[2] == (eps if form == "diffusers" else torch.tensor(eps, dtype=torch.float32).item())
@@ -372,7 +373,7 @@ def test_one_rms_norm_feeding_two_modulates_is_two_sites():
 
     args = (torch.randn(2, 5, 8, dtype=torch.bfloat16), torch.randn(2, 8, dtype=torch.bfloat16),
             torch.randn(2, 8, dtype=torch.bfloat16))
-    run, gm, result = capture.rewrite(fn, args)
+    run, gm, result = rewrite(fn, args)
     assert result.counts["modulate"] == 2 and count_op(gm, NORM_OPS["F.rms_norm"]) == 2
     assert not set(RMS_CHAIN) & set(targets(gm))
     assert all(bits_equal(g, w) for g, w in zip(run(*args), fn(*args)))
@@ -388,7 +389,7 @@ def test_near_misses_are_not_rmsnorm_modulate(name, fn):
     # the modulation alone may still be fused (a bare `modulate`): never into an RMSNorm op
     args = (torch.randn(2, 5, 8, dtype=torch.bfloat16), torch.randn(2, 1, 8, dtype=torch.bfloat16),
             torch.randn(2, 1, 8, dtype=torch.bfloat16))
-    run, gm, result = capture.rewrite(fn, args, families=["modulate"])
+    run, gm, result = rewrite(fn, args, families=["modulate"])
     assert count_op(gm, NORM_OPS["F.rms_norm"]) == 0, name
     assert bits_equal(run(*args), fn(*args))
 
@@ -396,7 +397,7 @@ def test_near_misses_are_not_rmsnorm_modulate(name, fn):
 def test_a_norm_that_fails_its_guard_still_lets_the_modulation_fuse():
     fn = lambda x, s, b: F.layer_norm(x, x.shape[-2:]) * (1 + s) + b  # noqa: E731
     args = (torch.randn(2, 5, 8), torch.randn(2, 1, 8), torch.randn(2, 1, 8))
-    run, gm, result = capture.rewrite(fn, args, families=["modulate"])
+    run, gm, result = rewrite(fn, args, families=["modulate"])
     assert count_op(gm, NORM_OPS["none"]) == 1 and count_op(gm, OP) == 0
     assert aten.native_layer_norm.default in targets(gm)
     assert bits_equal(run(*args), fn(*args))

@@ -7,7 +7,8 @@ import torch
 import sgdiff
 from sgdiff.tiers import Contract, Tier
 from tests import example_extension as ext
-from tests.helpers import count_op, rewrite
+from tests.capture import rewrite
+from tests.helpers import count_op
 
 
 @pytest.fixture
@@ -36,18 +37,18 @@ def test_unknown_tier_lists_the_valid_ones():
 
 
 def test_close_op_is_skipped_at_lossless(example_pattern):
-    gm, result = rewrite(fn, ARGS, quality="lossless", families=["example"])
+    run, gm, result = rewrite(fn, ARGS, quality="lossless", families=["example"])
     assert result.counts["example"] == 0
     assert [s.reason for s in result.skipped] == ["contract close is not admitted at lossless"]
     assert count_op(gm, example_pattern) == 0
-    assert torch.equal(gm(*ARGS), fn(*ARGS))
+    assert torch.equal(run(*ARGS), fn(*ARGS))
 
 
 @pytest.mark.parametrize("tier", ["extra-high", "high"])
 def test_close_op_is_rewritten_from_extra_high(example_pattern, tier):
-    gm, result = rewrite(fn, ARGS, quality=tier, families=["example"])
+    run, gm, result = rewrite(fn, ARGS, quality=tier, families=["example"])
     assert result.counts["example"] == 1 and count_op(gm, example_pattern) == 1
-    assert torch.equal(gm(*ARGS), ext.mul_add(*ARGS))
+    assert torch.equal(run(*ARGS), ext.mul_add(*ARGS))
 
 
 def test_close_rewrites_are_all_or_nothing(example_pattern):
@@ -55,7 +56,7 @@ def test_close_rewrites_are_all_or_nothing(example_pattern):
         return a * b + c, a * b + d  # the second site broadcasts d: its guard fails
 
     args = ARGS + (torch.randn(8, dtype=torch.bfloat16),)
-    gm, result = rewrite(two_sites, args, quality="extra-high", families=["example"])
+    run, gm, result = rewrite(two_sites, args, quality="extra-high", families=["example"])
     assert result.counts["example"] == 0
     reasons = sorted(s.reason for s in result.skipped)
     assert reasons[0].startswith("another site of this family failed its guard")

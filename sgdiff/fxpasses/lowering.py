@@ -2,10 +2,10 @@
 
 A custom op call goes through the dispatcher (tens of µs of host time per call); the graph a
 backend runs does not need it. Each ``torch.ops.sgdiff.<op>`` node is retargeted to a plain
-Python launcher that picks the same implementation the op would: with static shapes one of
-the site's own (:class:`sgdiff.kernels.dispatch.SiteLauncher`, which settles per pointer
+Python runner that picks the same implementation the op would: with static shapes one of
+the site's own (:class:`sgdiff.kernels.dispatch.CallSite`, which settles per pointer
 alignment and then skips the signature and the host arithmetic), else the op's
-(:func:`sgdiff.kernels.dispatch.launcher`); or, where the op has nothing but its reference on
+(:func:`sgdiff.kernels.dispatch.runner`); or, where the op has nothing but its reference on
 that device and dtype, the reference itself: the eager chain, at the eager chain's cost.
 Graphs meant for export keep the ops.
 """
@@ -17,7 +17,7 @@ from torch import fx
 from sgdiff.kernels import dispatch, registry
 
 
-def lower_to_launchers(gm: fx.GraphModule) -> int:
+def lower_to_call_sites(gm: fx.GraphModule) -> int:
     """Retarget sgdiff op nodes of ``gm`` in place; returns how many were lowered."""
     by_overload = {}
     for op in registry.ops():
@@ -36,7 +36,7 @@ def lower_to_launchers(gm: fx.GraphModule) -> int:
                 node.target = dispatch.reference(op)
             else:
                 tensors = _static_tensor_positions(node)
-                node.target = dispatch.launcher(op) if tensors is None else dispatch.SiteLauncher(op, tensors)
+                node.target = dispatch.runner(op) if tensors is None else dispatch.CallSite(op, tensors)
             lowered += 1
     if lowered:
         gm.recompile()

@@ -128,18 +128,18 @@ def define_op(op_def: registry.OpDef):
 
 
 @functools.lru_cache(maxsize=None)
-def launcher(op: str) -> Callable:
+def runner(op: str) -> Callable:
     """A plain function running ``op`` (what the op's device kernel does, minus the dispatcher)."""
 
-    def launch(*args):
+    def run_op(*args):
         return run(op, *args)
 
-    launch.__name__ = launch.__qualname__ = "sgdiff_" + op.replace("::", "_")
-    return launch
+    run_op.__name__ = run_op.__qualname__ = "sgdiff_" + op.replace("::", "_")
+    return run_op
 
 
-class SiteLauncher:
-    """The launcher of one call site of a compiled graph.
+class CallSite:
+    """One call site of a compiled graph: what its calls run.
 
     With static shapes a site's inputs keep their shapes, strides, dtypes and device from call
     to call (the compiled graph's guards hold them for its inputs, and ATen's rules derive the

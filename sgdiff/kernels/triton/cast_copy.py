@@ -138,7 +138,7 @@ def bind(x, dtype, relu, pad, value, contiguous):
     strides are compiled in (a kernel per geometry: a model has a few), so its index arithmetic
     is a handful of constant multiplies: at Sana's q, 208 -> 136 SASS instructions a 32 x 32 tile."""
     shape, strides, grid, consts, warps = _plan(x, tuple(pad), bool(contiguous))
-    kernel = _cast_copy_kernel.bound(grid, RELU=bool(relu), **consts, num_warps=warps)
+    kernel = _cast_copy_kernel.bind(grid, RELU=bool(relu), **consts, num_warps=warps)
     return one_input_one_output(kernel, shape, strides, dtype, float(value))
 
 

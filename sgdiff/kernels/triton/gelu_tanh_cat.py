@@ -96,7 +96,7 @@ def _plan(head, x):
 def bind(head, x):
     """:func:`gelu_tanh_cat` for inputs of this signature, its host arithmetic done."""
     out_shape, grid, ints, blocks = _plan(head, x)
-    kernel = _gelu_tanh_cat_kernel.bound(grid, **blocks, INTERPRET=INTERPRET, num_warps=2, enable_fp_fusion=False,
+    kernel = _gelu_tanh_cat_kernel.bind(grid, **blocks, INTERPRET=INTERPRET, num_warps=2, enable_fp_fusion=False,
                                          **libdevice_options())
 
     def launch(head, x):

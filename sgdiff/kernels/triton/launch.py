@@ -115,10 +115,10 @@ class LeanKernel:
     def __getitem__(self, grid):
         return functools.partial(self._launch, tuple(grid))
 
-    def bound(self, grid, **kwargs: Any) -> "BoundLaunch":
+    def bind(self, grid, **kwargs: Any) -> "BoundKernel":
         """``self[grid]`` with these keyword arguments, for calls whose other arguments keep
-        their dtypes, alignments and values (:class:`BoundLaunch`)."""
-        return BoundLaunch(self, tuple(grid), kwargs)
+        their dtypes, alignments and values (:class:`BoundKernel`)."""
+        return BoundKernel(self, tuple(grid), kwargs)
 
     def _launch(self, grid: Tuple[int, ...], *args: Any, **kwargs: Any):
         kwargs = launch_options(kwargs)
@@ -157,10 +157,10 @@ class LeanKernel:
         return entry
 
 
-class BoundLaunch:
+class BoundKernel:
     """A launch of one kernel on one grid whose arguments keep, call after call, their dtypes,
     their 16-byte alignment and the values of the non-tensor ones: one call site of a compiled
-    graph (:class:`sgdiff.kernels.dispatch.SiteLauncher`). The first call looks its compiled
+    graph (:class:`sgdiff.kernels.dispatch.CallSite`). The first call looks its compiled
     kernel up as :class:`LeanKernel` does; later calls launch it without building the key."""
 
     __slots__ = ("kernel", "grid", "kwargs", "entry", "device")
@@ -181,7 +181,7 @@ class BoundLaunch:
         run(g0, g1, g2, raw_stream(self.device), function, metadata, None, None, None, *args, *tail)
 
 
-def one_input_one_output(kernel: BoundLaunch, shape, strides, dtype, *tail):
+def one_input_one_output(kernel: BoundKernel, shape, strides, dtype, *tail):
     """``launch(x, ...)`` of a kernel that reads ``x`` and writes a fresh tensor of this
     geometry: ``kernel(x, out, *tail)``."""
     def launch(x, *_):

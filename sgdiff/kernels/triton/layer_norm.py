@@ -227,10 +227,10 @@ def layer_norm_bind(x, weight, bias, eps, x_dtype=None, out_dtype=None):
 
     def bind_gluon():
         program = warp_rows_options(M, N, *WARP_ROWS_PROGRAM)
-        return _layer_norm_warp_rows_kernel.bound((triton.cdiv(M, program["ROWS"]),), **program, **options)
+        return _layer_norm_warp_rows_kernel.bind((triton.cdiv(M, program["ROWS"]),), **program, **options)
 
     def bind_triton():
-        return _layer_norm_short_rows_kernel.bound((triton.cdiv(M, SHORT_ROWS_PER_PROGRAM),),
+        return _layer_norm_short_rows_kernel.bind((triton.cdiv(M, SHORT_ROWS_PER_PROGRAM),),
                                                    ROWS=SHORT_ROWS_PER_PROGRAM, num_warps=4, **options)
 
     kernel = _gluon_or_triton(bind_gluon if _layer_norm_warp_rows_kernel is not None else None, bind_triton,

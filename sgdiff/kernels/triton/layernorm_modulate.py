@@ -454,7 +454,7 @@ def _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype
     def bind_gluon():
         per, warps = WARP_ROW_PROGRAM
         second_pass = _warp_row_second_pass(rows, shape[1], iters, weight is not None, device or x.device)
-        return _layernorm_modulate_warp_row_kernel.bound(
+        return _layernorm_modulate_warp_row_kernel.bind(
             (triton.cdiv(rows, per),), ROWS=per, LAYOUT=warp_row_layout(per, warps), EVEN_ROWS=rows % per == 0,
             TREE=warp_row_tree_terms(N), **second_pass, num_warps=warps, **options)
 
@@ -462,7 +462,7 @@ def _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype
         keep = _keep_row(x, rows, iters)
         # the tiles' loads grouped where the row is read again; kept (fp32 rows), the row's registers
         # leave too few for them
-        return _layernorm_modulate_kernel.bound(grid, KEEP_ROW=keep, GROUP=1 if keep else iters, num_warps=4,
+        return _layernorm_modulate_kernel.bind(grid, KEEP_ROW=keep, GROUP=1 if keep else iters, num_warps=4,
                                                 **options)
 
     warp_row = _layernorm_modulate_warp_row_kernel is not None and _warp_row(N, iters)

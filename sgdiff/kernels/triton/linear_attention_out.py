@@ -66,7 +66,7 @@ def _plan(h):
 def bind(h, eps, dtype):
     """:func:`linear_attention_out` for inputs of this signature, its host arithmetic done."""
     shape, strides, grid, ints, blocks = _plan(h)
-    kernel = _linear_attention_out_kernel.bound(grid, **blocks, num_warps=4, enable_fp_fusion=False)
+    kernel = _linear_attention_out_kernel.bind(grid, **blocks, num_warps=4, enable_fp_fusion=False)
     return one_input_one_output(kernel, shape, strides, dtype, *ints, float(eps))
 
 

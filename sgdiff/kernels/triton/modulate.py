@@ -110,7 +110,7 @@ def _plan(x, scale, shift):
 def bind(x, scale, shift):
     """:func:`modulate` for inputs of this signature, its host arithmetic done."""
     out_dtype, grid, ints, consts = _plan(x, scale, shift)
-    kernel = _modulate_kernel.bound(grid, HAS_SHIFT=shift is not None, **consts, num_warps=4, enable_fp_fusion=False)
+    kernel = _modulate_kernel.bind(grid, HAS_SHIFT=shift is not None, **consts, num_warps=4, enable_fp_fusion=False)
     shape = x.shape
 
     def launch(x, scale, shift):

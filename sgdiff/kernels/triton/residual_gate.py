@@ -173,7 +173,7 @@ def _bind(residual, gate, update, gate_kind, update_bias, update_divisor, out_dt
     grid, ints, updated, product, total, blocks = _plan(residual, gate, update, update_bias)
     dtype, view = out_dtype or total, residual.shape
     inv = reciprocal(update_divisor) if update_divisor is not None else 1.0
-    kernel = _residual_gate_kernel.bound(
+    kernel = _residual_gate_kernel.bind(
         grid, UPDATE_DTYPE=TL_DTYPE[updated], PRODUCT_DTYPE=TL_DTYPE[product], SUM_DTYPE=TL_DTYPE[total],
         GATE_FN=GATE_FNS[gate_kind], HAS_BIAS=update_bias is not None, DIVIDE=divides(inv),
         GATED=gate is not None, **blocks, INTERPRET=INTERPRET,

@@ -377,11 +377,11 @@ def bind(x, weight, eps, form, scale=None, shift=None):
     options = dict(consts, HAS_WEIGHT=weight is not None, INTERPRET=INTERPRET, MODULATE=modulate,
                    enable_fp_fusion=False)
     if form == "fused":
-        kernel = _rms_norm_fused_kernel.bound(grid, **options)
+        kernel = _rms_norm_fused_kernel.bind(grid, **options)
         tail = (FLT_EPSILON if eps is None else eps,)
     else:
         round_dtype = weight.dtype if weight is not None and weight.dtype in _HALF else torch.float32
-        kernel = _rms_norm_diffusers_kernel.bound(grid, ROUND_DTYPE=TL_DTYPE[round_dtype], **options)
+        kernel = _rms_norm_diffusers_kernel.bind(grid, ROUND_DTYPE=TL_DTYPE[round_dtype], **options)
         tail = (eps, factor)
     shape = x.shape
 

@@ -133,7 +133,7 @@ def _plan(x0, x1, cos, sin, out_shape):
 def _bind(x0, w0, x1, w1, eps, cos, sin, interleaved, out_shape):
     """``launch(x0, w0, x1, w1, cos, sin)`` for inputs of this signature (x1, w1: None for one norm)."""
     out_strides, grid, ints, block_r = _plan(x0, x1, cos, sin, tuple(out_shape))
-    kernel = _rms_norm_rope_kernel.bound(
+    kernel = _rms_norm_rope_kernel.bind(
         grid, HAS_WEIGHT=w0 is not None, INTERLEAVED=bool(interleaved), TWO=x1 is not None, BLOCK_R=block_r,
         INTERPRET=INTERPRET, num_warps=2, enable_fp_fusion=False)
     eps = FLT_EPSILON if eps is None else eps

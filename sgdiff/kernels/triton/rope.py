@@ -185,7 +185,7 @@ def _plan(x, cos, sin, table_shape, form):
 def _bind(x, cos, sin, table_shape, form, product_dtype, complex_fma=0):
     """``launch(x, cos, sin)`` for inputs of this signature."""
     out_strides, grid, ints, blocks = _plan(x, cos, sin, table_shape, form)
-    kernel = _rope_kernel.bound(grid, FORM=form, PRODUCT_DTYPE=TL_DTYPE[product_dtype], COMPLEX_FMA=complex_fma,
+    kernel = _rope_kernel.bind(grid, FORM=form, PRODUCT_DTYPE=TL_DTYPE[product_dtype], COMPLEX_FMA=complex_fma,
                                 **blocks, num_warps=4, enable_fp_fusion=False)
     shape = x.shape
 

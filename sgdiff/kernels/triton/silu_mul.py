@@ -136,7 +136,7 @@ def _bind(a, b, a_bias, b_bias):
     out_strides, grid, ints, blocks = _plan(a, b, a_bias, b_bias)
     shape, dtype = a.shape, a.dtype if b is None else torch.promote_types(a.dtype, b.dtype)
     l2_bytes = torch.cuda.get_device_properties(a.device).L2_cache_size if a.is_cuda else 0
-    kernel = _silu_mul_kernel.bound(
+    kernel = _silu_mul_kernel.bind(
         grid, SILU_DTYPE=TL_DTYPE[a.dtype], HAS_B=b is not None, HAS_BIAS=a_bias is not None, **blocks,
         INTERPRET=INTERPRET, EVICT=_input_eviction(a, b, l2_bytes), num_warps=4, enable_fp_fusion=False,
         **libdevice_options())
