@@ -6,6 +6,8 @@ not import dynamo.
 """
 from __future__ import annotations
 
+import contextlib
+
 from typing import Any, Callable, Iterable, Optional
 
 import torch
@@ -42,8 +44,33 @@ def boxed(fn: Callable) -> Callable:
     return make_boxed_func(fn)
 
 
-def reset_dynamo() -> None:
-    torch._dynamo.reset()
+def explain_recompiles():
+    """A context in which torch.compile's recompile limits do not stop a compile: each explain
+    compiles with a backend of its own, so explaining one model again and again adds cache
+    entries beside those of the user's compiled models (which are never evicted)."""
+    import torch._dynamo.config as config
+
+    names = [n for n in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                         "accumulated_cache_size_limit") if hasattr(config, n)]
+    return config.patch({n: 1 << 20 for n in names})
+
+
+@contextlib.contextmanager
+def graph_breaks(found: list):
+    """Append to ``found`` the reasons of the graph breaks torch.compile records inside the
+    block (dynamo's ``counters["graph_break"]``, one message per kind of break)."""
+    from torch._dynamo.utils import counters
+
+    before = dict(counters["graph_break"])
+    try:
+        yield found
+    finally:
+        found.extend(reason for reason, n in counters["graph_break"].items() if n > before.get(reason, 0))
+
+
+def uncompiled(model):
+    """The module a ``torch.compile``'d module wraps (``OptimizedModule._orig_mod``), else ``model``."""
+    return getattr(model, "_orig_mod", model)
 
 
 # --- fake tensors and op schemas ------------------------------------------------------------

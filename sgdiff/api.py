@@ -30,20 +30,27 @@ def optimize(fn: Optional[Callable] = None, *, quality: "Tier | str" = DEFAULT_T
     return wrap if fn is None else wrap(fn)
 
 
+def _explained_call(model: Callable, args: tuple, kwargs: dict):
+    return model(*args, **kwargs)
+
+
 def explain(model: Callable, *args: Any, quality: "Tier | str" = DEFAULT_TIER, **kwargs: Any) -> Report:
     """Run ``model(*args, **kwargs)`` once through sgdiff (under ``torch.no_grad``) and report
     what each chain family found and rewrote, and what it skipped and why.
 
-    Like ``torch._dynamo.explain``, this resets torch.compile's caches before and after, so
-    the report describes a fresh compilation.
+    The report describes a fresh compilation (a backend of its own, which torch.compile's
+    caches never share with another), and torch.compile's caches are left as they are: a
+    model the user compiled before keeps its compiled code and does not recompile (each
+    explain adds its own entries beside them, past torch.compile's recompile limit). ``model``
+    may be such a compiled model (``torch.compile(m, ...)``): ``m`` is what is explained.
+    The compile starts at a frame of explain's own (the model's code traced into it), so the
+    cache entries it leaves sit on that frame's code, not on the model's, unless a graph break
+    in the model makes torch.compile resume in the model's own frames.
     """
     opts = Options.parse({"quality": quality})
     results: List[ManagerResult] = []
-    _compat.reset_dynamo()
-    try:
-        compiled = torch.compile(model, backend=SgdiffBackend(opts, on_result=results.append))
-        with torch.no_grad():
-            compiled(*args, **kwargs)
-    finally:
-        _compat.reset_dynamo()
-    return Report.from_results(opts.quality, results, patterns.families())
+    compiled = torch.compile(_explained_call, backend=SgdiffBackend(opts, on_result=results.append))
+    breaks: List[str] = []
+    with torch.no_grad(), _compat.explain_recompiles(), _compat.graph_breaks(breaks):
+        compiled(_compat.uncompiled(model), args, kwargs)
+    return Report.from_results(opts.quality, results, patterns.families(), graph_breaks=breaks)

@@ -6,7 +6,11 @@ from typing import Any, Mapping, Optional, Tuple
 
 from sgdiff.tiers import DEFAULT_TIER, Tier
 
-MODES = (None, "default", "reduce-overhead")
+#: torch.compile's mode names, as sgdiff reads them: "reduce-overhead" and "max-autotune" (which
+#: turns CUDA graphs on in Inductor too) run the graph under CUDA graphs; "default" and
+#: "max-autotune-no-cudagraphs" do not. (sgdiff has no GEMM of its own to autotune yet.)
+MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +42,7 @@ class Options:
         for flag in ("cudagraphs", "verify"):
             if flag in options and not isinstance(options[flag], bool):
                 raise ValueError(f"sgdiff option {flag!r} must be True or False, got {options[flag]!r}")
-        if mode == "reduce-overhead":
+        if mode in CUDAGRAPH_MODES:
             options["cudagraphs"] = True
         return cls(**options)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from sgdiff.fxpasses import ManagerResult
 from sgdiff.kernels import registry
@@ -18,10 +18,14 @@ class Report:
     found: Dict[str, int] = dataclasses.field(default_factory=dict)  # family -> found
     ops: Dict[str, int] = dataclasses.field(default_factory=dict)  # op -> rewritten
     skipped: List[Tuple[str, str, str]] = dataclasses.field(default_factory=list)
+    #: (family, op, reason) -> where in the model the first such site is
+    skipped_where: Dict[Tuple[str, str, str], str] = dataclasses.field(default_factory=dict)
+    graph_breaks: List[str] = dataclasses.field(default_factory=list)  # torch.compile's reasons
 
     @classmethod
-    def from_results(cls, tier: Tier, results: List[ManagerResult], families: List[str]) -> "Report":
-        report = cls(Tier.parse(tier), graphs=len(results))
+    def from_results(cls, tier: Tier, results: List[ManagerResult], families: List[str],
+                     graph_breaks: Sequence[str] = ()) -> "Report":
+        report = cls(Tier.parse(tier), graphs=len(results), graph_breaks=list(graph_breaks))
         report.counts = {f: 0 for f in families}
         report.found = {f: 0 for f in families}
         for result in results:
@@ -31,10 +35,14 @@ class Report:
                 for op, n in r.ops.items():
                     report.ops[op] = report.ops.get(op, 0) + n
                 report.skipped.extend(tuple(s) for s in r.skipped)
+                for s in r.skipped:
+                    report.skipped_where.setdefault(tuple(s), s.where)
         return report
 
     def __str__(self) -> str:
-        lines = [f"sgdiff report: quality {self.tier.value}, {self.graphs} graph(s)",
+        breaks = (f" ({len(self.graph_breaks)} kind(s) of graph break: "
+                  + "; ".join(_first_line(b) for b in self.graph_breaks) + ")") if self.graph_breaks else ""
+        lines = [f"sgdiff report: quality {self.tier.value}, {self.graphs} graph(s){breaks}",
                  f"  {'family':<18}{'found':>6}{'rewritten':>11}  {'op':<24}contract"]
         for family in self.counts:
             ops = [op for op in self.ops if _family_of(op, self) == family] or ["-"]
@@ -46,8 +54,17 @@ class Report:
         if self.skipped:
             lines.append("  skipped:")
             for (family, op, reason), n in Counter(self.skipped).items():  # first-seen order
-                lines.append(f"    {family:<18}{op:<24}{reason}" + (f" (x{n})" if n > 1 else ""))
+                where = self.skipped_where.get((family, op, reason))
+                lines.append(f"    {family:<18}{op:<24}{reason}" + (f" (x{n})" if n > 1 else "")
+                             + (f"; first at {where}" if where else ""))
         return "\n".join(lines)
+
+
+def _first_line(reason: str) -> str:
+    """A graph break's reason in a line: dynamo's headline and its explanation."""
+    lines = [line.strip() for line in reason.splitlines() if line.strip()]
+    explanation = next((line for line in lines if line.startswith("Explanation:")), "")
+    return " ".join(p for p in (lines[0] if lines else "", explanation) if p)
 
 
 def _family_of(op: str, report: Report) -> str:

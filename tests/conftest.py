@@ -42,3 +42,13 @@ def fresh_dispatch():
     dispatch.reset()
     yield
     dispatch.reset()
+
+
+@pytest.fixture
+def example_pattern():
+    """The user-defined pattern of tests/example_extension.py installed for the test."""
+    from tests import example_extension as ext
+
+    ext.install()
+    yield ext.OP.load()
+    ext.uninstall()

@@ -7,7 +7,8 @@ from hypothesis import given, strategies as st
 
 from sgdiff.kernels import registry
 from tests.capture import rewrite
-from tests.helpers import LINEAR_GELU_SHARE as SHARE, assert_linear_gelu_contract, bits_equal, count_op, targets
+from tests.helpers import (LINEAR_GELU_SHARE as SHARE, NOT_ADMITTED, assert_linear_gelu_contract, bits_equal, count_op,
+                           targets)
 
 aten = torch.ops.aten
 SILU_MUL = registry.op_def("silu_mul").load()
@@ -164,7 +165,7 @@ def test_linear_gelu_is_close_not_lossless(dtype, bias):
     fn, args = ff_gelu(bias), gelu_args(dtype)
     run, gm, result = rewrite(fn, args, quality="lossless", families=["activation"])
     assert result.counts["activation"] == 0 and count_op(gm, LINEAR_GELU) == 0
-    assert [s.reason for s in result.skipped] == ["contract close is not admitted at lossless"]
+    assert [s.reason for s in result.skipped] == [NOT_ADMITTED]
     assert bits_equal(run(*args), fn(*args))
     run, gm, result = rewrite(fn, args, quality="extra-high", families=["activation"])
     assert result.counts["activation"] == 1 and count_op(gm, LINEAR_GELU) == 1

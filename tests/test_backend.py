@@ -106,10 +106,20 @@ def test_reduce_overhead_mode_is_accepted():
     assert Options.parse(mode="reduce-overhead").cudagraphs
 
 
+@pytest.mark.parametrize("mode,cudagraphs", [("default", False), ("reduce-overhead", True), ("max-autotune", True),
+                                             ("max-autotune-no-cudagraphs", False)])
+def test_inductors_mode_names_have_a_meaning(mode, cudagraphs):
+    """diffusers' docs recommend mode="max-autotune": it compiles, CUDA graphs on as in Inductor."""
+    assert Options.parse(mode=mode).cudagraphs is cudagraphs
+    model, (x, emb) = Block().eval(), inputs()
+    with torch.no_grad():
+        assert torch.equal(torch.compile(model, backend="sgdiff", mode=mode)(x, emb), model(x, emb))
+
+
 @pytest.mark.parametrize("options,mode,message", [
     ({"qualty": "high"}, None, "unknown sgdiff option.*'qualty'.*valid: quality, cudagraphs"),
     ({"quality": "medium"}, None, "unknown sgdiff quality 'medium'; valid: 'lossless', 'extra-high', 'high'"),
-    ({}, "max-autotune", "unknown sgdiff mode 'max-autotune'; valid: None, 'default', 'reduce-overhead'"),
+    ({}, "max-speed", "unknown sgdiff mode 'max-speed'; valid: None, 'default', 'reduce-overhead', 'max-autotune'"),
     ({"families": ["modulate", "norms"]}, None, "unknown chain family.*norms.*valid: .*modulate"),
     ({"cudagraphs": "yes"}, None, "must be True or False"),
 ])
@@ -119,10 +129,13 @@ def test_bad_options_are_value_errors_naming_valid_values(options, mode, message
 
 
 def test_bad_options_surface_through_torch_compile():
+    """torch.compile hands options to a backend at the first call: the ValueError comes then,
+    inside torch's BackendCompilerFailed (sgdiff.optimize raises it at once)."""
     compiled = torch.compile(lambda x: x + 1, backend="sgdiff", options={"quality": "medium"})
     with pytest.raises(Exception) as info:
         compiled(torch.ones(2))
     assert "valid: 'lossless', 'extra-high', 'high'" in str(info.value)
+    assert isinstance(info.value.__cause__ or info.value, ValueError) or "ValueError" in str(info.value)
 
 
 def test_optimize_decorator_on_function_and_module():
@@ -157,6 +170,68 @@ def test_explain_reports_counts_and_a_table():
     assert set(report.counts) >= {"modulate", "residual_gate", "rope", "qk_norm", "activation"}
     text = str(report)
     assert "modulate" in text and "layernorm_modulate" in text and "bitexact" in text
+
+
+@pytest.mark.parametrize("explained", ["module", "compiled"])
+def test_explain_leaves_a_compiled_model_compiled(explained):
+    """Compile, call, explain (the module or the compiled model), call again: the compiled
+    model does not recompile, its outputs stay equal, and the report is a fresh compile's."""
+    model = Block().eval()
+    x, emb = inputs()
+    compiles = []
+    compiled = torch.compile(model, backend=SgdiffBackend(Options(), on_result=compiles.append))
+    with torch.no_grad():
+        first = compiled(x, emb)
+        report = sgdiff.explain(model if explained == "module" else compiled, x, emb)
+        again = compiled(x, emb)
+    assert len(compiles) == 1  # compiled once, before the explain
+    assert report.counts["modulate"] == 2 and report.graphs == 1
+    assert torch.equal(first, again) and torch.equal(again, model(x, emb))
+
+
+def test_explaining_one_model_again_and_again_reports_each_time():
+    """Each explain is a compile of its own, past torch.compile's recompile limit (8) too, and
+    leaves the model's own compiled copy its room to recompile (here for another shape)."""
+    model, args = Block().eval(), inputs()
+    compiles = []
+    compiled = torch.compile(model, backend=SgdiffBackend(Options(), on_result=compiles.append))
+    with torch.no_grad():
+        compiled(*args)
+        assert [(r.graphs, r.counts["modulate"]) for r in (sgdiff.explain(model, *args) for _ in range(10))] == \
+            [(1, 2)] * 10
+        other = inputs(S=12)
+        assert torch.equal(compiled(*other), model(*other))
+    assert len(compiles) == 2  # the first shape, then the second: not refused for the explains' entries
+
+
+def test_explain_says_why_there_are_several_graphs():
+    report = sgdiff.explain(Block(graph_break=True).eval(), *inputs())
+    assert report.graphs == 2 and len(report.graph_breaks) == 1
+    assert "2 graph(s) (1 kind(s) of graph break: Call to `torch._dynamo.graph_break()`" in str(report)
+    assert not sgdiff.explain(Block().eval(), *inputs()).graph_breaks
+
+
+def test_a_skip_says_what_admits_the_site_and_where_it_is(example_pattern):
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = MulAdd()
+
+        def forward(self, a, b, c):
+            return self.inner(a, b, c)
+
+    args = tuple(torch.randn(4, 8, dtype=torch.bfloat16) for _ in range(3))
+    report = sgdiff.explain(Outer(), *args)
+    (family, op, reason), = set(report.skipped)
+    assert reason.startswith("contract close is not admitted at lossless") and "quality='extra-high' admits it" in reason
+    where = report.skipped_where[(family, op, reason)]
+    assert where.startswith("inner (test_backend.py:") and where.endswith(")"), where
+    assert f"first at {where}" in str(report)
+
+
+class MulAdd(torch.nn.Module):
+    def forward(self, a, b, c):
+        return a * b + c
 
 
 def test_failing_pass_falls_back_to_the_captured_graph(monkeypatch, caplog):

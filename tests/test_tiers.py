@@ -8,14 +8,7 @@ import sgdiff
 from sgdiff.tiers import Contract, Tier
 from tests import example_extension as ext
 from tests.capture import rewrite
-from tests.helpers import count_op
-
-
-@pytest.fixture
-def example_pattern():
-    ext.install()
-    yield ext.OP.load()
-    ext.uninstall()
+from tests.helpers import NOT_ADMITTED, count_op
 
 
 def fn(a, b, c):
@@ -39,7 +32,7 @@ def test_unknown_tier_lists_the_valid_ones():
 def test_close_op_is_skipped_at_lossless(example_pattern):
     run, gm, result = rewrite(fn, ARGS, quality="lossless", families=["example"])
     assert result.counts["example"] == 0
-    assert [s.reason for s in result.skipped] == ["contract close is not admitted at lossless"]
+    assert [s.reason for s in result.skipped] == [NOT_ADMITTED]
     assert count_op(gm, example_pattern) == 0
     assert torch.equal(run(*ARGS), fn(*ARGS))
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -25,6 +27,7 @@ class Skip:
     op: str
     reason: str
     node: str = ""
+    where: str = ""  # the model code the site came from: module path, file and line
 
     def __iter__(self):  # unpacks as (family, op, reason)
         return iter((self.family, self.op, self.reason))
@@ -64,11 +67,11 @@ def apply_family(gm: fx.GraphModule, family: str, patterns: Sequence[ChainPatter
             result.found_count += 1
             contract = registry.op_def(pattern.op).contract
             if reason is None and not tier.admits(contract):
-                reason = f"contract {contract.value} is not admitted at {tier.value}"
+                reason = _not_admitted(contract, tier)
             elif reason is not None:
                 guard_failed = True
             if reason is not None:
-                result.skipped.append(Skip(family, pattern.op, reason, node.name))
+                result.skipped.append(Skip(family, pattern.op, reason, node.name, source_of(node)))
                 log.debug("sgdiff: %s site at %s skipped: %s", family, node.name, reason)
                 continue
             sites.append(_Site(pattern, match, contract))
@@ -86,7 +89,7 @@ def apply_family(gm: fx.GraphModule, family: str, patterns: Sequence[ChainPatter
                 result.skipped.append(Skip(family, s.pattern.op,
                                            "another site of this family failed its guard "
                                            f"({s.contract.value} rewrites are all-or-nothing)",
-                                           s.match.root.name))
+                                           s.match.root.name, source_of(s.match.root)))
         sites = keep
 
     for site in sites:
@@ -120,6 +123,25 @@ def _first_fit(pattern: ChainPattern, node: fx.Node, claimed: set) -> Tuple[Opti
         if first[0] is None:
             first = (m, reason)
     return first
+
+
+def _not_admitted(contract: Contract, tier: Tier) -> str:
+    """Why a rewrite whose guard passed is left eager at ``tier``, and what would admit it."""
+    admitting = next((t for t in Tier if t.admits(contract)), None)
+    hint = f"; quality={admitting.value!r} admits it" if admitting is not None else ""
+    return (f"contract {contract.value} is not admitted at {tier.value} (its numerics are not eager's "
+            f"bit for bit{hint})")
+
+
+def source_of(node: fx.Node) -> str:
+    """Where a node's code is in the model: the innermost module's path and the last frame of
+    its stack trace (``blocks.0.norm1 (transformer_flux.py:123)``), as far as the graph knows."""
+    stack = node.meta.get("nn_module_stack") or {}
+    module = next(reversed(stack.values()))[0] if stack else ""
+    module = re.sub(r"^L\['[^']*'\]\.?", "", module)  # the compiled frame's local: the model itself
+    frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
+    line = f"{os.path.basename(frames[-1][0])}:{frames[-1][1]}" if frames else ""
+    return " ".join(p for p in (module, f"({line})" if line and module else line) if p)
 
 
 def _rewrite(graph: fx.Graph, site: _Site) -> None:
