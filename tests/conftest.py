@@ -52,3 +52,19 @@ def example_pattern():
     ext.install()
     yield ext.OP.load()
     ext.uninstall()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Leave without the interpreter's teardown once pytest has reported everything: Triton's
+    libtriton (a nanobind module) otherwise prints some hundred 'nanobind: leaked ...' lines at
+    teardown, after the summary, for objects the compiler still holds (not sgdiff's)."""
+    import atexit
+    import sys
+
+    def leave(status=int(exitstatus)):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+    if "triton" in sys.modules:
+        atexit.register(leave)
