@@ -1,11 +1,12 @@
-"""User-facing API: ``optimize`` (decorator), ``explain`` (a Report of what sgdiff does)."""
+"""User-facing API: ``optimize`` (decorator, module or diffusers pipeline), ``explain`` (a
+Report of what sgdiff does, per part for a pipeline)."""
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from sgdiff import _compat, patterns
+from sgdiff import _compat, patterns, pipelines
 from sgdiff.backend import SgdiffBackend
 from sgdiff.fxpasses import ManagerResult
 from sgdiff.options import Options
@@ -15,17 +16,27 @@ from sgdiff.tiers import DEFAULT_TIER, Tier
 
 def optimize(fn: Optional[Callable] = None, *, quality: "Tier | str" = DEFAULT_TIER,
              mode: Optional[str] = None, dynamic: Optional[bool] = None,
-             fullgraph: bool = False, **options: Any):
-    """Compile a forward function or an ``nn.Module`` with sgdiff.
+             fullgraph: bool = False, regional: bool = False, **options: Any):
+    """Compile a forward function, an ``nn.Module`` or a diffusers pipeline with sgdiff.
 
     ``@sgdiff.optimize`` or ``@sgdiff.optimize(quality="extra-high")``; on a module,
-    ``sgdiff.optimize(transformer)``. Other keyword options are backend options
-    (see :class:`sgdiff.options.Options`). ``with sgdiff.quality(...)`` switches the tier per call.
+    ``sgdiff.optimize(transformer)``; on a pipeline, ``sgdiff.optimize(pipe)`` compiles its
+    denoiser and its VAE's ``decode`` and ``encode`` in place and returns the pipeline
+    (:mod:`sgdiff.pipelines`). ``regional=True``: a denoiser with repeated blocks is compiled
+    block by block (diffusers' ``compile_repeated_blocks``). Other keyword options are backend
+    options (see :class:`sgdiff.options.Options`). ``with sgdiff.quality(...)`` switches the
+    tier per call.
     """
     opts = Options.parse({"quality": quality, **options}, mode)  # errors at decoration time
+    compile_kwargs = dict(backend=SgdiffBackend(opts), dynamic=dynamic, fullgraph=fullgraph)
 
     def wrap(target: Callable):
-        return torch.compile(target, backend=SgdiffBackend(opts), dynamic=dynamic, fullgraph=fullgraph)
+        if pipelines.is_pipeline(target):
+            return pipelines.optimize_pipeline(target, compile_kwargs, regional)
+        if regional and getattr(target, "_repeated_blocks", None):
+            target.compile_repeated_blocks(**compile_kwargs)
+            return target
+        return torch.compile(target, **compile_kwargs)
 
     return wrap if fn is None else wrap(fn)
 
@@ -48,9 +59,28 @@ def explain(model: Callable, *args: Any, quality: "Tier | str" = DEFAULT_TIER, *
     in the model makes torch.compile resume in the model's own frames.
     """
     opts = Options.parse({"quality": quality})
+    if pipelines.is_pipeline(model):
+        return _explain_pipeline(model, opts, args, kwargs)
     results: List[ManagerResult] = []
     compiled = torch.compile(_explained_call, backend=SgdiffBackend(opts, on_result=results.append))
     breaks: List[str] = []
     with torch.no_grad(), _compat.explain_recompiles(), _compat.graph_breaks(breaks):
         compiled(_compat.uncompiled(model), args, kwargs)
     return Report.from_results(opts.quality, results, patterns.families(), graph_breaks=breaks)
+
+
+def _explain_pipeline(pipe, opts: Options, args: tuple, kwargs: dict) -> "pipelines.PipelineReport":
+    """Run the pipeline once, each part through a recording backend of its own; a Report per part."""
+    results: Dict[str, List[ManagerResult]] = {}
+
+    def record(part: str, original: Callable) -> Callable:
+        found = results.setdefault(part, [])
+        compiled = torch.compile(_explained_call, backend=SgdiffBackend(opts, on_result=found.append))
+        return lambda *a, **k: compiled(original, a, k)
+
+    breaks: List[str] = []
+    with pipelines.recorded_parts(pipe, record) as parts, torch.no_grad(), _compat.explain_recompiles(), \
+            _compat.graph_breaks(breaks):
+        pipe(*args, **kwargs)
+    reports = {part: Report.from_results(opts.quality, results.get(part, []), patterns.families()) for part in parts}
+    return pipelines.PipelineReport(reports, breaks)
