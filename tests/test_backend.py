@@ -215,17 +215,17 @@ def test_a_skip_says_what_admits_the_site_and_where_it_is(example_pattern):
     class Outer(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.inner = MulAdd()
+            self.blocks = torch.nn.ModuleList([torch.nn.Identity(), torch.nn.ModuleDict({"inner": MulAdd()})])
 
         def forward(self, a, b, c):
-            return self.inner(a, b, c)
+            return self.blocks[1]["inner"](a, b, c)
 
     args = tuple(torch.randn(4, 8, dtype=torch.bfloat16) for _ in range(3))
     report = sgdiff.explain(Outer(), *args)
     (family, op, reason), = set(report.skipped)
     assert reason.startswith("contract close is not admitted at lossless") and "quality='extra-high' admits it" in reason
     where = report.skipped_where[(family, op, reason)]
-    assert where.startswith("inner (test_backend.py:") and where.endswith(")"), where
+    assert where.startswith("blocks.1.inner (test_backend.py:") and where.endswith(")"), where
     assert f"first at {where}" in str(report)
 
 

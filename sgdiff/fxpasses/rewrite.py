@@ -139,6 +139,9 @@ def source_of(node: fx.Node) -> str:
     stack = node.meta.get("nn_module_stack") or {}
     module = next(reversed(stack.values()))[0] if stack else ""
     module = re.sub(r"^L\['[^']*'\]\.?", "", module)  # the compiled frame's local: the model itself
+    # torch's spellings of a submodule's path: `__dict__['_modules']['blocks']`, `_modules['blocks']`, `[1]`
+    module = re.sub(r"(?:__dict__\['_modules'\]|_modules)\['([^']*)'\]", r".\1", module)
+    module = re.sub(r"\[(\d+)\]", r".\1", module).replace("..", ".").strip(".")
     frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
     line = f"{os.path.basename(frames[-1][0])}:{frames[-1][1]}" if frames else ""
     return " ".join(p for p in (module, f"({line})" if line and module else line) if p)
