@@ -53,7 +53,7 @@ def bench_examples(ops: Optional[List[str]] = None, quick: bool = False):
     for op in registry.ops():
         if ops is not None and op.name not in ops:
             continue
-        chosen = [e for e in op.examples if e.bench and op.triton_impl() is not None]
+        chosen = [e for e in op.examples if e.bench] if op.triton_impl() is not None else []
         yield from ((op, e) for e in chosen[:1 if quick else None])
 
 

@@ -2,6 +2,8 @@
 Report of what sgdiff does, per part for a pipeline)."""
 from __future__ import annotations
 
+import contextlib
+
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
@@ -45,6 +47,18 @@ def _explained_call(model: Callable, args: tuple, kwargs: dict):
     return model(*args, **kwargs)
 
 
+def _recording(opts: Options, found: List[ManagerResult]) -> Callable:
+    """``_explained_call`` compiled by a backend of its own that appends each graph's result to ``found``."""
+    return torch.compile(_explained_call, backend=SgdiffBackend(opts, on_result=found.append))
+
+
+@contextlib.contextmanager
+def _explaining(breaks: List[str]):
+    """What every explain runs under: no grad, no recompile limit, graph breaks recorded."""
+    with torch.no_grad(), _compat.explain_recompiles(), _compat.graph_breaks(breaks):
+        yield
+
+
 def explain(model: Callable, *args: Any, quality: "Tier | str" = DEFAULT_TIER, **kwargs: Any) -> Report:
     """Run ``model(*args, **kwargs)`` once through sgdiff (under ``torch.no_grad``) and report
     what each chain family found and rewrote, and what it skipped and why.
@@ -62,10 +76,9 @@ def explain(model: Callable, *args: Any, quality: "Tier | str" = DEFAULT_TIER, *
     if pipelines.is_pipeline(model):
         return _explain_pipeline(model, opts, args, kwargs)
     results: List[ManagerResult] = []
-    compiled = torch.compile(_explained_call, backend=SgdiffBackend(opts, on_result=results.append))
     breaks: List[str] = []
-    with torch.no_grad(), _compat.explain_recompiles(), _compat.graph_breaks(breaks):
-        compiled(_compat.uncompiled(model), args, kwargs)
+    with _explaining(breaks):
+        _recording(opts, results)(_compat.uncompiled(model), args, kwargs)
     return Report.from_results(opts.quality, results, patterns.families(), graph_breaks=breaks)
 
 
@@ -74,13 +87,11 @@ def _explain_pipeline(pipe, opts: Options, args: tuple, kwargs: dict) -> "pipeli
     results: Dict[str, List[ManagerResult]] = {}
 
     def record(part: str, original: Callable) -> Callable:
-        found = results.setdefault(part, [])
-        compiled = torch.compile(_explained_call, backend=SgdiffBackend(opts, on_result=found.append))
+        compiled = _recording(opts, results.setdefault(part, []))
         return lambda *a, **k: compiled(original, a, k)
 
     breaks: List[str] = []
-    with pipelines.recorded_parts(pipe, record) as parts, torch.no_grad(), _compat.explain_recompiles(), \
-            _compat.graph_breaks(breaks):
+    with pipelines.recorded_parts(pipe, record) as parts, _explaining(breaks):
         pipe(*args, **kwargs)
     reports = {part: Report.from_results(opts.quality, results.get(part, []), patterns.families()) for part in parts}
     return pipelines.PipelineReport(reports, breaks)
