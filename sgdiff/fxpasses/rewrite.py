@@ -56,6 +56,7 @@ def apply_family(gm: fx.GraphModule, family: str, patterns: Sequence[ChainPatter
     result = PassResult(family)
     sites: List[_Site] = []
     claimed: set = set()
+    inside: set = set()  # every node a chosen site covers, its shared views too
     guard_failed = False
     for node in reversed(list(gm.graph.nodes)):
         if node.op != "call_function" or node in claimed:
@@ -70,12 +71,16 @@ def apply_family(gm: fx.GraphModule, family: str, patterns: Sequence[ChainPatter
                 reason = _not_admitted(contract, tier)
             elif reason is not None:
                 guard_failed = True
+            if reason is not None and node in inside and reason == OVERLAP:
+                result.found_count -= 1  # a view inside a site taken whole: not a site of its own
+                continue
             if reason is not None:
                 result.skipped.append(Skip(family, pattern.op, reason, node.name, source_of(node)))
                 log.debug("sgdiff: %s site at %s skipped: %s", family, node.name, reason)
                 continue
             sites.append(_Site(pattern, match, contract))
             claimed.update(n for n in match.nodes if n not in match.shared)
+            inside.update(match.nodes)
             break
 
     # Non-bit-exact rewrites are all-or-nothing per graph and family: one graph never mixes
@@ -103,13 +108,16 @@ def apply_family(gm: fx.GraphModule, family: str, patterns: Sequence[ChainPatter
     return result
 
 
+OVERLAP = "overlaps a site already rewritten"
+
+
 def _first_fit(pattern: ChainPattern, node: fx.Node, claimed: set) -> Tuple[Optional[Match], Optional[str]]:
     """The first match of ``pattern`` rooted at ``node`` that can be rewritten, else the first
     match with the reason it cannot; (None, None) if the chain does not fit at all."""
     first: Tuple[Optional[Match], Optional[str]] = (None, None)
     for m in pattern.chain.matches(node, Match(root=node)):
         if any(n in claimed for n in m.nodes if n not in m.shared):
-            reason = "overlaps a site already rewritten"
+            reason = OVERLAP
         elif m.escaping_users():
             inner, user = m.escaping_users()[0]
             reason = f"intermediate {inner.name} has another user ({user.name})"

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Optional, Set, Tuple
 
 import torch
 
-from sgdiff.kernels import registry
+from sgdiff.kernels import registry, tuning
 from sgdiff.tiers import Contract
 
 log = logging.getLogger("sgdiff")
@@ -54,6 +54,7 @@ def reset() -> None:
     _verified.clear()
     _plans.clear()
     _chosen.clear()
+    _tuned.clear()
     _epoch[0] += 1
 
 
@@ -236,7 +237,10 @@ def run(op: str, *args):
         except Exception as exc:  # a kernel must never break the model: fall back
             disable(op, spec.backend, f"raised {type(exc).__name__}: {exc}")
     x = args[0]
-    return _choose_and_run(op, _plan(op, x.device, x.dtype), sig, key, args)
+    plan = _plan(op, x.device, x.dtype)
+    if registry.op_def(op).tuned and len(plan) > 1:
+        return _tune_and_run(op, plan, sig, key, args)
+    return _choose_and_run(op, plan, sig, key, args)
 
 
 def _choose_and_run(op: str, plan: list, sig: tuple, key: tuple, args: tuple):
@@ -271,6 +275,62 @@ def _choose_and_run(op: str, plan: list, sig: tuple, key: tuple, args: tuple):
         except Exception as exc:  # a kernel must never break the model: fall back
             disable(op, spec.backend, f"raised {type(exc).__name__}: {exc}")
     raise RuntimeError(f"no implementation of sgdiff::{op} for {x.device.type} {x.dtype}")
+
+
+def _tune_and_run(op: str, plan: list, sig: tuple, key: tuple, args: tuple):
+    """A tuned op's first sight of a signature: every implementation's every variant that
+    supports it is checked against the reference's bits and timed with it; the fastest is
+    settled. One that differs or raises drops out for this signature only (one log line);
+    the reference's output is returned (it is the op's bits)."""
+    x = args[0]
+    spec_ref, ref = plan[-1]
+    capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+    if not _verify.get() or capturing:  # nothing is settled: the reference, or with verification
+        if capturing:  # off the first implementation that takes the inputs, unverified
+            return ref.run(*args)
+        for spec, impl in plan[:-1]:
+            if impl.supports is None or impl.supports(*args):
+                return impl.run(*args)
+        return ref.run(*args)
+    want = ref.run(*args)
+    candidates = [(spec_ref, "", ref.run)]
+    for spec, impl in plan[:-1]:
+        try:
+            if impl.supports is not None and not impl.supports(*args):
+                continue
+            variants = impl.variants(*args) if impl.variants is not None else [("", impl.run)]
+        except Exception as exc:
+            disable(op, spec.backend, f"raised {type(exc).__name__}: {exc}")
+            continue
+        for label, fn in variants:
+            try:
+                diff = _first_difference(fn(*args), want)
+            except Exception as exc:
+                diff = f"raised {type(exc).__name__}: {str(exc)[:200]}"
+            if diff is None:
+                candidates.append((spec, label, fn))
+            else:
+                log.info("sgdiff: %s %s %s left out on signature %s: %s", op, spec.backend, label, sig, diff)
+    if len(candidates) > 1:
+        best, times = tuning.fastest([fn for _, _, fn in candidates], args)
+    else:
+        best, times = 0, [float("nan")]
+    spec, label, fn = candidates[best]
+    log.info("sgdiff: %s on %s: %s %s (%.1f us; %s)", op, [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)],
+             spec.backend, label, times[best] * 1e6,
+             ", ".join(f"{s.backend} {lb} {t * 1e6:.1f}" for (s, lb, _), t in zip(candidates, times)))
+    _chosen[key] = (spec, fn, registry.Impl(run=fn))
+    _tuned[key] = (f"{spec.backend} {label}".strip(), [(s.backend, lb, t) for (s, lb, _), t in zip(candidates, times)])
+    return want
+
+
+_tuned: Dict[tuple, tuple] = {}  # (op, signature, generation) -> (chosen, [(backend, variant, seconds)])
+
+
+def tuned_choices() -> Dict[Tuple[str, tuple], tuple]:
+    """What first sight chose and timed per tuned op and signature: ``{(op, signature): (chosen,
+    [(backend, variant, seconds), ...])}``."""
+    return {(op, sig): v for (op, sig, gen), v in _tuned.items() if gen == registry.generation()}
 
 
 def accelerated(op: str, device_type: str, dtype: torch.dtype) -> bool:

@@ -34,12 +34,15 @@ class Impl:
     inputs (shapes, strides, dtypes, scalars; the device is the spec's business); None: all.
     ``bind(*args)`` returns a callable equivalent to ``run`` for every input of this signature
     (shapes, strides, dtypes, alignment, scalars) with the host arithmetic done once; None:
-    ``run`` itself serves.
+    ``run`` itself serves. ``variants(*args)`` (ops declared ``tuned``) returns labelled
+    callables, each equivalent to ``run`` for this signature (a kernel's tile
+    configurations): first sight verifies and times every one and keeps the fastest.
     """
 
     run: Callable
     supports: Optional[Callable[..., bool]] = None
     bind: Optional[Callable[..., Callable]] = None
+    variants: Optional[Callable[..., list]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +89,10 @@ class OpDef:
     ``examples`` are the inputs the op meets in models (:class:`sgdiff.kernels.examples.Example`):
     the tests compile, interpret and run them, and the kernel bench times them. An op with no
     reference implements itself (its module registers it with torch); ``module`` then names it.
+    A ``tuned`` op's implementations (and each one's variants) compute the same bits, so at
+    first sight of a signature every one is verified and timed, the reference too, and the
+    fastest is kept; one that differs there only drops out for that signature (a GEMM's bits
+    follow the kernel cuBLAS picks for that shape).
     """
 
     name: str  # "layernorm_modulate" (namespace sgdiff) or "mylib::my_op"
@@ -95,6 +102,7 @@ class OpDef:
     examples: tuple = ()
     doc: str = ""
     module: Optional[str] = None
+    tuned: bool = False
 
     @property
     def qualname(self) -> str:

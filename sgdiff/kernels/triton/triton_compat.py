@@ -52,3 +52,28 @@ def direct_launch(compiled: Any) -> Optional[Tuple[Any, Any, Any]]:
         return compiled.run, compiled.function, compiled.packed_metadata  # run loads the module on this device
     except (AttributeError, KeyError, TypeError):
         return None
+
+
+def ensure_allocator() -> None:
+    """Give Triton an allocator for kernels that build TMA descriptors on the device (their
+    scratch memory), from torch's caching allocator, unless one is set already. Under CUDA-graph
+    capture the scratch comes from the graph's pool, as every other allocation there."""
+    import triton
+
+    try:
+        from triton.runtime import _allocation
+    except ImportError:  # an older Triton: nothing to set
+        return
+    import contextvars
+
+    current = getattr(_allocation, "_allocator", None)
+    if isinstance(current, contextvars.ContextVar):
+        current = current.get()
+    if current is not None and type(current).__name__ != "NullAllocator":
+        return
+    import torch
+
+    def alloc(size: int, alignment: int, stream):
+        return torch.empty(size, dtype=torch.int8, device="cuda")
+
+    triton.set_allocator(alloc)

@@ -1,0 +1,142 @@
+"""GEMM bench: every large GEMM shape of Flux.1-dev, Sana 1.6B and Wan 2.1 1.3B, with its epilogue.
+
+Per case, in one process, GPU time from CUDA-graph replays alternating between (bench/timing.py):
+cuBLAS (``F.linear``), sgdiff's Triton GEMM alone (its best tile config), the fused op (GEMM
+with the epilogue), the unfused pair (cuBLAS + the chain's kernel: ATen's activation, or
+sgdiff's residual_gate kernel), whether every Triton config gave cuBLAS's bits, and the path
+first-sight tuning chose. Writes bench/results/gemm.{json,md}.
+
+    python -m bench.gemm [--out bench/results] [--models flux,sana,wan]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+
+import torch
+import torch.nn.functional as F
+
+from bench.timing import gpu_times
+
+# (model, site, M, K, N, epilogue): epilogue none | gelu_tanh | residual | cat_residual
+CASES = [
+    ("flux", "double img to_q/k/v", 4096, 3072, 3072, "none"),
+    ("flux", "double img to_out + gate", 4096, 3072, 3072, "residual"),
+    ("flux", "double img ff up + gelu", 4096, 3072, 12288, "gelu_tanh"),
+    ("flux", "double img ff down + gate", 4096, 12288, 3072, "residual"),
+    ("flux", "double txt ff up + gelu", 512, 3072, 12288, "gelu_tanh"),
+    ("flux", "double txt ff down + gate", 512, 12288, 3072, "residual"),
+    ("flux", "single to_q/k/v", 4608, 3072, 3072, "none"),
+    ("flux", "single proj_mlp + gelu", 4608, 3072, 12288, "gelu_tanh"),
+    ("flux", "single proj_out(cat) + gate", 4608, 15360, 3072, "cat_residual"),
+    ("sana", "to_q/k/v", 2048, 2240, 2240, "none"),
+    ("sana", "to_out + gate", 2048, 2240, 2240, "residual"),
+    ("wan", "self-attn q/k/v", 32760, 1536, 1536, "none"),
+    ("wan", "ffn up + gelu", 32760, 1536, 8960, "gelu_tanh"),
+    ("wan", "ffn down + gate (fp32)", 32760, 8960, 1536, "residual"),
+]
+
+
+def _operands(M, K, N, epilogue, g):
+    def randn(*shape, dtype=torch.bfloat16, scale=1.0):
+        return (torch.randn(*shape, device="cuda", generator=g) * scale).to(dtype)
+    K1 = 3072 if epilogue == "cat_residual" else K
+    x = randn(1, M, K1)
+    x2 = randn(1, M, K - K1) if epilogue == "cat_residual" else None
+    w, b = randn(N, K, scale=K ** -0.5), randn(N)
+    fp32 = epilogue == "residual" and N == 1536  # Wan: fp32 gate, bf16 stream cast back
+    residual = randn(1, M, N)
+    gate = randn(1, 6, N, dtype=torch.float32 if fp32 else torch.bfloat16)[:, 2:3]
+    return x, x2, w, b, residual, gate, (torch.bfloat16 if fp32 else None)
+
+
+def run_case(model, site, M, K, N, epilogue, g):
+    from sgdiff.kernels import dispatch, registry
+    from sgdiff.kernels.triton import gemm
+    x, x2, w, b, residual, gate, out_dtype = _operands(M, K, N, epilogue, g)
+    xs = x if x2 is None else torch.cat([x, x2], -1)
+    plain_args = (x, w, b, x2)
+    cublas = lambda: F.linear(xs, w, b)  # noqa: E731
+    want_plain = cublas()
+    bitexact = True
+    configs = {}
+    for label, fn in gemm.linear_variants(*plain_args):
+        try:
+            bitexact &= torch.equal(fn(*plain_args), want_plain)
+            configs[label] = (lambda fn=fn: fn(*plain_args))
+        except Exception as exc:  # a config that does not compile here
+            print(f"  {label}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+    if epilogue == "none":
+        op, args = "linear", plain_args
+        unfused = cublas
+    elif epilogue == "gelu_tanh":
+        op, args = "linear_act", (x, w, b, "gelu_tanh")
+        unfused = lambda: F.gelu(F.linear(xs, w, b), approximate="tanh")  # noqa: E731
+    else:
+        op, args = "linear_residual_gate", (x, w, b, residual, gate, "plain", out_dtype, x2)
+        unfused = lambda: dispatch.run("residual_gate", residual, gate, F.linear(xs, w, b), "plain", True,  # noqa: E731
+                                       None, None, out_dtype)
+    impl = registry.op_def(op).triton_impl()
+    want = dispatch.reference(op)(*args)
+    fused = {}
+    for label, fn in impl.variants(*args):
+        try:
+            bitexact &= torch.equal(fn(*args), want)
+            fused[label] = (lambda fn=fn: fn(*args))
+        except Exception as exc:
+            print(f"  fused {label}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+    bitexact &= torch.equal(unfused(), want)
+    times = gpu_times({"cublas": cublas, "unfused": unfused, **{f"plain {k}": v for k, v in configs.items()},
+                       **{f"fused {k}": v for k, v in fused.items()}})
+    sgdiff_us = min(v for k, v in times.items() if k.startswith("plain "))
+    fused_us = min(v for k, v in times.items() if k.startswith("fused "))
+    dispatch.reset()
+    op_out = registry.op_def(op).load()(*args)  # first sight: verifies, times, settles
+    bitexact &= torch.equal(op_out, want)
+    chosen = next((v[0] for (o, _), v in dispatch.tuned_choices().items() if o == op), "?")
+    flop = 2 * M * N * K
+    row = dict(model=model, site=site, M=M, K=K, N=N, epilogue=epilogue, bitexact=bool(bitexact),
+               cublas_us=round(times["cublas"], 2), sgdiff_us=round(sgdiff_us, 2), fused_us=round(fused_us, 2),
+               unfused_us=round(times["unfused"], 2), chosen=chosen,
+               cublas_tflops=round(flop / times["cublas"] / 1e6, 1), sgdiff_tflops=round(flop / sgdiff_us / 1e6, 1),
+               per_config_us={k: round(v, 2) for k, v in times.items()})
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def write_md(result, out: pathlib.Path):
+    lines = [f"# GEMMs at cuBLAS's bits ({result['gpu']}, torch {result['torch']}, triton {result['triton']}, "
+             f"commit {result['commit']})", "",
+             "GPU µs per call from CUDA-graph replays, alternating in one process. plain: sgdiff's GEMM alone "
+             "(best config); fused: with the epilogue; unfused: cuBLAS + the chain's kernel; chosen: what "
+             "first-sight tuning of the op kept.", "",
+             "| model | site | M | K | N | epilogue | bitexact | cuBLAS | plain | fused | unfused | fused/unfused | chosen |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for c in result["cases"]:
+        lines.append(f"| {c['model']} | {c['site']} | {c['M']} | {c['K']} | {c['N']} | {c['epilogue']} | "
+                     f"{'yes' if c['bitexact'] else 'NO'} | {c['cublas_us']} | {c['sgdiff_us']} | {c['fused_us']} | "
+                     f"{c['unfused_us']} | {c['fused_us'] / c['unfused_us']:.3f} | {c['chosen']} |")
+    (out / "gemm.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--models", default="flux,sana,wan")
+    a = parser.parse_args(argv)
+    import triton
+    g = torch.Generator(device="cuda").manual_seed(0)
+    cases = [run_case(*c, g) for c in CASES if c[0] in a.models.split(",")]
+    result = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                  commit=os.environ.get("SGDIFF_COMMIT", "unknown"), cases=cases)
+    out = pathlib.Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gemm.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_md(result, out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,351 @@
+"""Triton GEMMs at cuBLAS's bits, with the chain that follows a linear layer as their epilogue.
+
+Why the bits are cuBLAS's: a non-split-K Hopper GEMM (cuBLAS's nvjet kernels, with their bias
+epilogue) keeps one fp32 accumulator per output element, fed by ``wgmma`` k16 steps in
+increasing K, adds the bias in fp32 and rounds once. This kernel does the same (``acc =
+tl.dot(a, w.T, acc)`` over K in order, the bias added to the fp32 sum), whatever its tile
+sizes, stages or warp specialization; measured on 15 DiT shapes (``../shared/probes`` and
+``bench/gemm.py``). Where cuBLAS picks a split-K kernel (small M, large K) the sums are
+ordered otherwise: first-sight verification (:mod:`sgdiff.kernels.dispatch`) finds that and
+the signature stays on cuBLAS.
+
+The epilogue, in registers on the rounded linear output ``y`` (each step as eager rounds it):
+
+    y = round(acc + bias)                      # the linear (addmm / mm), x.dtype
+    y = act(y)                                 # ACT: ATen's GELU-tanh / GELU / SiLU in fp32, rounded
+    y = residual + g(gate) * y                 # RESIDUAL: sgdiff::residual_gate's steps and dtypes
+
+A second A operand (``x2``) continues K after the first (``linear(cat([x, x2], -1), w)``
+without the cat in memory): the weight's columns from ``K1`` on pair with ``x2``'s, in the
+same increasing order, so the sums are the cat's.
+
+Persistent: ``min(SMs, tiles)`` programs walk the output tiles in GROUP_M-swizzled order; A,
+the weight and the output through TMA descriptors built on the device (Triton's allocator
+gives their scratch; :func:`sgdiff.kernels.triton.triton_compat.ensure_allocator`). Which tile
+configuration runs is chosen per signature by timing (:func:`variants`).
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from sgdiff.kernels.registry import Impl
+from sgdiff.kernels.triton.cuda_math import INTERPRET, libdevice_options, silu_rounded, tanhf, expf
+from sgdiff.kernels.triton.gelu_tanh_cat import gelu_tanh
+from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
+from sgdiff.kernels.triton.rows import TL_DTYPE
+from sgdiff.kernels.triton.triton_compat import ensure_allocator
+
+HALF = (torch.float16, torch.bfloat16)
+ACTS = {"none": 0, "gelu_tanh": 1, "gelu": 2, "silu": 3}
+GATE_FNS = {"plain": 0, "tanh": 1, "sigmoid": 2}
+SQRT1_2 = tl.constexpr(0.7071067811865476)  # M_SQRT1_2, rounded to fp32 in the kernel
+
+
+@triton.jit
+def gelu_erf(x, INTERPRET: tl.constexpr):
+    """ATen's CUDA GELU (``approximate="none"``): ``x * 0.5 * (1 + erff(x * M_SQRT1_2))``."""
+    if INTERPRET:
+        e = tl.math.erf(x * SQRT1_2)
+    else:
+        e = libdevice.erf(x * SQRT1_2)
+    return (x * 0.5) * (1.0 + e)
+
+
+@triton.jit
+def _mma(a, w, acc, INTERPRET: tl.constexpr):
+    """``acc + a @ w.T`` in fp32 (the interpreter's dot mistakes bf16 operands: it takes fp32 ones)."""
+    if INTERPRET:
+        return tl.dot(a.to(tl.float32), w.to(tl.float32).T, acc)
+    else:
+        return tl.dot(a, w.T, acc)
+
+
+@triton.jit
+def _tile(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Output tile ``tile_id`` in GROUP_M-row groups (consecutive programs share A's rows in L2)."""
+    in_group = GROUP_M * num_pid_n
+    first_m = (tile_id // in_group) * GROUP_M
+    rows = min(num_pid_m - first_m, GROUP_M)
+    return first_m + (tile_id % in_group) % rows, (tile_id % in_group) // rows
+
+
+@LeanKernel
+@triton.jit
+def _gemm_kernel(
+    a_ptr, a2_ptr,  # A [M, K1] and (HAS_A2) A2 [M, K2], rows strided, unit column stride
+    w_ptr,  # the weight [N, K1 + K2] (nn.Linear's layout), rows strided
+    bias_ptr,  # [N] (unused unless HAS_BIAS)
+    res_ptr,  # [M, N] contiguous residual (unused unless RESIDUAL)
+    gate_ptr,  # gate broadcast to [B, S, N] through (stride_gb, stride_gs, stride_gn)
+    out_ptr,  # [M, N] contiguous output
+    M, N, K1, K2, S,  # S: rows per batch entry (the gate's row index is (row // S, row % S))
+    stride_am, stride_a2m, stride_wn,
+    stride_gb, stride_gs, stride_gn,
+    HAS_A2: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+    RESIDUAL: tl.constexpr, GATE_FN: tl.constexpr,
+    LINEAR_DTYPE: tl.constexpr,  # the linear's output dtype (x's)
+    PRODUCT_DTYPE: tl.constexpr, SUM_DTYPE: tl.constexpr,  # promote(gate, y), promote(residual, product)
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr, WS: tl.constexpr, FLATTEN: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    grid_dependency_wait()
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K1], strides=[stride_am, 1], block_shape=[BM, BK])
+    if HAS_A2:
+        a2_desc = tl.make_tensor_descriptor(a2_ptr, shape=[M, K2], strides=[stride_a2m, 1], block_shape=[BM, BK])
+    w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K1 + K2], strides=[stride_wn, 1], block_shape=[BN, BK])
+    out_desc = tl.make_tensor_descriptor(out_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, BN])
+    k1_tiles = tl.cdiv(K1, BK)
+    num_pid_m = tl.cdiv(M, BM)
+    num_pid_n = tl.cdiv(N, BN)
+    for tile_id in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGRAMS, flatten=FLATTEN,
+                            warp_specialize=WS):
+        pid_m, pid_n = _tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        om = pid_m * BM
+        on = pid_n * BN
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for ki in range(k1_tiles):  # K in increasing order: one accumulator, as cuBLAS's
+            acc = _mma(a_desc.load([om, ki * BK]), w_desc.load([on, ki * BK]), acc, INTERPRET)
+        if HAS_A2:  # the cat's second part: K1 is a multiple of BK, so the weight's columns line up
+            for ki in range(tl.cdiv(K2, BK)):
+                acc = _mma(a2_desc.load([om, ki * BK]), w_desc.load([on, K1 + ki * BK]), acc, INTERPRET)
+        rn = on + tl.arange(0, BN)
+        if HAS_BIAS:  # the bias joins the fp32 sum before the one rounding, as cuBLAS's epilogue
+            acc = acc + tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        y = acc.to(LINEAR_DTYPE)
+        if ACT == 1:
+            y = gelu_tanh(y.to(tl.float32), INTERPRET).to(LINEAR_DTYPE)
+        elif ACT == 2:
+            y = gelu_erf(y.to(tl.float32), INTERPRET).to(LINEAR_DTYPE)
+        elif ACT == 3:
+            y = silu_rounded(y.to(tl.float32), LINEAR_DTYPE, INTERPRET)
+        if RESIDUAL:  # sgdiff::residual_gate on the tile (kernels/triton/residual_gate.py)
+            rm = (om + tl.arange(0, BM)).to(tl.int64)
+            mask = (rm < M)[:, None] & (rn < N)[None, :]
+            g = tl.load(gate_ptr + ((rm // S) * stride_gb + (rm % S) * stride_gs)[:, None] + rn[None, :] * stride_gn,
+                        mask=mask, other=0.0)
+            if GATE_FN == 1:
+                g = tanhf(g.to(tl.float32), INTERPRET).to(gate_ptr.dtype.element_ty)
+            elif GATE_FN == 2:
+                e = expf(g.to(tl.float32) * -1.0, INTERPRET)
+                g = tl.math.div_rn(tl.full(e.shape, 1.0, tl.float32), 1.0 + e).to(gate_ptr.dtype.element_ty)
+            product = (g.to(tl.float32) * y.to(tl.float32)).to(PRODUCT_DTYPE)
+            r = tl.load(res_ptr + rm[:, None] * N + rn[None, :], mask=mask, other=0.0)
+            out_desc.store([om, on], (r.to(tl.float32) + product.to(tl.float32)).to(SUM_DTYPE)
+                           .to(out_ptr.dtype.element_ty))
+        else:
+            out_desc.store([om, on], y)
+
+
+class Config(NamedTuple):
+    """One tile configuration: output tile BM x BN, K step BK, pipeline stages, warps, and
+    whether the persistent loop is warp-specialized (a producer warp group feeding TMA loads)."""
+    BM: int
+    BN: int
+    BK: int
+    stages: int
+    warps: int
+    ws: bool
+
+    @property
+    def label(self) -> str:
+        return f"{self.BM}x{self.BN}x{self.BK} s{self.stages} w{self.warps}{' ws' if self.ws else ''}"
+
+
+#: what first sight times for M >= 256 (the probes' fastest on DiT shapes) and for fewer rows
+LARGE_M = (Config(128, 256, 64, 3, 8, False), Config(128, 256, 64, 3, 8, True),
+           Config(128, 128, 64, 4, 4, True), Config(128, 128, 64, 5, 4, True))
+SMALL_M = (Config(64, 128, 64, 4, 4, False), Config(64, 256, 64, 3, 4, False), Config(128, 128, 64, 4, 4, True))
+SMEM = 232448  # bytes of shared memory a program may take on sm_90
+
+
+def _smem(c: Config, out_size: int, residual: bool) -> int:
+    """Shared memory a program takes: the pipeline's A and weight tiles, the output tile, and
+    with a residual epilogue a 16-bit tile's layout conversion (measured: 245784 bytes at
+    128x256x64, 3 stages)."""
+    return c.stages * (c.BM + c.BN) * c.BK * 2 + c.BM * c.BN * (out_size + (2 if residual else 0))
+
+
+def configs(M: int, K1: int, out_size: int, has_a2: bool, residual: bool = False) -> Tuple[Config, ...]:
+    """The configurations worth timing for this problem (that fit in shared memory)."""
+    found = tuple(c for c in (LARGE_M if M >= 256 else SMALL_M)
+                  if _smem(c, out_size, residual) <= SMEM and (not has_a2 or (K1 % c.BK == 0 and not c.ws)))
+    return found or (Config(64, 64, 64, 2, 4, False),)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: int) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    """What a TMA descriptor takes: unit last stride, 16-byte aligned base and row stride."""
+    return (t.dim() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0
+            and (t.stride(0) * t.element_size()) % 16 == 0 and t.shape[1] * t.element_size() >= 16)
+
+
+def supported(x, weight, bias, x2=None) -> bool:
+    """Whether the kernel computes ``linear(x[, x2], weight, bias)``: one half dtype, 2-D operand
+    views TMA takes, and K1 a multiple of 64 with a second operand."""
+    if x.dtype not in HALF or weight.dtype != x.dtype or weight.dim() != 2 or x.dim() < 1 or x.numel() == 0:
+        return False
+    k1 = x.shape[-1]
+    k2 = x2.shape[-1] if x2 is not None else 0
+    if weight.shape[1] != k1 + k2 or weight.shape[0] % 8 or weight.shape[0] == 0 or not _aligned(weight):
+        return False
+    if bias is not None and (bias.dim() != 1 or bias.dtype != x.dtype or bias.shape[0] != weight.shape[0]
+                             or bias.stride(0) != 1):
+        return False
+    a = _rows(x)
+    if a is None or not _aligned(a) or a.shape[0] * weight.shape[0] >= 2 ** 31:
+        return False
+    if x2 is not None:
+        a2 = _rows(x2)
+        if (a2 is None or x2.dtype != x.dtype or tuple(x2.shape[:-1]) != tuple(x.shape[:-1]) or not _aligned(a2)
+                or k1 % 64):
+            return False
+    return True
+
+
+def _rows(x: torch.Tensor) -> Optional[torch.Tensor]:
+    """``x`` as a 2-D ``[M, K]`` view (None where its rows cannot be viewed so)."""
+    try:
+        return x.view(-1, x.shape[-1])
+    except RuntimeError:
+        return None
+
+
+class Epilogue(NamedTuple):
+    act: str = "none"
+    gate_kind: str = "plain"
+    residual: bool = False
+    product_dtype: torch.dtype = torch.bfloat16
+    sum_dtype: torch.dtype = torch.bfloat16
+    out_dtype: torch.dtype = torch.bfloat16
+
+
+def launcher(config: Config, x, weight, bias, x2=None, epilogue: Epilogue = Epilogue(), gate=None):
+    """``launch(x, weight, bias, x2, residual, gate) -> out`` for operands of this signature
+    (``gate`` broadcast to the output's ``[B, S, N]``, or ``[S, N]``)."""
+    ensure_allocator()
+    a = _rows(x)
+    M, K1 = a.shape
+    N = weight.shape[0]
+    K2 = x2.shape[-1] if x2 is not None else 0
+    lead = tuple(x.shape[:-1])
+    tiles = triton.cdiv(M, config.BM) * triton.cdiv(N, config.BN)
+    programs = min(tiles, _sm_count(x.get_device()) if x.is_cuda else 4)
+    S, gate_strides = _gate_geometry(gate, lead, N)
+    out_dtype = epilogue.out_dtype if epilogue.residual else x.dtype
+    kernel = _gemm_kernel.bind(
+        (programs,), HAS_A2=x2 is not None, HAS_BIAS=bias is not None, ACT=ACTS[epilogue.act],
+        RESIDUAL=epilogue.residual, GATE_FN=GATE_FNS[epilogue.gate_kind], LINEAR_DTYPE=TL_DTYPE[x.dtype],
+        PRODUCT_DTYPE=TL_DTYPE[epilogue.product_dtype], SUM_DTYPE=TL_DTYPE[epilogue.sum_dtype],
+        BM=config.BM, BN=config.BN, BK=config.BK, GROUP_M=8, NUM_PROGRAMS=programs, WS=config.ws,
+        FLATTEN=x2 is None, INTERPRET=INTERPRET, num_stages=config.stages, num_warps=config.warps,
+        enable_fp_fusion=False, **libdevice_options())
+    a_stride = a.stride(0)
+    a2_stride = _rows(x2).stride(0) if x2 is not None else 0
+    ints = (M, N, K1, K2, S, a_stride, a2_stride, weight.stride(0), *gate_strides)
+
+    def launch(x, weight, bias, x2=None, residual=None, gate=None):
+        out = torch.empty((*lead, N), dtype=out_dtype, device=x.device)
+        kernel(x, x2 if x2 is not None else x, weight, bias if bias is not None else weight,
+               residual if residual is not None else out, gate if gate is not None else out, out, *ints)
+        return out
+
+    return launch
+
+
+def _gate_geometry(gate, lead, N):
+    """``(S, strides)``: the output's rows per batch entry, and the gate's strides over
+    ``[B, S, N]`` (a 2-D output is one batch entry)."""
+    if gate is None:
+        return 1, (0, 0, 0)
+    shape = (1, *lead, N) if len(lead) == 1 else (*lead, N)
+    return shape[1], tuple(gate.expand(shape).stride())
+
+
+def _timed(make, x, weight, bias, x2=None, out_size: int = 2, residual: bool = False):
+    """Every configuration's launch for this problem, labelled (first sight times them)."""
+    a = _rows(x)
+    return [(c.label, make(c)) for c in configs(a.shape[0], a.shape[1], out_size, x2 is not None, residual)]
+
+
+# --- the ops' implementations (sgdiff/kernels/linear*.py declare the ops) -----------------
+
+def linear_supported(x, weight, bias=None, x2=None) -> bool:
+    return supported(x, weight, bias, x2)
+
+
+def linear_variants(x, weight, bias=None, x2=None):
+    def make(c):
+        launch = launcher(c, x, weight, bias, x2)
+        return lambda x, weight, bias=None, x2=None: launch(x, weight, bias, x2)
+    return _timed(make, x, weight, bias, x2)
+
+
+def linear_act_supported(x, weight, bias, act) -> bool:
+    return act in ACTS and supported(x, weight, bias)
+
+
+def linear_act_variants(x, weight, bias, act):
+    def make(c):
+        launch = launcher(c, x, weight, bias, None, Epilogue(act=act))
+        return lambda x, weight, bias, act: launch(x, weight, bias)
+    return _timed(make, x, weight, bias)
+
+
+def _residual_epilogue(x, residual, gate, gate_kind, out_dtype) -> Epilogue:
+    product = torch.promote_types(gate.dtype, x.dtype)
+    total = torch.promote_types(residual.dtype, product)
+    return Epilogue(gate_kind=gate_kind, residual=True, product_dtype=product, sum_dtype=total,
+                    out_dtype=out_dtype or total)
+
+
+def linear_residual_gate_supported(x, weight, bias, residual, gate, gate_kind, out_dtype=None, x2=None) -> bool:
+    if gate_kind not in GATE_FNS or not supported(x, weight, bias, x2):
+        return False
+    out_shape = (*x.shape[:-1], weight.shape[0])
+    if tuple(residual.shape) != out_shape or not residual.is_contiguous() or len(out_shape) not in (2, 3):
+        return False
+    if any(t.dtype not in TL_DTYPE or t.device != x.device for t in (residual, gate)):
+        return False
+    if out_dtype is not None and out_dtype not in TL_DTYPE:
+        return False
+    try:
+        return tuple(torch.broadcast_shapes(gate.shape, out_shape)) == out_shape and gate.dim() <= len(out_shape)
+    except RuntimeError:
+        return False
+
+
+def linear_residual_gate_variants(x, weight, bias, residual, gate, gate_kind, out_dtype=None, x2=None):
+    epilogue = _residual_epilogue(x, residual, gate, gate_kind, out_dtype)
+
+    def make(c):
+        launch = launcher(c, x, weight, bias, x2, epilogue, gate)
+
+        def run(x, weight, bias, residual, gate, gate_kind, out_dtype=None, x2=None):
+            return launch(x, weight, bias, x2, residual, gate)
+        return run
+    return _timed(make, x, weight, bias, x2, epilogue.out_dtype.itemsize, True)
+
+
+def _impl(variants, supports) -> Impl:
+    """An implementation whose plain ``run`` and ``bind`` take the first configuration (first
+    sight of a tuned op times them all)."""
+    def bind(*args):
+        return variants(*args)[0][1]
+
+    return Impl(run=lambda *args: bind(*args)(*args), supports=supports, bind=bind, variants=variants)
+
+
+LINEAR = _impl(linear_variants, linear_supported)
+LINEAR_ACT = _impl(linear_act_variants, linear_act_supported)
+LINEAR_RESIDUAL_GATE = _impl(linear_residual_gate_variants, linear_residual_gate_supported)

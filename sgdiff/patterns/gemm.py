@@ -1,0 +1,163 @@
+"""Family ``gemm``: linear layers with the chain that follows them, as one GEMM at cuBLAS's bits.
+
+``F.linear`` traces to ``view(x) -> addmm(bias, ., t(weight)) -> view`` (``mm`` without a
+bias). The chains::
+
+    act(linear(x))                              act: GELU-tanh, GELU, SiLU    -> linear_act
+    residual_gate(residual, gate, linear(x))    the gated residual after a block's output
+                                                projection (sgdiff::residual_gate, rewritten
+                                                by its family first)          -> linear_residual_gate
+    linear(cat([x, x2], -1))                    Flux single blocks' proj_out  -> linear (x2)
+    linear(x)                                   a large plain GEMM            -> linear
+
+(the last two also inside the residual). Each op is tuned per signature (the fused GEMM, or
+cuBLAS and the chain's own kernel, whichever is faster: :mod:`sgdiff.kernels.linear`), so a
+rewrite never costs GPU time, only a call site's host time: GEMMs with fewer than
+:data:`MIN_ROWS` rows (adaLN projections, GEMVs that cuBLAS runs as split-K) and plain GEMMs
+under :data:`MIN_PLAIN_FLOP` are not sites (nor reported as skipped).
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+import torch
+from sgdiff.kernels import registry
+from sgdiff.patterns import parts
+from sgdiff.patterns.base import ChainPattern, Family, broadcast_reason, same_shape, same_size, tensor_meta
+from sgdiff.patterns.matcher import AnyOf, Arg, Items, Lit, Match, Op, Views, When
+
+FAMILY = Family("gemm", after=("residual_gate",))
+
+aten = torch.ops.aten
+
+MIN_ROWS = 64
+MIN_PLAIN_FLOP = 2 ** 33  # ~12 us of an H200's bf16 GEMM: a call site's host time is noise beside it
+
+#: the activations the GEMM's epilogue applies, by the name linear_act takes
+ACTS = {
+    "gelu_tanh": lambda inner: Op(aten.gelu.default, inner, approximate=Lit("tanh")),
+    "gelu": lambda inner: Op(aten.gelu.default, inner, approximate=Lit("none")),
+    "silu": lambda inner: Op(aten.silu.default, inner),
+}
+
+
+def _linear(x) -> AnyOf:
+    """``F.linear`` of ``x`` as ATen traces it; the GEMM node is bound as ``mm``."""
+    rows = Views(x, "x_views")
+    weight_t = Op(aten.t.default, Arg("weight"), shared=True)
+    return AnyOf(Op(aten.addmm.default, Arg("bias"), rows, weight_t, beta=Lit(1), alpha=Lit(1), name="mm"),
+                 Op(aten.mm.default, rows, weight_t, name="mm"))
+
+
+LINEAR = _linear(Arg("x"))
+LINEAR_CAT = _linear(Op(aten.cat.default, Items(Arg("x"), Arg("x2")), Arg("dim"), name="cat"))
+
+
+def _enough_rows(node) -> bool:
+    """At least MIN_ROWS output rows (fewer: adaLN projections, GEMVs cuBLAS runs as split-K;
+    not sites at all, so not reported)."""
+    out = tensor_meta(node)
+    if out is None or out.dim() < 1:
+        return False
+    rows = _known(out.numel() // out.shape[-1]) if _known(out.shape[-1]) else None
+    return rows is None or rows >= MIN_ROWS
+
+
+def _large(node) -> bool:
+    """A plain GEMM of at least MIN_PLAIN_FLOP (smaller: cuBLAS's call costs less host time
+    than a call site; not a site)."""
+    out = tensor_meta(node)
+    if out is None or out.dim() != 2 or not isinstance(node.args[-1], torch.fx.Node):
+        return False
+    w = tensor_meta(node.args[-1])
+    sizes = [_known(s) for s in (*out.shape, w.shape[0] if w is not None else None)]
+    return None in sizes or 2 * sizes[0] * sizes[1] * sizes[2] >= MIN_PLAIN_FLOP and _enough_rows(node)
+
+
+def _residual_gate() -> Op:
+    return Op(registry.op_def("residual_gate").load(), Arg("residual"), Arg("gate"),
+              Views(AnyOf(LINEAR_CAT, LINEAR), "out_views"), Arg("gate_kind"),
+              residual_layout=Arg("residual_layout"), update_bias=Arg("update_bias"),
+              update_divisor=Arg("update_divisor"), out_dtype=Arg("out_dtype"))
+
+
+def _linear_arguments(m: Match) -> dict:
+    return dict(x=m["x"], weight=m["weight"], bias=m.get("bias"), x2=m.get("x2"))
+
+
+def _known(size: Any) -> Optional[int]:
+    return size if isinstance(size, int) else None
+
+
+def _linear_reason(m: Match, out: Optional[torch.Tensor]) -> Optional[str]:
+    """Why the match is not a linear layer the GEMM takes, or None."""
+    x, weight = tensor_meta(m["x"]), tensor_meta(m["weight"])
+    if out is None or x is None or weight is None or weight.dim() != 2 or x.dim() < 2:
+        return "not a linear layer (2-D weight over the input's last dim)"
+    if x.dtype not in parts.HALF or weight.dtype != x.dtype:
+        return "the linear is not in one 16-bit dtype"
+    x2 = tensor_meta(m.get("x2")) if "x2" in m else None
+    k = x.shape[-1] + (x2.shape[-1] if x2 is not None else 0)
+    if not same_size(k, weight.shape[1]):
+        return "not a linear layer (2-D weight over the input's last dim)"
+    if "x2" in m:
+        if x2 is None or x2.dtype != x.dtype or x2.dim() != x.dim() or not same_shape(x2.shape[:-1], x.shape[:-1]):
+            return "the cat's operands do not share their leading dims and dtype"
+        if not isinstance(m["dim"], int) or m["dim"] not in (-1, x.dim() - 1):
+            return "the cat is not along the last dim"
+    bias = tensor_meta(m.get("bias"))
+    if m.get("bias") is not None and (bias is None or bias.dim() != 1 or bias.dtype != x.dtype):
+        return "the bias is not a 1-D tensor of the linear's dtype"
+    views = (*m["x_views"], *m.get("out_views", ()))
+    if any(v.target not in parts.RESHAPES for v in views):
+        return "the linear's input or output is sliced or broadcast, not only reshaped"
+    for v in m.get("out_views", ()):  # a view read elsewhere would keep the plain GEMM alive
+        if v is not m.root and any(u not in m.nodes for u in v.users):
+            return "the linear's output is read outside the chain"
+    if not same_shape(out.shape, (*x.shape[:-1], weight.shape[0])):
+        return "the chain's output is not the linear's output reshaped back to the input's leading dims"
+    return None
+
+
+def _act_reason(m: Match) -> Optional[str]:
+    out = tensor_meta(m.root)
+    if out is None or not out.is_contiguous():
+        return "the activation's output is not contiguous"
+    return _linear_reason(m, out)
+
+
+def _residual_reason(m: Match) -> Optional[str]:
+    out = tensor_meta(m.root)
+    reason = _linear_reason(m, out)
+    if reason:
+        return reason
+    if m["update_bias"] is not None or m["update_divisor"] is not None:
+        return "the update has its own bias or divisor (a bmm's linear): residual_gate's kernel takes it"
+    residual = tensor_meta(m["residual"])
+    if residual is None or not same_shape(residual.shape, out.shape) or not residual.is_contiguous():
+        return "the residual is not a contiguous tensor of the output's shape"
+    if residual.dim() not in (2, 3):
+        return "the residual is not [B, S, N] or [S, N]"
+    return broadcast_reason(m["gate"], out, "the gate")
+
+
+def patterns() -> List[ChainPattern]:
+    found = [ChainPattern(
+        family="gemm", name="gemm_residual_gate", chain=When(_residual_gate(), _enough_rows), op="linear_residual_gate",
+        replacement=lambda m: dict(_linear_arguments(m), residual=m["residual"], gate=m["gate"],
+                                   gate_kind=m["gate_kind"], out_dtype=m["out_dtype"]),
+        check=_residual_reason, priority=3)]
+    for act, chain in ACTS.items():
+        found.append(ChainPattern(
+            family="gemm", name=f"gemm_{act}", chain=When(chain(Views(LINEAR, "out_views")), _enough_rows),
+            op="linear_act",
+            replacement=lambda m, act=act: dict(x=m["x"], weight=m["weight"], bias=m.get("bias"), act=act),
+            check=_act_reason, priority=2))
+    found.append(ChainPattern(family="gemm", name="gemm_cat", chain=When(Views(LINEAR_CAT, "out_views"), _enough_rows),
+                              op="linear",
+                              replacement=_linear_arguments, check=lambda m: _linear_reason(m, tensor_meta(m.root)),
+                              priority=1))
+    found.append(ChainPattern(family="gemm", name="gemm", chain=When(LINEAR, _large), op="linear",
+                              replacement=_linear_arguments, check=lambda m: _linear_reason(m, tensor_meta(m.root))))
+    return found
+

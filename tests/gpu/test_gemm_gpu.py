@@ -1,0 +1,105 @@
+"""sgdiff's GEMMs on the GPU: every tile configuration gives cuBLAS's bits (F.linear and the
+eager chain after it) over shapes with tails, strided operands, bias or not, fp16 and bf16,
+each epilogue; tuning settles a verified choice; a wrong GEMM is caught at first sight."""
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+from sgdiff.kernels import dispatch, registry
+from sgdiff.kernels.registry import Impl, KernelSpec
+
+pytestmark = pytest.mark.gpu
+EXAMPLES = int(os.environ.get("SGDIFF_HYPOTHESIS_EXAMPLES", "12"))
+
+
+def _impl(op):
+    return registry.op_def(op).triton_impl()
+
+
+def _all_configs_equal(op, args):
+    want = dispatch.reference(op)(*args)
+    impl = _impl(op)
+    assert impl.supports(*args)
+    for label, fn in impl.variants(*args):
+        got = fn(*args)
+        diff = dispatch._first_difference(got, want)
+        assert diff is None, (label, diff)
+
+
+shapes = st.tuples(st.integers(64, 700), st.sampled_from([64, 200, 256, 1000, 1536]),
+                   st.sampled_from([64, 136, 384, 1000, 1152]))
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(shape=shapes, dtype=st.sampled_from([torch.bfloat16, torch.float16]), bias=st.booleans(),
+       act=st.sampled_from(["none", "gelu_tanh", "gelu", "silu"]), strided=st.booleans())
+def test_linear_and_activation(shape, dtype, bias, act, strided):
+    M, K, N = shape
+    x = torch.randn(M, K + (64 if strided else 0), device="cuda", dtype=dtype)[:, :K]
+    if not strided:
+        x = x.view(1, M, K)
+    w = torch.randn(N, K, device="cuda", dtype=dtype) / K ** 0.5
+    b = torch.randn(N, device="cuda", dtype=dtype) if bias else None
+    assert torch.equal(dispatch.reference("linear")(x, w, b), F.linear(x, w, b))
+    if act == "none":
+        _all_configs_equal("linear", (x, w, b, None))
+    else:
+        _all_configs_equal("linear_act", (x, w, b, act))
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(shape=shapes, dtype=st.sampled_from([torch.bfloat16, torch.float16]), bias=st.booleans(),
+       gate_kind=st.sampled_from(["plain", "tanh", "sigmoid"]), per_token=st.booleans(), fp32=st.booleans(),
+       cat=st.booleans())
+def test_residual_gate_epilogue(shape, dtype, bias, gate_kind, per_token, fp32, cat):
+    M, K, N = shape
+    x = torch.randn(2, M, K, device="cuda", dtype=dtype)
+    x2 = torch.randn(2, M, 128, device="cuda", dtype=dtype) if cat and K % 64 == 0 else None
+    w = torch.randn(N, K + (128 if x2 is not None else 0), device="cuda", dtype=dtype) / K ** 0.5
+    b = torch.randn(N, device="cuda", dtype=dtype) if bias else None
+    gdtype = torch.float32 if fp32 else dtype
+    residual = torch.randn(2, M, N, device="cuda", dtype=gdtype)
+    gate = (torch.randn(2, M, N, device="cuda", dtype=gdtype) if per_token
+            else torch.randn(2, 6, N, device="cuda", dtype=gdtype)[:, 1:2])
+    _all_configs_equal("linear_residual_gate", (x, w, b, residual, gate, gate_kind, dtype if fp32 else None, x2))
+
+
+def test_tuning_settles_a_verified_choice(fresh_dispatch):
+    x = torch.randn(1, 1024, 1536, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(3072, 1536, device="cuda", dtype=torch.bfloat16) / 40
+    b = torch.randn(3072, device="cuda", dtype=torch.bfloat16)
+    op = registry.op_def("linear_act").load()
+    want = F.gelu(F.linear(x, w, b), approximate="tanh")
+    assert torch.equal(op(x, w, b, "gelu_tanh"), want)
+    ((key, (chosen, rows)),) = [(k, v) for k, v in dispatch.tuned_choices().items() if k[0] == "linear_act"]
+    assert len(rows) >= 2 and chosen
+    assert torch.equal(op(x, w, b, "gelu_tanh"), want)  # the settled choice
+    assert not dispatch.disabled()
+
+
+def test_a_wrong_gemm_is_caught_at_first_sight(fresh_dispatch):
+    """An implementation one ulp off drops out; the op keeps the reference's bits."""
+    spec = KernelSpec("linear", "wrong", None, "tests.gpu.test_gemm_gpu:WRONG", devices=frozenset({"cuda"}),
+                      priority=20)
+    spec = registry.register_kernel(__import__("dataclasses").replace(spec, contract=registry.op_def("linear").contract))
+    try:
+        x = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+        got = registry.op_def("linear").load()(x, w, None)
+        assert torch.equal(got, F.linear(x, w))
+        ((_, (chosen, rows)),) = [(k, v) for k, v in dispatch.tuned_choices().items() if k[0] == "linear"]
+        assert "wrong" not in [r[0] for r in rows] and not chosen.startswith("wrong")
+    finally:
+        registry._SPECS["linear"].remove(spec)
+        registry._generation[0] += 1
+
+
+def _wrong(x, weight, bias=None, x2=None):
+    out = F.linear(x, weight, bias)
+    return torch.nextafter(out, torch.full_like(out, float("inf")))
+
+
+WRONG = Impl(run=_wrong)

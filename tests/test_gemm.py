@@ -1,0 +1,78 @@
+"""Family gemm on the CPU: exact site counts on a Flux of real block structure, equal to eager;
+near misses left alone (few rows, fp32, an intermediate read elsewhere, a strided residual)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sgdiff import zoo
+from tests.capture import rewrite
+
+BF16 = torch.bfloat16
+
+
+def _w(n, k):
+    return torch.randn(n, k, dtype=BF16) / k ** 0.5
+
+
+def test_flux_blocks_fold_their_activations_and_gated_residuals():
+    """2 double blocks x (to_out, add_out, ff, ff_context: 4 gated residuals + 2 GELUs) and 4 single
+    blocks x (proj_out over the cat + its gate, proj_mlp + GELU) = 20 sites; the q/k/v GEMMs at
+    width 256 are below MIN_PLAIN_FLOP."""
+    import sgdiff
+
+    model, kw = zoo.build("flux", size="small", dtype=BF16)
+    with torch.no_grad():
+        want = model(**kw)[0]
+        report = sgdiff.explain(model, **kw)
+        got = torch.compile(model, backend="sgdiff")(**kw)[0]
+    assert report.counts["gemm"] == 20 and report.found["gemm"] == 20
+    assert torch.equal(got, want)
+
+
+def test_gelu_after_linear():
+    x, w, b = torch.randn(1, 128, 64, dtype=BF16), _w(256, 64), torch.randn(256, dtype=BF16)
+    for approximate in ("tanh", "none"):
+        run, gm, result = rewrite(lambda x, w, b: F.gelu(F.linear(x, w, b), approximate=approximate), [x, w, b],
+                                  families=["gemm"])
+        assert result.counts["gemm"] == 1
+        assert torch.equal(run(x, w, b), F.gelu(F.linear(x, w, b), approximate=approximate))
+        assert "sgdiff.linear_act" in gm.code
+
+
+def test_near_misses_are_not_rewritten():
+    w, b = _w(256, 64), torch.randn(256, dtype=BF16)
+    few = torch.randn(1, 16, 64, dtype=BF16)  # 16 rows: not a site
+    _, _, result = rewrite(lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"), [few, w, b],
+                           families=["gemm"])
+    assert result.counts["gemm"] == 0 and result.passes["gemm"].found_count == 0
+    x32 = torch.randn(1, 128, 64)
+    _, _, result = rewrite(lambda x, w, b: F.gelu(F.linear(x, w, b)), [x32, w.float(), b.float()],
+                           families=["gemm"])
+    assert result.counts["gemm"] == 0  # fp32: found, skipped
+    assert result.passes["gemm"].skipped
+    x = torch.randn(1, 128, 64, dtype=BF16)
+
+    def shared(x, w, b):  # the linear's output read elsewhere: fusing would run the GEMM twice
+        y = F.linear(x, w, b)
+        return F.gelu(y, approximate="tanh"), y * 2
+
+    run, _, result = rewrite(shared, [x, w, b], families=["gemm"])
+    assert result.counts["gemm"] == 0
+    assert all(torch.equal(a, e) for a, e in zip(run(x, w, b), shared(x, w, b)))
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_gated_residual_after_a_projection(contiguous):
+    x, w, b = torch.randn(1, 128, 64, dtype=BF16), _w(64, 64), torch.randn(64, dtype=BF16)
+    gate = torch.randn(1, 6 * 64, dtype=BF16)
+    res = torch.randn(1, 128, 64, dtype=BF16) if contiguous else torch.randn(1, 64, 128, dtype=BF16)
+
+    def block(x, res, gate, w, b):
+        r = res if contiguous else res.transpose(1, 2)
+        return r + gate.chunk(6, dim=1)[2][:, None] * F.linear(x, w, b)
+
+    args = [x, res, gate, w, b]
+    run, _, result = rewrite(block, args, families=["residual_gate", "gemm"])
+    assert result.counts["residual_gate"] == 1
+    assert result.counts["gemm"] == (1 if contiguous else 0)
+    assert torch.equal(run(*args), block(*args))
