@@ -48,8 +48,10 @@ def _explained_call(model: Callable, args: tuple, kwargs: dict):
 
 
 def _recording(opts: Options, found: List[ManagerResult]) -> Callable:
-    """``_explained_call`` compiled by a backend of its own that appends each graph's result to ``found``."""
-    return torch.compile(_explained_call, backend=SgdiffBackend(opts, on_result=found.append))
+    """``_explained_call`` compiled by a backend of its own that appends each graph's result to ``found``;
+    static (``dynamic=False``): every explain traces from this one frame, so torch.compile's automatic
+    dynamic would otherwise give a model explained after another at other sizes symbolic ones."""
+    return torch.compile(_explained_call, backend=SgdiffBackend(opts, on_result=found.append), dynamic=False)
 
 
 @contextlib.contextmanager

@@ -56,6 +56,18 @@ def test_every_chain_is_found_and_rewritten(case):
     assert all(report.found[f] == report.counts[f] for f in FAMILIES if f != "activation"), report.skipped
 
 
+def test_explaining_models_in_a_row_reports_first_compiles():
+    """Explains of other models one after another (other sizes to torch.compile, which traces
+    each from explain's own frame): each report is that of a first, static compile, not one
+    with the symbolic sizes torch.compile's automatic dynamic gives a recompile."""
+    logging.getLogger("diffusers").setLevel(logging.ERROR)
+    for name in ("flux", "sana"):
+        model, kwargs = zoo.build(name, dtype=torch.bfloat16)
+        report = sgdiff.explain(model, **kwargs)
+        assert tuple(report.counts[f] for f in FAMILIES) == EXPECTED[name], str(report)
+        assert all(reason == NOT_ADMITTED for _, _, reason in report.skipped), report.skipped
+
+
 def test_compiled_model_is_bitwise_equal_to_eager(case):
     name, _, model, kwargs, eager = case
     torch._dynamo.reset()

@@ -54,10 +54,10 @@ LINEAR_CAT = _linear(Op(aten.cat.default, Items(Arg("x"), Arg("x2")), Arg("dim")
 
 
 def _enough_rows(node) -> bool:
-    """At least MIN_ROWS output rows (fewer: adaLN projections, GEMVs cuBLAS runs as split-K;
-    not sites at all, so not reported)."""
+    """A 16-bit output of at least MIN_ROWS rows (fp32 GEMMs have no kernel here; fewer rows:
+    adaLN projections, GEMVs cuBLAS runs as split-K; neither is a site, so neither is reported)."""
     out = tensor_meta(node)
-    if out is None or out.dim() < 1:
+    if out is None or out.dim() < 1 or out.dtype not in parts.HALF:
         return False
     rows = _known(out.numel() // out.shape[-1]) if _known(out.shape[-1]) else None
     return rows is None or rows >= MIN_ROWS
@@ -71,7 +71,12 @@ def _large(node) -> bool:
         return False
     w = tensor_meta(node.args[-1])
     sizes = [_known(s) for s in (*out.shape, w.shape[0] if w is not None else None)]
-    return None in sizes or 2 * sizes[0] * sizes[1] * sizes[2] >= MIN_PLAIN_FLOP and _enough_rows(node)
+    return _enough_rows(node) and (None in sizes or 2 * sizes[0] * sizes[1] * sizes[2] >= MIN_PLAIN_FLOP)
+
+
+def _update_enough_rows(node) -> bool:
+    """:func:`_enough_rows` of a residual_gate's update (the linear; the sum may be fp32)."""
+    return len(node.args) > 2 and isinstance(node.args[2], torch.fx.Node) and _enough_rows(node.args[2])
 
 
 def _residual_gate() -> Op:
@@ -143,7 +148,7 @@ def _residual_reason(m: Match) -> Optional[str]:
 
 def patterns() -> List[ChainPattern]:
     found = [ChainPattern(
-        family="gemm", name="gemm_residual_gate", chain=When(_residual_gate(), _enough_rows), op="linear_residual_gate",
+        family="gemm", name="gemm_residual_gate", chain=When(_residual_gate(), _update_enough_rows), op="linear_residual_gate",
         replacement=lambda m: dict(_linear_arguments(m), residual=m["residual"], gate=m["gate"],
                                    gate_kind=m["gate_kind"], out_dtype=m["out_dtype"]),
         check=_residual_reason, priority=3)]
