@@ -6,7 +6,11 @@ with the epilogue), the unfused pair (cuBLAS + the chain's kernel: ATen's activa
 sgdiff's residual_gate kernel), whether every Triton config gave cuBLAS's bits, and the path
 first-sight tuning chose. Writes bench/results/gemm.{json,md}.
 
-    python -m bench.gemm [--out bench/results] [--models flux,sana,wan]
+    python -m bench.gemm [--out bench/results] [--models flux,sana,wan] [--sweep] [--jobs 12]
+
+``--sweep`` times every tile configuration of ``gemm.SWEEP`` (what picked the ones first sight
+times); ``--jobs`` compiles the kernels of each case in worker processes first (Triton's cache
+then serves the timing process).
 """
 from __future__ import annotations
 
@@ -52,7 +56,28 @@ def _operands(M, K, N, epilogue, g):
     return x, x2, w, b, residual, gate, (torch.bfloat16 if fp32 else None)
 
 
-def run_case(model, site, M, K, N, epilogue, g):
+def _use_candidates(sweep: bool) -> None:
+    from sgdiff.kernels.triton import gemm
+    gemm.candidates.append(gemm.SWEEP if sweep else None)
+
+
+def _compile_case(case, sweep: bool) -> str:
+    """Run every configuration of a case once (a worker process: Triton compiles and caches)."""
+    _use_candidates(sweep)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    run_case(*case, g, time_it=False)
+    return case[1]
+
+
+def precompile(cases, sweep: bool, jobs: int) -> None:
+    import concurrent.futures
+    import multiprocessing
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for site in pool.map(_compile_case, cases, [sweep] * len(cases)):
+            print(f"  compiled: {site}", flush=True)
+
+
+def run_case(model, site, M, K, N, epilogue, g, time_it: bool = True, calls: int = 20, replays: int = 20):
     from sgdiff.kernels import dispatch, registry
     from sgdiff.kernels.triton import gemm
     x, x2, w, b, residual, gate, out_dtype = _operands(M, K, N, epilogue, g)
@@ -60,11 +85,12 @@ def run_case(model, site, M, K, N, epilogue, g):
     plain_args = (x, w, b, x2)
     cublas = lambda: F.linear(xs, w, b)  # noqa: E731
     want_plain = cublas()
-    bitexact = True
+    mismatched = []  # configurations whose bits differ from eager's
     configs = {}
     for label, fn in gemm.linear_variants(*plain_args):
         try:
-            bitexact &= torch.equal(fn(*plain_args), want_plain)
+            if not torch.equal(fn(*plain_args), want_plain):
+                mismatched.append(f"plain {label}")
             configs[label] = (lambda fn=fn: fn(*plain_args))
         except Exception as exc:  # a config that does not compile here
             print(f"  {label}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
@@ -81,32 +107,38 @@ def run_case(model, site, M, K, N, epilogue, g):
     impl = registry.op_def(op).triton_impl()
     want = dispatch.reference(op)(*args)
     fused = {}
-    for label, fn in impl.variants(*args):
+    for label, fn in (impl.variants(*args) if epilogue != "none" else ()):  # none: the plain GEMM
         try:
-            bitexact &= torch.equal(fn(*args), want)
+            if not torch.equal(fn(*args), want):
+                mismatched.append(f"fused {label}")
             fused[label] = (lambda fn=fn: fn(*args))
         except Exception as exc:
             print(f"  fused {label}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
-    bitexact &= torch.equal(unfused(), want)
+    if not torch.equal(unfused(), want):
+        mismatched.append("unfused")
+    if not time_it:
+        return None
     times = gpu_times({"cublas": cublas, "unfused": unfused, **{f"plain {k}": v for k, v in configs.items()},
-                       **{f"fused {k}": v for k, v in fused.items()}})
+                       **{f"fused {k}": v for k, v in fused.items()}}, calls, replays)
     sgdiff_us = min(v for k, v in times.items() if k.startswith("plain "))
-    fused_us = min(v for k, v in times.items() if k.startswith("fused "))
+    fused_us = min((v for k, v in times.items() if k.startswith("fused ")), default=sgdiff_us)
     dispatch.reset()
     op_out = registry.op_def(op).load()(*args)  # first sight: verifies, times, settles
-    bitexact &= torch.equal(op_out, want)
+    if not torch.equal(op_out, want):
+        mismatched.append("op")
+    bitexact = not mismatched
     chosen = next((v[0] for (o, _), v in dispatch.tuned_choices().items() if o == op), "?")
     flop = 2 * M * N * K
     row = dict(model=model, site=site, M=M, K=K, N=N, epilogue=epilogue, bitexact=bool(bitexact),
                cublas_us=round(times["cublas"], 2), sgdiff_us=round(sgdiff_us, 2), fused_us=round(fused_us, 2),
-               unfused_us=round(times["unfused"], 2), chosen=chosen,
+               unfused_us=round(times["unfused"], 2), chosen=chosen, mismatched=mismatched,
                cublas_tflops=round(flop / times["cublas"] / 1e6, 1), sgdiff_tflops=round(flop / sgdiff_us / 1e6, 1),
                per_config_us={k: round(v, 2) for k, v in times.items()})
     print(json.dumps(row), flush=True)
     return row
 
 
-def write_md(result, out: pathlib.Path):
+def write_md(result, out: pathlib.Path, name: str = "gemm"):
     lines = [f"# GEMMs at cuBLAS's bits ({result['gpu']}, torch {result['torch']}, triton {result['triton']}, "
              f"commit {result['commit']})", "",
              "GPU µs per call from CUDA-graph replays, alternating in one process. plain: sgdiff's GEMM alone "
@@ -118,23 +150,31 @@ def write_md(result, out: pathlib.Path):
         lines.append(f"| {c['model']} | {c['site']} | {c['M']} | {c['K']} | {c['N']} | {c['epilogue']} | "
                      f"{'yes' if c['bitexact'] else 'NO'} | {c['cublas_us']} | {c['sgdiff_us']} | {c['fused_us']} | "
                      f"{c['unfused_us']} | {c['fused_us'] / c['unfused_us']:.3f} | {c['chosen']} |")
-    (out / "gemm.md").write_text("\n".join(lines) + "\n")
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--models", default="flux,sana,wan")
+    parser.add_argument("--sweep", action="store_true", help="time every configuration of gemm.SWEEP")
+    parser.add_argument("--jobs", type=int, default=0, help="compile in this many worker processes first")
     a = parser.parse_args(argv)
     import triton
+    chosen = [c for c in CASES if c[0] in a.models.split(",")]
+    if a.jobs:
+        precompile(chosen, a.sweep, a.jobs)
+    _use_candidates(a.sweep)
     g = torch.Generator(device="cuda").manual_seed(0)
-    cases = [run_case(*c, g) for c in CASES if c[0] in a.models.split(",")]
+    timing = dict(calls=10, replays=10) if a.sweep else {}
+    cases = [run_case(*c, g, **timing) for c in chosen]
     result = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                  commit=os.environ.get("SGDIFF_COMMIT", "unknown"), cases=cases)
+                  commit=os.environ.get("SGDIFF_COMMIT", "unknown"), sweep=a.sweep, cases=cases)
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gemm.json").write_text(json.dumps(result, indent=1) + "\n")
-    write_md(result, out)
+    name = "gemm-sweep" if a.sweep else "gemm"
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_md(result, out, name)
     return 0
 
 

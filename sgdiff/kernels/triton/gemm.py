@@ -75,13 +75,56 @@ def _tile(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     return first_m + (tile_id % in_group) % rows, (tile_id % in_group) // rows
 
 
+@triton.jit
+def _epilogue(acc, om, on, M, N, S,
+              bias_ptr, res_desc, gate_ptr, out_desc,
+              stride_gb, stride_gs, stride_gn,
+              HAS_BIAS: tl.constexpr, ACT: tl.constexpr, RESIDUAL: tl.constexpr, GATE_FN: tl.constexpr,
+              GATE_ROWS: tl.constexpr, LINEAR_DTYPE: tl.constexpr, PRODUCT_DTYPE: tl.constexpr,
+              SUM_DTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, INTERPRET: tl.constexpr):
+    """The chain after the GEMM on the fp32 tile ``acc`` (rows ``om..``, columns ``on..``), each
+    step rounded as eager rounds it, stored through ``out_desc``."""
+    rn = on + tl.arange(0, BN)
+    if HAS_BIAS:  # the bias joins the fp32 sum before the one rounding, as cuBLAS's epilogue
+        acc = acc + tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    y = acc.to(LINEAR_DTYPE)
+    if ACT == 1:
+        y = gelu_tanh(y.to(tl.float32), INTERPRET).to(LINEAR_DTYPE)
+    elif ACT == 2:
+        y = gelu_erf(y.to(tl.float32), INTERPRET).to(LINEAR_DTYPE)
+    elif ACT == 3:
+        y = silu_rounded(y.to(tl.float32), LINEAR_DTYPE, INTERPRET)
+    if RESIDUAL:  # sgdiff::residual_gate on the tile (kernels/triton/residual_gate.py)
+        if GATE_ROWS:  # a gate per row (per token), or a tile across batch entries
+            rm = (om + tl.arange(0, BM)).to(tl.int64)
+            mask = (rm < M)[:, None] & (rn < N)[None, :]
+            g = tl.load(gate_ptr + ((rm // S) * stride_gb + (rm % S) * stride_gs)[:, None] + rn[None, :] * stride_gn,
+                        mask=mask, other=0.0)
+        else:  # one gate row for the whole tile: its function runs once a column
+            g = tl.load(gate_ptr + (om // S) * stride_gb + rn * stride_gn, mask=rn < N, other=0.0)
+        if GATE_FN == 1:
+            g = tanhf(g.to(tl.float32), INTERPRET).to(gate_ptr.dtype.element_ty)
+        elif GATE_FN == 2:
+            e = expf(g.to(tl.float32) * -1.0, INTERPRET)
+            g = tl.math.div_rn(tl.full(e.shape, 1.0, tl.float32), 1.0 + e).to(gate_ptr.dtype.element_ty)
+        if GATE_ROWS:
+            product = (g.to(tl.float32) * y.to(tl.float32)).to(PRODUCT_DTYPE)
+        else:
+            product = (g.to(tl.float32)[None, :] * y.to(tl.float32)).to(PRODUCT_DTYPE)
+        r = res_desc.load([om, on])
+        out_desc.store([om, on], (r.to(tl.float32) + product.to(tl.float32)).to(SUM_DTYPE)
+                       .to(out_desc.dtype))
+    else:
+        out_desc.store([om, on], y)
+
+
 @LeanKernel
 @triton.jit
 def _gemm_kernel(
     a_ptr, a2_ptr,  # A [M, K1] and (HAS_A2) A2 [M, K2], rows strided, unit column stride
     w_ptr,  # the weight [N, K1 + K2] (nn.Linear's layout), rows strided
     bias_ptr,  # [N] (unused unless HAS_BIAS)
-    res_ptr,  # [M, N] contiguous residual (unused unless RESIDUAL)
+    res_ptr,  # [M, N] contiguous residual, 16-byte aligned (unused unless RESIDUAL)
     gate_ptr,  # gate broadcast to [B, S, N] through (stride_gb, stride_gs, stride_gn)
     out_ptr,  # [M, N] contiguous output
     M, N, K1, K2, S,  # S: rows per batch entry (the gate's row index is (row // S, row % S))
@@ -89,18 +132,27 @@ def _gemm_kernel(
     stride_gb, stride_gs, stride_gn,
     HAS_A2: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
     RESIDUAL: tl.constexpr, GATE_FN: tl.constexpr,
+    GATE_ROWS: tl.constexpr,  # the gate varies along a tile's rows (else one row serves the tile)
     LINEAR_DTYPE: tl.constexpr,  # the linear's output dtype (x's)
     PRODUCT_DTYPE: tl.constexpr, SUM_DTYPE: tl.constexpr,  # promote(gate, y), promote(residual, product)
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, WS: tl.constexpr, FLATTEN: tl.constexpr,
+    SUBTILE: tl.constexpr,  # the epilogue in two halves of BN // 2 columns (half the registers and staging)
     INTERPRET: tl.constexpr,
 ):
     grid_dependency_wait()
+    EN: tl.constexpr = BN // 2 if SUBTILE else BN  # the epilogue's tile width
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K1], strides=[stride_am, 1], block_shape=[BM, BK])
     if HAS_A2:
         a2_desc = tl.make_tensor_descriptor(a2_ptr, shape=[M, K2], strides=[stride_a2m, 1], block_shape=[BM, BK])
+    else:
+        a2_desc = a_desc
     w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K1 + K2], strides=[stride_wn, 1], block_shape=[BN, BK])
-    out_desc = tl.make_tensor_descriptor(out_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, BN])
+    out_desc = tl.make_tensor_descriptor(out_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, EN])
+    if RESIDUAL:
+        res_desc = tl.make_tensor_descriptor(res_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, EN])
+    else:
+        res_desc = out_desc
     k1_tiles = tl.cdiv(K1, BK)
     num_pid_m = tl.cdiv(M, BM)
     num_pid_n = tl.cdiv(N, BN)
@@ -115,68 +167,73 @@ def _gemm_kernel(
         if HAS_A2:  # the cat's second part: K1 is a multiple of BK, so the weight's columns line up
             for ki in range(tl.cdiv(K2, BK)):
                 acc = _mma(a2_desc.load([om, ki * BK]), w_desc.load([on, K1 + ki * BK]), acc, INTERPRET)
-        rn = on + tl.arange(0, BN)
-        if HAS_BIAS:  # the bias joins the fp32 sum before the one rounding, as cuBLAS's epilogue
-            acc = acc + tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-        y = acc.to(LINEAR_DTYPE)
-        if ACT == 1:
-            y = gelu_tanh(y.to(tl.float32), INTERPRET).to(LINEAR_DTYPE)
-        elif ACT == 2:
-            y = gelu_erf(y.to(tl.float32), INTERPRET).to(LINEAR_DTYPE)
-        elif ACT == 3:
-            y = silu_rounded(y.to(tl.float32), LINEAR_DTYPE, INTERPRET)
-        if RESIDUAL:  # sgdiff::residual_gate on the tile (kernels/triton/residual_gate.py)
-            rm = (om + tl.arange(0, BM)).to(tl.int64)
-            mask = (rm < M)[:, None] & (rn < N)[None, :]
-            g = tl.load(gate_ptr + ((rm // S) * stride_gb + (rm % S) * stride_gs)[:, None] + rn[None, :] * stride_gn,
-                        mask=mask, other=0.0)
-            if GATE_FN == 1:
-                g = tanhf(g.to(tl.float32), INTERPRET).to(gate_ptr.dtype.element_ty)
-            elif GATE_FN == 2:
-                e = expf(g.to(tl.float32) * -1.0, INTERPRET)
-                g = tl.math.div_rn(tl.full(e.shape, 1.0, tl.float32), 1.0 + e).to(gate_ptr.dtype.element_ty)
-            product = (g.to(tl.float32) * y.to(tl.float32)).to(PRODUCT_DTYPE)
-            r = tl.load(res_ptr + rm[:, None] * N + rn[None, :], mask=mask, other=0.0)
-            out_desc.store([om, on], (r.to(tl.float32) + product.to(tl.float32)).to(SUM_DTYPE)
-                           .to(out_ptr.dtype.element_ty))
+        if SUBTILE:
+            left, right = tl.split(tl.permute(tl.reshape(acc, (BM, 2, EN)), (0, 2, 1)))
+            _epilogue(left, om, on, M, N, S, bias_ptr, res_desc, gate_ptr, out_desc, stride_gb, stride_gs,
+                      stride_gn, HAS_BIAS, ACT, RESIDUAL, GATE_FN, GATE_ROWS, LINEAR_DTYPE, PRODUCT_DTYPE,
+                      SUM_DTYPE, BM, EN, INTERPRET)
+            _epilogue(right, om, on + EN, M, N, S, bias_ptr, res_desc, gate_ptr, out_desc, stride_gb, stride_gs,
+                      stride_gn, HAS_BIAS, ACT, RESIDUAL, GATE_FN, GATE_ROWS, LINEAR_DTYPE, PRODUCT_DTYPE,
+                      SUM_DTYPE, BM, EN, INTERPRET)
         else:
-            out_desc.store([om, on], y)
+            _epilogue(acc, om, on, M, N, S, bias_ptr, res_desc, gate_ptr, out_desc, stride_gb, stride_gs,
+                      stride_gn, HAS_BIAS, ACT, RESIDUAL, GATE_FN, GATE_ROWS, LINEAR_DTYPE, PRODUCT_DTYPE,
+                      SUM_DTYPE, BM, EN, INTERPRET)
 
 
 class Config(NamedTuple):
-    """One tile configuration: output tile BM x BN, K step BK, pipeline stages, warps, and
-    whether the persistent loop is warp-specialized (a producer warp group feeding TMA loads)."""
+    """One tile configuration: output tile BM x BN, K step BK, pipeline stages, warps, whether
+    the persistent loop is warp-specialized (a producer warp group feeding TMA loads), how many
+    programs share an SM (``ctas``: with two, one program's epilogue runs while the other's
+    tensor-core loop does), and whether the epilogue takes the tile in two halves."""
     BM: int
     BN: int
     BK: int
     stages: int
     warps: int
-    ws: bool
+    ws: bool = False
+    ctas: int = 1
+    subtile: bool = False
 
     @property
     def label(self) -> str:
-        return f"{self.BM}x{self.BN}x{self.BK} s{self.stages} w{self.warps}{' ws' if self.ws else ''}"
+        return (f"{self.BM}x{self.BN}x{self.BK} s{self.stages} w{self.warps}{' ws' if self.ws else ''}"
+                f"{f' c{self.ctas}' if self.ctas > 1 else ''}{' sub' if self.subtile else ''}")
 
 
-#: what first sight times for M >= 256 (the probes' fastest on DiT shapes) and for fewer rows
-LARGE_M = (Config(128, 256, 64, 3, 8, False), Config(128, 256, 64, 3, 8, True),
-           Config(128, 128, 64, 4, 4, True), Config(128, 128, 64, 5, 4, True))
-SMALL_M = (Config(64, 128, 64, 4, 4, False), Config(64, 256, 64, 3, 4, False), Config(128, 128, 64, 4, 4, True))
-SMEM = 232448  # bytes of shared memory a program may take on sm_90
+#: what first sight times for M >= 256 and for fewer rows (bench/results/gemm.md: the fastest on DiT shapes)
+LARGE_M = (Config(128, 256, 64, 3, 8), Config(128, 256, 64, 3, 8, subtile=True),
+           Config(128, 128, 64, 2, 4, ctas=2), Config(128, 128, 64, 3, 4, ctas=2, subtile=True),
+           Config(128, 128, 64, 2, 4, ctas=2, subtile=True), Config(128, 128, 64, 3, 8, ctas=2, subtile=True),
+           Config(64, 256, 64, 2, 4, ctas=2, subtile=True))
+SMALL_M = (Config(64, 128, 64, 4, 4), Config(64, 128, 64, 4, 4, ctas=2, subtile=True),
+           Config(64, 256, 64, 3, 4), Config(128, 128, 64, 3, 4, ctas=2, subtile=True))
+#: every configuration the GEMM bench's sweep times (``bench/gemm.py --sweep``)
+SWEEP = tuple(dict.fromkeys(LARGE_M + SMALL_M + (
+    Config(128, 256, 64, 4, 8, subtile=True), Config(128, 256, 64, 3, 8, ws=True),
+    Config(256, 128, 64, 3, 8, subtile=True), Config(128, 128, 64, 4, 4, ws=True),
+    Config(128, 128, 32, 4, 4, ctas=2, subtile=True), Config(128, 64, 64, 4, 4, ctas=2),
+    Config(128, 128, 64, 2, 8, ctas=2), Config(128, 128, 64, 2, 8, ctas=2, subtile=True))))
+SMEM = 233472  # bytes of shared memory an SM holds for its programs on sm_90 (228 KiB)
+SMEM_RESERVED = 1024 + 640  # what the runtime keeps a program, and what _smem may leave out
 
 
-def _smem(c: Config, out_size: int, residual: bool) -> int:
-    """Shared memory a program takes: the pipeline's A and weight tiles, the output tile, and
-    with a residual epilogue a 16-bit tile's layout conversion (measured: 245784 bytes at
-    128x256x64, 3 stages)."""
-    return c.stages * (c.BM + c.BN) * c.BK * 2 + c.BM * c.BN * (out_size + (2 if residual else 0))
+def _smem(c: Config, out_size: int, residual_size: int) -> int:
+    """Shared memory a program takes: the pipeline's A and weight tiles, the epilogue's staging
+    of its output tile and of the residual's (as Triton 3.6 compiles them for sm_90, within
+    0.6 KiB of this, over every configuration and epilogue)."""
+    width = c.BN // 2 if c.subtile else c.BN
+    return c.stages * (c.BM + c.BN) * c.BK * 2 + c.BM * width * (out_size + residual_size)
 
 
-def configs(M: int, K1: int, out_size: int, has_a2: bool, residual: bool = False) -> Tuple[Config, ...]:
-    """The configurations worth timing for this problem (that fit in shared memory)."""
-    found = tuple(c for c in (LARGE_M if M >= 256 else SMALL_M)
-                  if _smem(c, out_size, residual) <= SMEM and (not has_a2 or (K1 % c.BK == 0 and not c.ws)))
-    return found or (Config(64, 64, 64, 2, 4, False),)
+def configs(M: int, K1: int, out_size: int, has_a2: bool, residual_size: int = 0,
+            candidates: Optional[Tuple[Config, ...]] = None) -> Tuple[Config, ...]:
+    """The configurations worth timing for this problem: of ``candidates`` (by default those
+    for its row count), the ones whose programs fit in shared memory ``ctas`` to an SM."""
+    found = tuple(c for c in (candidates or (LARGE_M if M >= 256 else SMALL_M))
+                  if c.ctas * (_smem(c, out_size, residual_size) + SMEM_RESERVED) <= SMEM
+                  and (not has_a2 or (K1 % c.BK == 0 and not c.ws)))
+    return found or (Config(64, 64, 64, 2, 4),)
 
 
 @functools.lru_cache(maxsize=None)
@@ -240,15 +297,19 @@ def launcher(config: Config, x, weight, bias, x2=None, epilogue: Epilogue = Epil
     K2 = x2.shape[-1] if x2 is not None else 0
     lead = tuple(x.shape[:-1])
     tiles = triton.cdiv(M, config.BM) * triton.cdiv(N, config.BN)
-    programs = min(tiles, _sm_count(x.get_device()) if x.is_cuda else 4)
+    programs = min(tiles, config.ctas * (_sm_count(x.get_device()) if x.is_cuda else 2))
     S, gate_strides = _gate_geometry(gate, lead, N)
+    # one gate row serves a tile where the gate is constant along a batch entry's rows and no
+    # tile spans two entries
+    gate_rows = gate is not None and not (gate_strides[1] == 0 and (S == M or S % config.BM == 0))
     out_dtype = epilogue.out_dtype if epilogue.residual else x.dtype
     kernel = _gemm_kernel.bind(
         (programs,), HAS_A2=x2 is not None, HAS_BIAS=bias is not None, ACT=ACTS[epilogue.act],
-        RESIDUAL=epilogue.residual, GATE_FN=GATE_FNS[epilogue.gate_kind], LINEAR_DTYPE=TL_DTYPE[x.dtype],
+        RESIDUAL=epilogue.residual, GATE_FN=GATE_FNS[epilogue.gate_kind], GATE_ROWS=gate_rows,
+        LINEAR_DTYPE=TL_DTYPE[x.dtype],
         PRODUCT_DTYPE=TL_DTYPE[epilogue.product_dtype], SUM_DTYPE=TL_DTYPE[epilogue.sum_dtype],
         BM=config.BM, BN=config.BN, BK=config.BK, GROUP_M=8, NUM_PROGRAMS=programs, WS=config.ws,
-        FLATTEN=x2 is None, INTERPRET=INTERPRET, num_stages=config.stages, num_warps=config.warps,
+        FLATTEN=x2 is None, SUBTILE=config.subtile, INTERPRET=INTERPRET, num_stages=config.stages, num_warps=config.warps,
         enable_fp_fusion=False, **libdevice_options())
     a_stride = a.stride(0)
     a2_stride = _rows(x2).stride(0) if x2 is not None else 0
@@ -272,10 +333,16 @@ def _gate_geometry(gate, lead, N):
     return shape[1], tuple(gate.expand(shape).stride())
 
 
-def _timed(make, x, weight, bias, x2=None, out_size: int = 2, residual: bool = False):
+#: the configurations :func:`_timed` offers (None: :func:`configs`' choice for the problem);
+#: the GEMM bench's sweep sets SWEEP here
+candidates: list = [None]
+
+
+def _timed(make, x, weight, bias, x2=None, out_size: int = 2, residual_size: int = 0):
     """Every configuration's launch for this problem, labelled (first sight times them)."""
     a = _rows(x)
-    return [(c.label, make(c)) for c in configs(a.shape[0], a.shape[1], out_size, x2 is not None, residual)]
+    return [(c.label, make(c)) for c in configs(a.shape[0], a.shape[1], out_size, x2 is not None, residual_size,
+                                                candidates[-1])]
 
 
 # --- the ops' implementations (sgdiff/kernels/linear*.py declare the ops) -----------------
@@ -315,6 +382,8 @@ def linear_residual_gate_supported(x, weight, bias, residual, gate, gate_kind, o
     out_shape = (*x.shape[:-1], weight.shape[0])
     if tuple(residual.shape) != out_shape or not residual.is_contiguous() or len(out_shape) not in (2, 3):
         return False
+    if not _aligned(residual.view(-1, out_shape[-1])):  # read through a TMA descriptor
+        return False
     if any(t.dtype not in TL_DTYPE or t.device != x.device for t in (residual, gate)):
         return False
     if out_dtype is not None and out_dtype not in TL_DTYPE:
@@ -334,7 +403,7 @@ def linear_residual_gate_variants(x, weight, bias, residual, gate, gate_kind, ou
         def run(x, weight, bias, residual, gate, gate_kind, out_dtype=None, x2=None):
             return launch(x, weight, bias, x2, residual, gate)
         return run
-    return _timed(make, x, weight, bias, x2, epilogue.out_dtype.itemsize, True)
+    return _timed(make, x, weight, bias, x2, epilogue.out_dtype.itemsize, residual.element_size())
 
 
 def _impl(variants, supports) -> Impl:
