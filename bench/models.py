@@ -38,13 +38,16 @@ from bench.timing import alternating  # noqa: E402
 VARIANTS = {
     "eager": None,
     "inductor": dict(backend="inductor"),
+    "inductor_reduce_overhead": dict(backend="inductor", mode="reduce-overhead"),
     "aot_eager": dict(backend="aot_eager"),
     "sgdiff": dict(backend="sgdiff"),  # lossless, no CUDA graphs
     "sgdiff_cudagraph": dict(backend="sgdiff", options={"cudagraphs": True}),
+    # the same without the gemm family: what sgdiff's GEMMs and their epilogues add
+    "sgdiff_cudagraph_no_gemm": dict(backend="sgdiff", options={"cudagraphs": True, "families": "all but gemm"}),
     "sgdiff_extra_high": dict(backend="sgdiff", options={"quality": "extra-high"}),
     "sgdiff_extra_high_cudagraph": dict(backend="sgdiff", options={"quality": "extra-high", "cudagraphs": True}),
 }
-LOSSLESS = ("eager", "aot_eager", "sgdiff", "sgdiff_cudagraph")
+LOSSLESS = ("eager", "aot_eager", "sgdiff", "sgdiff_cudagraph", "sgdiff_cudagraph_no_gemm")
 PROFILED = ("eager", "inductor", "sgdiff")  # where the GPU time of a step goes
 PAIRED = ("aot_eager", "sgdiff")  # also timed with eager's steps interleaved, in one process
 
@@ -151,8 +154,8 @@ def breakdown(fn: Callable, device: torch.device, top: int = 25) -> Dict[str, ob
         entry = per_kernel.setdefault(e.name[:120], [0.0, 0])
         entry[0] += ms
         entry[1] += 1
-        if e.name in ours:  # first: _linear_attention_out_kernel is ours, not attention
-            cats["sgdiff"] += ms
+        if e.name in ours and "gemm" not in name:  # first: _linear_attention_out_kernel is ours
+            cats["sgdiff"] += ms  # (sgdiff's GEMMs, epilogues included, count as GEMMs)
         elif any(k in name for k in ("gemm", "cutlass", "xmma", "nvjet", "matmul", "cublas")):
             cats["gemm"] += ms
         elif any(k in name for k in ("flash", "fmha", "attention", "sdpa")):
@@ -165,7 +168,7 @@ def breakdown(fn: Callable, device: torch.device, top: int = 25) -> Dict[str, ob
 
 
 def run_model(name: str, size: str, device: torch.device, dtype, variants, repeats: int, steps: int,
-              on_update: Callable[[dict], None] = lambda row: None) -> dict:
+              on_update: Callable[[dict], None] = lambda row: None, profiled=PROFILED) -> dict:
     from sgdiff import zoo
 
     model, kwargs = zoo.build(name, size, dtype=dtype, device=device)
@@ -178,6 +181,9 @@ def run_model(name: str, size: str, device: torch.device, dtype, variants, repea
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             spec = VARIANTS[variant]
+            if spec is not None and spec.get("options", {}).get("families") == "all but gemm":
+                from sgdiff import patterns
+                spec = dict(spec, options=dict(spec["options"], families=[f for f in patterns.families() if f != "gemm"]))
             fn = model if spec is None else torch.compile(model, **spec)
             _sync(device)
             t0 = time.perf_counter()
@@ -200,12 +206,14 @@ def run_model(name: str, size: str, device: torch.device, dtype, variants, repea
             row[f"{variant}_max_diff"] = max(float((o.float() - want.float()).abs().max()) for o in outs)
             if device.type == "cuda":
                 row[f"{variant}_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-            if variant in PROFILED:
+            if variant in profiled:
                 row[f"{variant}_breakdown_ms"] = breakdown(lambda: fn(**kwargs), device)
-            if variant == "sgdiff" and steps:
+            if variant in ("sgdiff", "sgdiff_cudagraph") and steps:
                 row["trajectory_steps"] = steps
-                row["trajectory_equal"] = all(
+                row[f"{variant}_trajectory_equal"] = all(
                     torch.equal(a, b) for a, b in zip(euler(fn, kwargs, steps), euler(model, kwargs, steps)))
+            if variant.startswith("sgdiff"):
+                row[f"{variant}_gemm_choices"] = gemm_choices()
             outs = None  # free before the next variant
             on_update(row)
     torch._dynamo.reset()
@@ -217,11 +225,27 @@ def run_isolated(name: str, variants, common_args, on_update: Callable[[dict], N
     row: dict = {}
     for variant in variants:
         with tempfile.TemporaryDirectory() as tmp:
-            subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve()), "--models", name, "--variants",
-                            variant, "--no-isolate", "--out", tmp, *common_args], check=True)
+            # as a module from the checkout's root: run as a script, bench/ would lead sys.path and its
+            # kernels.py would stand for the `kernels` package that transformers looks for
+            subprocess.run([sys.executable, "-m", "bench.models", "--models", name, "--variants",
+                            variant, "--no-isolate", "--out", tmp, *common_args], check=True,
+                           cwd=pathlib.Path(__file__).resolve().parent.parent)
             row.update(json.loads((pathlib.Path(tmp) / "models.json").read_text())["cases"][0])
         on_update(row)
     return summarize(row)
+
+
+def gemm_choices() -> list:
+    """What first sight chose at each GEMM signature of the model: ``[op, [shapes], chosen,
+    {candidate: µs}]``, candidates as ``backend variant`` (``reference``: cuBLAS and the eager
+    chain; ``unfused``: cuBLAS and sgdiff's chain kernel)."""
+    from sgdiff.kernels import dispatch
+
+    rows = []
+    for (op, sig), (chosen, times) in dispatch.tuned_choices().items():
+        shapes = [list(a[0]) for a in sig if isinstance(a, tuple) and len(a) == 5 and isinstance(a[0], torch.Size)]
+        rows.append([op, shapes, chosen, {f"{b} {v}".strip(): round(t * 1e6, 1) for b, v, t in times}])
+    return rows
 
 
 def summarize(row: dict) -> dict:
@@ -231,7 +255,13 @@ def summarize(row: dict) -> dict:
         best = min(lossless, key=lambda v: row[f"{v}_ms"])
         row["sgdiff_lossless_ms"], row["sgdiff_lossless_best"] = row[f"{best}_ms"], best
     row["sgdiff_lossless_equal"] = all(row.get(f"{v}_equal", True) for v in ("sgdiff", "sgdiff_cudagraph"))
+    inductor = [row[f"{v}_ms"] for v in ("inductor", "inductor_reduce_overhead") if row.get(f"{v}_ms") is not None]
+    if inductor:  # Inductor's best: the faster of its default and reduce-overhead (CUDA graphs)
+        row["inductor_best_ms"] = min(inductor)
     row["compile_s"] = row.get("sgdiff_first_call_s")
+    trajectories = [row[f"{v}_trajectory_equal"] for v in VARIANTS if f"{v}_trajectory_equal" in row]
+    if trajectories:
+        row["trajectory_equal"] = all(trajectories)
     return row
 
 
@@ -283,15 +313,23 @@ def write_report(result: dict, out: pathlib.Path) -> None:
         lines.append(f"| {c['model']} ({c['size']}, {c['dtype']}) | " + " | ".join(cells)
                      + f" | {c.get('trajectory_equal', '-')} ({c.get('trajectory_steps', '-')}) |")
     lines += ["", "Best lossless sgdiff configuration against Inductor (the ratio is sgdiff time / Inductor time; "
-              "below 1 is faster):", "", "| model | eager | Inductor | sgdiff lossless | config | / Inductor | "
-              "equal | first call / aot_eager |", "|" + " --- |" * 8]
+              "below 1 is faster; Inductor's best: the faster of its default and reduce-overhead):", "",
+              "| model | eager | Inductor | Inductor best | sgdiff lossless | config | / Inductor | / Inductor best | "
+              "equal | first call / aot_eager |", "|" + " --- |" * 10]
+
+    def ms(value):
+        return "-" if value is None else f"{value:.2f}"
+
+    def ratio(a, b):
+        return "-" if None in (a, b) else f"{a / b:.3f}"
+
     for c in result["cases"]:
         best, ind, aot = c.get("sgdiff_lossless_ms"), c.get("inductor_ms"), c.get("aot_eager_first_call_s")
+        ind_best = c.get("inductor_best_ms")
         first = c.get(f"{c.get('sgdiff_lossless_best')}_first_call_s")
-        lines.append(f"| {c['model']} | {c.get('eager_ms', 0):.2f} | {'-' if ind is None else f'{ind:.2f}'} | "
-                     f"{'-' if best is None else f'{best:.2f}'} | {c.get('sgdiff_lossless_best', '-')} | "
-                     f"{'-' if None in (best, ind) else f'{best / ind:.3f}'} | {c.get('sgdiff_lossless_equal')} | "
-                     f"{'-' if None in (first, aot) else f'{first / aot:.2f}'} |")
+        lines.append(f"| {c['model']} | {c.get('eager_ms', 0):.2f} | {ms(ind)} | {ms(ind_best)} | {ms(best)} | "
+                     f"{c.get('sgdiff_lossless_best', '-')} | {ratio(best, ind)} | {ratio(best, ind_best)} | "
+                     f"{c.get('sgdiff_lossless_equal')} | {ratio(first, aot)} |")
     if any(f"{v}_host_ms" in c for c in result["cases"] for v in cols):
         lines += ["", "Host time of one step: the call's return to Python / a step's share of calls issued back to "
                   "back (ms; a step slower than both is host-bound):", "", "| model | " + " | ".join(cols) + " |",
@@ -313,13 +351,13 @@ def write_report(result: dict, out: pathlib.Path) -> None:
     lines += ["", "GPU time of one step by kernel category (ms; gaps_and_host = wall time not covered by kernels):",
               "", "| model | variant | gemm | attention | sgdiff | other | gaps_and_host |", "|" + " --- |" * 7]
     for c in result["cases"]:
-        for v in PROFILED:
+        for v in VARIANTS:
             b = c.get(f"{v}_breakdown_ms")
             if b:
                 lines.append(f"| {c['model']} | {v} | " + " | ".join(f"{b.get(k, 0):.2f}" for k in
                              ("gemm", "attention", "sgdiff", "other", "gaps_and_host")) + " |")
     for c in result["cases"]:
-        for v in PROFILED:
+        for v in VARIANTS:
             top = (c.get(f"{v}_breakdown_ms") or {}).get("top_kernels")
             if top:
                 lines += ["", f"Top kernels of one {c['model']} step, {v} (ms, calls):", ""]
@@ -337,6 +375,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--profiled", default=",".join(PROFILED),
+                        help="the variants whose step is profiled (GPU time by kernel category)")
     parser.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
                         help="each variant in its own process (default: on a GPU)")
     parser.add_argument("--merge", nargs="+", metavar="MODELS_JSON",
@@ -363,12 +403,13 @@ def main(argv=None) -> int:
 
     isolate = device.type == "cuda" if args.isolate is None else args.isolate
     common = ["--size", args.size, "--device", args.device, "--dtype", args.dtype, "--repeats", str(args.repeats),
-              "--steps", str(args.steps)]
+              "--steps", str(args.steps), "--profiled", args.profiled]
     for name in tqdm(args.models.split(","), desc="models", file=sys.stdout):
         if isolate and len(variants) > 1:
             rows.append(run_isolated(name, variants, common, save))
         else:
-            rows.append(run_model(name, args.size, device, dtype, variants, args.repeats, args.steps, save))
+            rows.append(run_model(name, args.size, device, dtype, variants, args.repeats, args.steps, save,
+                                  tuple(args.profiled.split(","))))
         tqdm.write(json.dumps({k: v for k, v in rows[-1].items() if not isinstance(v, dict)}))
         write_report(dict(meta, cases=rows), pathlib.Path(args.out))
     return 0

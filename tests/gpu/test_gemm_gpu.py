@@ -92,9 +92,28 @@ def test_a_wrong_gemm_is_caught_at_first_sight(fresh_dispatch):
         assert torch.equal(got, F.linear(x, w))
         ((_, (chosen, rows)),) = [(k, v) for k, v in dispatch.tuned_choices().items() if k[0] == "linear"]
         assert "wrong" not in [r[0] for r in rows] and not chosen.startswith("wrong")
+        assert "triton" in [r[0] for r in rows]  # the Triton GEMM still verified and timed
+        # only that implementation of that op dropped out: another op keeps its Triton GEMM
+        assert torch.equal(registry.op_def("linear_act").load()(x, w, None, "silu"), F.silu(F.linear(x, w)))
+        ((_, (_, rows)),) = [(k, v) for k, v in dispatch.tuned_choices().items() if k[0] == "linear_act"]
+        assert "triton" in [r[0] for r in rows] and not dispatch.disabled()
     finally:
         registry._SPECS["linear"].remove(spec)
         registry._generation[0] += 1
+
+
+def test_operands_the_kernel_does_not_take_run_eagers_gemm(fresh_dispatch):
+    """A transposed weight (nn.Linear's weight as a .t() view of [K, N]), rows 2 bytes off a
+    16-byte boundary, a strided bias: the kernel refuses them and the op gives cuBLAS's
+    bits."""
+    x = torch.randn(1, 512, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1024, 768, device="cuda", dtype=torch.bfloat16).t()  # [768, 1024], strides (1, 768)
+    off = torch.randn(512 * 1024 + 1, device="cuda", dtype=torch.bfloat16)[1:].view(1, 512, 1024)
+    strided_bias = torch.randn(2 * 768, device="cuda", dtype=torch.bfloat16)[::2]
+    wc = w.contiguous()
+    for args in ((x, w, None, None), (off, wc, None, None), (x, wc, strided_bias, None)):
+        assert not _impl("linear").supports(*args)
+        assert torch.equal(registry.op_def("linear").load()(*args), F.linear(*args[:3]))
 
 
 def _wrong(x, weight, bias=None, x2=None):
