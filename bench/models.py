@@ -207,11 +207,11 @@ def run_model(name: str, size: str, device: torch.device, dtype, variants, repea
             if device.type == "cuda":
                 row[f"{variant}_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
             if variant in profiled:
-                row[f"{variant}_breakdown_ms"] = breakdown(lambda: fn(**kwargs), device)
+                row[f"{variant}_breakdown_ms"] = _reported(row, variant, breakdown, lambda: fn(**kwargs), device)
             if variant in ("sgdiff", "sgdiff_cudagraph") and steps:
                 row["trajectory_steps"] = steps
-                row[f"{variant}_trajectory_equal"] = all(
-                    torch.equal(a, b) for a, b in zip(euler(fn, kwargs, steps), euler(model, kwargs, steps)))
+                row[f"{variant}_trajectory_equal"] = _reported(row, variant, lambda: all(
+                    torch.equal(a, b) for a, b in zip(euler(fn, kwargs, steps), euler(model, kwargs, steps))))
             if variant.startswith("sgdiff"):
                 row[f"{variant}_gemm_choices"] = gemm_choices()
             outs = None  # free before the next variant
@@ -233,6 +233,20 @@ def run_isolated(name: str, variants, common_args, on_update: Callable[[dict], N
             row.update(json.loads((pathlib.Path(tmp) / "models.json").read_text())["cases"][0])
         on_update(row)
     return summarize(row)
+
+
+def _reported(row: dict, variant: str, measure: Callable, *args):
+    """``measure(*args)``; where it raises, None, with the error in ``row[variant + "_errors"]``
+    and on stderr (a step's time and bits stay measured)."""
+    try:
+        return measure(*args)
+    except Exception as exc:  # noqa: BLE001 - a report of what failed, not a fix
+        import traceback
+
+        traceback.print_exc()
+        row.setdefault(f"{variant}_errors", []).append(f"{getattr(measure, '__name__', 'measure')}: "
+                                                       f"{type(exc).__name__}: {exc}"[:500])
+        return None
 
 
 def gemm_choices() -> list:
