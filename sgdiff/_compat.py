@@ -132,3 +132,12 @@ def addmm_gelu_tanh(bias: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor) 
     """``gelu_tanh(bias + mat1 @ mat2)``: cuBLASLt's GELU_BIAS epilogue on CUDA where it applies,
     else ``addmm`` then ``gelu_(approximate="tanh")`` (ATen's ``_addmm_activation``)."""
     return torch._addmm_activation(bias, mat1, mat2, use_gelu=True)
+
+
+def hold_stream(cycles: int) -> None:
+    """Keep the current CUDA stream busy for ``cycles`` GPU clock cycles (``torch.cuda._sleep``),
+    so that kernels the host enqueues meanwhile start back to back when it ends; nothing where
+    this torch lacks it."""
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is not None:
+        sleep(int(cycles))

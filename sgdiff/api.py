@@ -61,9 +61,11 @@ def _explaining(breaks: List[str]):
         yield
 
 
-def explain(model: Callable, *args: Any, quality: "Tier | str" = DEFAULT_TIER, **kwargs: Any) -> Report:
+def explain(model: Callable, *args: Any, quality: "Tier | str" = DEFAULT_TIER, options: Optional[dict] = None,
+            **kwargs: Any) -> Report:
     """Run ``model(*args, **kwargs)`` once through sgdiff (under ``torch.no_grad``) and report
-    what each chain family found and rewrote, and what it skipped and why.
+    what each chain family found and rewrote, and what it skipped and why. ``options``: the
+    backend's (:class:`sgdiff.options.Options`), e.g. ``{"gemm": True}``.
 
     The report describes a fresh compilation (a backend of its own, which torch.compile's
     caches never share with another), and torch.compile's caches are left as they are: a
@@ -74,7 +76,7 @@ def explain(model: Callable, *args: Any, quality: "Tier | str" = DEFAULT_TIER, *
     cache entries it leaves sit on that frame's code, not on the model's, unless a graph break
     in the model makes torch.compile resume in the model's own frames.
     """
-    opts = Options.parse({"quality": quality})
+    opts = Options.parse({"quality": quality, **(options or {})})
     if pipelines.is_pipeline(model):
         return _explain_pipeline(model, opts, args, kwargs)
     results: List[ManagerResult] = []

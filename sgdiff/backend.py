@@ -66,7 +66,7 @@ class TieredGraph:
 
     def _build(self, tier: Tier, gm: fx.GraphModule) -> Callable:
         try:
-            result = PassManager(tier, families=self.options.families).apply(gm)
+            result = PassManager(tier, families=self.options.chosen_families()).apply(gm)
         except Exception:  # never break a user's model: run the captured graph as it is
             log.exception("sgdiff: passes failed on a graph; running it unchanged")
             gm = _copy(self._pristine)

@@ -8,7 +8,8 @@ from sgdiff.tiers import DEFAULT_TIER, Tier
 
 #: torch.compile's mode names, as sgdiff reads them: "reduce-overhead" and "max-autotune" (which
 #: turns CUDA graphs on in Inductor too) run the graph under CUDA graphs; "default" and
-#: "max-autotune-no-cudagraphs" do not. (sgdiff has no GEMM of its own to autotune yet.)
+#: "max-autotune-no-cudagraphs" do not. (sgdiff's own GEMMs, ``gemm=True``, are tuned at first
+#: sight of each signature whatever the mode.)
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 
@@ -19,8 +20,14 @@ class Options:
     quality: Tier = DEFAULT_TIER
     #: run the rewritten graph under CUDA graphs; ``mode="reduce-overhead"`` sets it
     cudagraphs: bool = False
-    #: rewrite only these chain families (None: all); e.g. ("modulate",)
+    #: rewrite only these chain families (None: every family on by default, all but "gemm");
+    #: e.g. ("modulate",)
     families: Optional[Tuple[str, ...]] = None
+    #: also rewrite the "gemm" family: linear layers as sgdiff's own GEMM (cuBLAS's bits) with
+    #: the chain after them (activation, gated residual) as its epilogue, each site on whichever
+    #: of cuBLAS + the chain's kernel and the fused GEMM first sight times faster. Off by default:
+    #: on Flux.1-dev it has not yet measured faster than without (bench/results/models.md)
+    gemm: bool = False
     #: check each accelerated kernel bitwise against its reference the first time it meets
     #: a new input signature (lossless kernels only)
     verify: bool = True
@@ -39,12 +46,21 @@ class Options:
             options["quality"] = Tier.parse(options["quality"])
         if options.get("families") is not None:
             options["families"] = _families(options["families"])
-        for flag in ("cudagraphs", "verify"):
+        for flag in ("cudagraphs", "verify", "gemm"):
             if flag in options and not isinstance(options[flag], bool):
                 raise ValueError(f"sgdiff option {flag!r} must be True or False, got {options[flag]!r}")
         if mode in CUDAGRAPH_MODES:
             options["cudagraphs"] = True
         return cls(**options)
+
+
+    def chosen_families(self) -> Tuple[str, ...]:
+        """The families the passes rewrite: ``families``, or the default ones; with ``gemm``,
+        "gemm" too."""
+        from sgdiff import patterns
+
+        names = self.families if self.families is not None else tuple(patterns.default_families())
+        return names + (("gemm",) if self.gemm and "gemm" not in names else ())
 
 
 def _families(value) -> Tuple[str, ...]:

@@ -15,17 +15,21 @@ def _w(n, k):
 
 
 def test_flux_blocks_fold_their_activations_and_gated_residuals():
-    """2 double blocks x (to_out, add_out, ff, ff_context: 4 gated residuals + 2 GELUs) and 4 single
-    blocks x (proj_out over the cat + its gate, proj_mlp + GELU) = 20 sites; the q/k/v GEMMs at
-    width 256 are below MIN_PLAIN_FLOP."""
+    """Off by default. With ``gemm``: 2 double blocks x (to_out, add_out, ff, ff_context: 4 gated
+    residuals + 2 GELUs) and 4 single blocks x proj_out (its input gelu_tanh_cat's, which writes
+    the MLP's GELU into the cat) + its gate = 16 sites; the q/k/v GEMMs at width 256 are below
+    MIN_PLAIN_FLOP."""
     import sgdiff
 
     model, kw = zoo.build("flux", size="small", dtype=BF16)
     with torch.no_grad():
         want = model(**kw)[0]
-        report = sgdiff.explain(model, **kw)
-        got = torch.compile(model, backend="sgdiff")(**kw)[0]
-    assert report.counts["gemm"] == 20 and report.found["gemm"] == 20
+        default = sgdiff.explain(model, **kw)
+        report = sgdiff.explain(model, options={"gemm": True}, **kw)
+        got = torch.compile(model, backend="sgdiff", options={"gemm": True})(**kw)[0]
+    assert default.counts["gemm"] == 0 and default.found["gemm"] == 0
+    assert report.counts["gemm"] == 16 and report.found["gemm"] == 16
+    assert report.counts["activation"] == default.counts["activation"] == 4  # the single blocks' gelu_tanh_cat
     assert torch.equal(got, want)
 
 
@@ -75,3 +79,37 @@ def test_gated_residual_after_a_projection(contiguous):
     assert result.counts["residual_gate"] == 1
     assert result.counts["gemm"] == (1 if contiguous else 0)
     assert torch.equal(run(*args), block(*args))
+
+
+def test_the_family_is_off_unless_asked_for():
+    from sgdiff.options import Options
+    from sgdiff import patterns
+
+    assert "gemm" in patterns.families() and "gemm" not in patterns.default_families()
+    assert "gemm" not in Options.parse({}).chosen_families()
+    assert Options.parse({"gemm": True}).chosen_families()[-1] == "gemm"
+    assert Options.parse({"families": ["gemm"]}).chosen_families() == ("gemm",)
+    assert Options.parse({"families": ["modulate"], "gemm": True}).chosen_families() == ("modulate", "gemm")
+    with pytest.raises(ValueError, match="gemm"):
+        Options.parse({"gemm": "yes"})
+    x, w, b = torch.randn(1, 128, 64, dtype=BF16), _w(256, 64), torch.randn(256, dtype=BF16)
+    _, gm, result = rewrite(lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"), [x, w, b])
+    assert "gemm" not in result.passes and "sgdiff.linear_act" not in gm.code  # the pass manager's default
+
+
+def test_first_sight_keeps_the_reference_within_the_margin(monkeypatch):
+    """Same bits, so a candidate replaces the first (the reference) only when it is faster by more
+    than tuning.MARGIN; the times themselves order candidates whose durations differ tenfold
+    (wall time on the CPU: sleeps)."""
+    import time
+
+    from sgdiff.kernels import tuning
+
+    def sleeper(ms):
+        return lambda *a: time.sleep(ms / 1e3)
+
+    times = tuning.best_times([sleeper(5.0), sleeper(0.5)], (torch.zeros(1),))
+    assert times[1] < times[0] / 3
+    for measured, chosen in (([1.0, 0.99], 0), ([1.0, 1.0, 0.97], 2), ([1.0, 1.01, 0.5], 2), ([0.9, 1.0], 0)):
+        monkeypatch.setattr(tuning, "best_times", lambda candidates, args, m=measured: list(m))
+        assert tuning.fastest([None] * len(measured), ())[0] == chosen, measured

@@ -76,6 +76,8 @@ class PassManager:
                  patterns: Optional[Sequence[ChainPattern]] = None):
         self.tier = Tier.parse(quality)
         chosen = list(patterns) if patterns is not None else pattern_registry.all_patterns()
+        if families is None and patterns is None:
+            families = pattern_registry.default_families()
         wanted = None if families is None else set(families)
         by_family: Dict[str, List[ChainPattern]] = {}
         for p in chosen:

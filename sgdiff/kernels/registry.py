@@ -129,6 +129,10 @@ _discovered = [False]
 
 
 def generation() -> int:
+    """Bumped on every registration. Discovery comes first: a choice keyed on the generation
+    before the built-in ops registered themselves would never be found again."""
+    if not _discovered[0]:
+        _discover()
     return _generation[0]
 
 

@@ -1,14 +1,18 @@
 """Timing candidates that compute the same bits, to keep the fastest (tuned ops, first sight).
 
-First sight usually comes after a compile, with the GPU idle and its clocks down: the
-candidates first run round-robin for WARMUP_S of wall time, so the clocks are up before any is
-timed (measured on the H200 in a Flux step's first call, without it: cuBLAS's 116 µs GEMM read
-433 µs, the Triton candidates timed after it 144-183). Then ROUNDS rounds, each starting at
-another candidate, of LAUNCHES launches per candidate, GPU time from CUDA events (wall time on
-the CPU); a candidate's figure is its best round, which filters out the rounds another process
-or a clock change disturbed. The first candidate (the op's reference: cuBLAS and the eager
-chain) is kept unless another is faster by more than MARGIN: same bits, so a choice within the
-noise is not worth a change. Runs outside CUDA-graph capture only (the dispatcher's business).
+GPU time, not the host's: in a model's first call the host is slow (measured on the H200 in a
+Flux step's first call, events around plain launches read cuBLAS's 116 µs GEMM as 433 µs and a
+512-row GEMM of about 20 µs as 245 µs, the Triton candidates' leaner launches less inflated,
+so they were chosen where cuBLAS is faster). So each round of LAUNCHES launches is enqueued
+behind a kernel that holds the stream for HOLD_CYCLES GPU cycles (about 4 ms, longer than the
+host takes to issue them): the launches then run back to back and the events around them time
+the GPU alone. First sight also follows a compile, with the GPU idle and its clocks down: the
+candidates first run round-robin for WARMUP_S of wall time. Then ROUNDS rounds, each starting
+at another candidate; a candidate's figure is its best round, which filters out the rounds
+another process or a clock change disturbed (wall time on the CPU). The first candidate (the
+op's reference: cuBLAS and the eager chain) is kept unless another is faster by more than
+MARGIN: same bits, so a choice within the noise is not worth a change. Runs outside CUDA-graph
+capture only (the dispatcher's business). Not yet measured on the GPU in this form.
 """
 from __future__ import annotations
 
@@ -17,8 +21,11 @@ from typing import Callable, List, Sequence, Tuple
 
 import torch
 
+from sgdiff import _compat
+
 WARMUP_S = 0.05
-ROUNDS = 5
+HOLD_CYCLES = 8_000_000  # about 4 ms at the H200's 1.98 GHz
+ROUNDS = 3
 LAUNCHES = 5  # per round
 MARGIN = 0.02
 
@@ -32,6 +39,7 @@ def _round(fn: Callable, args: tuple, cuda: bool) -> float:
     """Seconds a launch of ``fn(*args)`` takes, over LAUNCHES launches."""
     if cuda:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        _compat.hold_stream(HOLD_CYCLES)  # the launches below queue up behind it
         start.record()
         for _ in range(LAUNCHES):
             fn(*args)

@@ -76,4 +76,11 @@ def families() -> List[str]:
     return builtin + sorted({p.family for p in _registered.values()} - set(builtin))
 
 
-__all__ = ["ChainPattern", "Family", "register", "unregister", "all_patterns", "families"]
+def default_families() -> List[str]:
+    """The families rewritten when the options name none: all but those declared
+    ``default=False`` (:class:`Family`), in :func:`families`' order."""
+    _load_builtins()
+    return [f for f in families() if f not in _families or _families[f].default]
+
+
+__all__ = ["ChainPattern", "Family", "register", "unregister", "all_patterns", "families", "default_families"]

@@ -31,7 +31,7 @@ from sgdiff.patterns.matcher import AnyOf, Arg, Items, Lit, Match, Op, Views, ge
 from sgdiff.patterns import parts
 from sgdiff.patterns.base import ChainPattern, Family, like_layout_reason, same_shape, same_size, tensor_meta
 
-FAMILY = Family("activation", after=("gemm",))  # a GEMM takes its activation epilogue first
+FAMILY = Family("activation")
 
 aten = torch.ops.aten
 

@@ -15,10 +15,12 @@ from sgdiff.kernels.layout import like_strides, same_strides
 class Family:
     """A family of patterns, as its module declares it (``FAMILY = Family(...)``): the name a
     Report counts its sites under, and the families whose rewrites must run before its own
-    (their chains hide inside its chains, or its patterns match their ops)."""
+    (their chains hide inside its chains, or its patterns match their ops). A family that is
+    not ``default`` is rewritten only where the options ask for it."""
 
     name: str
     after: Tuple[str, ...] = ()
+    default: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,11 +10,18 @@ bias). The chains::
     linear(cat([x, x2], -1))                    Flux single blocks' proj_out  -> linear (x2)
     linear(x)                                   a large plain GEMM            -> linear
 
-(the last two also inside the residual). Each op is tuned per signature (the fused GEMM, or
-cuBLAS and the chain's own kernel, whichever is faster: :mod:`sgdiff.kernels.linear`), so a
-rewrite never costs GPU time, only a call site's host time: GEMMs with fewer than
-:data:`MIN_ROWS` rows (adaLN projections, GEMVs that cuBLAS runs as split-K) and plain GEMMs
-under :data:`MIN_PLAIN_FLOP` are not sites (nor reported as skipped).
+(the last two also inside the residual). Each op is tuned per signature: first sight times
+the fused GEMM's configurations against cuBLAS and the chain (:mod:`sgdiff.kernels.tuning`) and
+keeps cuBLAS unless one is faster by more than 2%. GEMMs with fewer than :data:`MIN_ROWS` rows
+(adaLN projections, GEMVs that cuBLAS runs as split-K) and plain GEMMs under
+:data:`MIN_PLAIN_FLOP` are not sites (nor reported as skipped).
+
+Off by default (``Options.gemm``): on Flux.1-dev 1024² with CUDA graphs a step took 131.5 ms
+with the family against 127.1 without (H200, bench/results/models.md), where first sight
+timed the candidates with the host's launch time in (it chose Triton GEMMs for the text
+stream's 512-row GEMMs, slower than cuBLAS's) and the family took the single blocks' GELU
+before the activation family could write it into the cat (both since changed, not yet
+measured on the GPU).
 """
 from __future__ import annotations
 
@@ -26,7 +33,10 @@ from sgdiff.patterns import parts
 from sgdiff.patterns.base import ChainPattern, Family, broadcast_reason, same_shape, same_size, tensor_meta
 from sgdiff.patterns.matcher import AnyOf, Arg, Items, Lit, Match, Op, Views, When
 
-FAMILY = Family("gemm", after=("residual_gate",))
+# after the activation family: where Flux single blocks' GELU feeds the cat before proj_out,
+# gelu_tanh_cat writes it there in one pass (a GEMM epilogue would still leave the cat to make);
+# off by default (Options.gemm)
+FAMILY = Family("gemm", after=("residual_gate", "activation"), default=False)
 
 aten = torch.ops.aten
 
