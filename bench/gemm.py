@@ -40,17 +40,20 @@ CASES = [
     ("wan", "self-attn q/k/v", 32760, 1536, 1536, "none"),
     ("wan", "ffn up + gelu", 32760, 1536, 8960, "gelu_tanh"),
     ("wan", "ffn down + gate (fp32)", 32760, 8960, 1536, "residual"),
+    ("wan14b", "self-attn q/k/v", 32760, 5120, 5120, "none"),
+    ("wan14b", "ffn up + gelu", 32760, 5120, 13824, "gelu_tanh"),
+    ("wan14b", "ffn down + gate (fp32)", 32760, 13824, 5120, "residual"),
 ]
 
 
-def _operands(M, K, N, epilogue, g):
+def _operands(model, M, K, N, epilogue, g):
     def randn(*shape, dtype=torch.bfloat16, scale=1.0):
         return (torch.randn(*shape, device="cuda", generator=g) * scale).to(dtype)
     K1 = 3072 if epilogue == "cat_residual" else K
     x = randn(1, M, K1)
     x2 = randn(1, M, K - K1) if epilogue == "cat_residual" else None
     w, b = randn(N, K, scale=K ** -0.5), randn(N)
-    fp32 = epilogue == "residual" and N == 1536  # Wan: fp32 gate, bf16 stream cast back
+    fp32 = epilogue == "residual" and model.startswith("wan")  # Wan: fp32 gate, bf16 stream cast back
     residual = randn(1, M, N)
     gate = randn(1, 6, N, dtype=torch.float32 if fp32 else torch.bfloat16)[:, 2:3]
     return x, x2, w, b, residual, gate, (torch.bfloat16 if fp32 else None)
@@ -80,7 +83,7 @@ def precompile(cases, sweep: bool, jobs: int) -> None:
 def run_case(model, site, M, K, N, epilogue, g, time_it: bool = True, calls: int = 20, replays: int = 20):
     from sgdiff.kernels import dispatch, registry
     from sgdiff.kernels.triton import gemm
-    x, x2, w, b, residual, gate, out_dtype = _operands(M, K, N, epilogue, g)
+    x, x2, w, b, residual, gate, out_dtype = _operands(model, M, K, N, epilogue, g)
     xs = x if x2 is None else torch.cat([x, x2], -1)
     plain_args = (x, w, b, x2)
     cublas = lambda: F.linear(xs, w, b)  # noqa: E731
@@ -151,12 +154,41 @@ def write_md(result, out: pathlib.Path, name: str = "gemm"):
                      f"{'yes' if c['bitexact'] else 'NO'} | {c['cublas_us']} | {c['sgdiff_us']} | {c['fused_us']} | "
                      f"{c['unfused_us']} | {c['fused_us'] / c['unfused_us']:.3f} | {c['chosen']} |")
     (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+    write_png(result, out / f"{name}.png")
+
+
+def write_png(result, path: pathlib.Path) -> None:
+    """Each case's GPU time over cuBLAS's: sgdiff's GEMM alone, fused with the chain, and cuBLAS +
+    the chain's kernel (the pair the fused GEMM must beat)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    cases = result["cases"]
+    labels = [f"{c['model']} {c['site']}\n{c['M']}x{c['K']}x{c['N']}" for c in cases]
+    fig, ax = plt.subplots(figsize=(max(8, len(cases) * 0.8), 4.5))
+    ways = {"sgdiff plain": "sgdiff_us", "sgdiff fused": "fused_us", "cuBLAS + chain": "unfused_us"}
+    width = 0.25
+    for i, (label, key) in enumerate(ways.items()):
+        ax.bar([j + i * width for j in range(len(cases))], [c[key] / c["cublas_us"] for c in cases], width, label=label)
+    ax.set_xticks([j + width for j in range(len(cases))], labels, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("GPU time / cuBLAS's GEMM alone")
+    ax.axhline(1.0, color="gray", ls=":", lw=1)
+    ax.set_title(f"{result['gpu']}, torch {result['torch']}, triton {result['triton']}, commit {result['commit']}",
+                 fontsize=8)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench/results")
-    parser.add_argument("--models", default="flux,sana,wan")
+    parser.add_argument("--models", default="flux,sana,wan,wan14b")
     parser.add_argument("--sweep", action="store_true", help="time every configuration of gemm.SWEEP")
     parser.add_argument("--jobs", type=int, default=0, help="compile in this many worker processes first")
     a = parser.parse_args(argv)

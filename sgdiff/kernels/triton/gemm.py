@@ -19,10 +19,14 @@ A second A operand (``x2``) continues K after the first (``linear(cat([x, x2], -
 without the cat in memory): the weight's columns from ``K1`` on pair with ``x2``'s, in the
 same increasing order, so the sums are the cat's.
 
-Persistent: ``min(SMs, tiles)`` programs walk the output tiles in GROUP_M-swizzled order; A,
-the weight and the output through TMA descriptors built on the device (Triton's allocator
-gives their scratch; :func:`sgdiff.kernels.triton.triton_compat.ensure_allocator`). Which tile
-configuration runs is chosen per signature by timing (:func:`variants`).
+Persistent: ``min(ctas x SMs, tiles)`` programs walk the output tiles in GROUP_M-swizzled
+order; A, the weight, the output and the residual through TMA descriptors built on the device
+(Triton's allocator gives their scratch; :func:`sgdiff.kernels.triton.triton_compat.ensure_allocator`).
+With two programs an SM (``Config.ctas``, where their shared memory fits: :func:`configs`) one
+program's epilogue runs while the other's tensor-core loop does; ``Config.subtile`` takes the
+epilogue in two column halves (half its registers and staging). Which configuration runs is
+chosen per signature by timing (the ops' ``variants``; ``bench/results/gemm-sweep.md`` chose
+the candidates).
 """
 from __future__ import annotations
 
