@@ -202,3 +202,20 @@ def test_the_copy_bar_takes_the_faster_copy(tmp_path):
     row, = kernels.across_runs([dict(meta, commit="a", cases=[older]), dict(meta, commit="b", cases=[slow_memcpy]),
                                 dict(meta, commit="c", cases=[slow_memcpy])])
     assert row["copy_ratio_median"] == pytest.approx(400.0 / 396.0) and row["within_copy_bar"] == 3
+
+
+def test_gemm_report_from_a_result(tmp_path):
+    """bench/gemm.py's tables (and plot, where matplotlib is there) from a result as a GPU run
+    writes it; the inductor-best field of the model bench needs both Inductor variants."""
+    from bench import gemm, models
+
+    case = dict(model="flux", site="ff up + gelu", M=4096, K=3072, N=12288, epilogue="gelu_tanh", bitexact=True,
+                cublas_us=443.5, sgdiff_us=459.3, fused_us=519.2, unfused_us=513.7, chosen="reference",
+                mismatched=[])
+    result = dict(gpu="H200", torch="2.11", triton="3.6", commit="test", sweep=False, cases=[case])
+    gemm.write_md(result, tmp_path)
+    table = (tmp_path / "gemm.md").read_text()
+    assert "| flux | ff up + gelu | 4096 | 3072 | 12288 | gelu_tanh | yes | 443.5 |" in table and "1.011" in table
+    row = models.summarize(dict(inductor_ms=131.2))
+    assert "inductor_best_ms" not in row  # reduce-overhead not measured: no best to claim
+    assert models.summarize(dict(inductor_ms=131.2, inductor_reduce_overhead_ms=130.7))["inductor_best_ms"] == 130.7
