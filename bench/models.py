@@ -249,16 +249,12 @@ def _reported(row: dict, variant: str, measure: Callable, *args):
 
 
 def gemm_choices() -> list:
-    """What first sight chose at each GEMM signature of the model: ``[op, [shapes], chosen,
-    {candidate: µs}]``, candidates as ``backend variant`` (``reference``: cuBLAS and the eager
-    chain; ``unfused``: cuBLAS and sgdiff's chain kernel)."""
+    """What first sight chose at each tuned signature of the model (the gemm family's):
+    ``[op, [shapes], chosen, {candidate: µs}]`` (:func:`sgdiff.kernels.dispatch.first_sight_report`)."""
     from sgdiff.kernels import dispatch
 
-    rows = []
-    for (op, sig), (chosen, times) in dispatch.tuned_choices().items():
-        shapes = [list(a[0]) for a in sig if isinstance(a, tuple) and len(a) == 5 and isinstance(a[0], torch.Size)]
-        rows.append([op, shapes, chosen, {f"{b} {v}".strip(): round(t * 1e6, 1) for b, v, t in times}])
-    return rows
+    return [[op, [list(s) for s in shapes], chosen, {k: round(v, 1) for k, v in times.items()}]
+            for op, shapes, chosen, times in dispatch.first_sight_report()]
 
 
 def summarize(row: dict) -> dict:

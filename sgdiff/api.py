@@ -11,6 +11,7 @@ import torch
 from sgdiff import _compat, patterns, pipelines
 from sgdiff.backend import SgdiffBackend
 from sgdiff.fxpasses import ManagerResult
+from sgdiff.kernels import dispatch
 from sgdiff.options import Options
 from sgdiff.report import Report
 from sgdiff.tiers import DEFAULT_TIER, Tier
@@ -81,9 +82,12 @@ def explain(model: Callable, *args: Any, quality: "Tier | str" = DEFAULT_TIER, o
         return _explain_pipeline(model, opts, args, kwargs)
     results: List[ManagerResult] = []
     breaks: List[str] = []
+    before = set(dispatch.tuned_choices())
     with _explaining(breaks):
         _recording(opts, results)(_compat.uncompiled(model), args, kwargs)
-    return Report.from_results(opts.quality, results, patterns.families(), graph_breaks=breaks)
+    report = Report.from_results(opts.quality, results, patterns.families(), graph_breaks=breaks)
+    report.choices = dispatch.first_sight_report(exclude=before)
+    return report
 
 
 def _explain_pipeline(pipe, opts: Options, args: tuple, kwargs: dict) -> "pipelines.PipelineReport":

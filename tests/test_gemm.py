@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from sgdiff import zoo
+from sgdiff.kernels.linear_act import linear_act_reference
+from sgdiff.kernels.registry import Impl
 from tests.capture import rewrite
 
 BF16 = torch.bfloat16
@@ -113,3 +115,40 @@ def test_first_sight_keeps_the_reference_within_the_margin(monkeypatch):
     for measured, chosen in (([1.0, 0.99], 0), ([1.0, 1.0, 0.97], 2), ([1.0, 1.01, 0.5], 2), ([0.9, 1.0], 0)):
         monkeypatch.setattr(tuning, "best_times", lambda candidates, args, m=measured: list(m))
         assert tuning.fastest([None] * len(measured), ())[0] == chosen, measured
+
+
+def _two_configurations(x, weight, bias, act):
+    """A CPU stand-in for the fused GEMM's configurations: two labelled launches (the
+    reference's own math, so its bits)."""
+    return [(label, linear_act_reference) for label in ("cfg-a", "cfg-b")]
+
+
+CPU_GEMM = Impl(run=linear_act_reference, variants=_two_configurations)
+
+
+def test_explain_reports_what_first_sight_chose():
+    """Where an op has implementations of the same bits to choose among, the report lists, per
+    signature met during its run, the candidates' times and the choice."""
+    import dataclasses
+
+    import sgdiff
+    from sgdiff.kernels import dispatch, registry
+
+    spec = registry.register_kernel(dataclasses.replace(
+        registry.KernelSpec("linear_act", "cpu-gemm", None, f"{__name__}:CPU_GEMM", devices=frozenset({"cpu"}),
+                            priority=20), contract=registry.op_def("linear_act").contract))
+    dispatch.reset()
+    try:
+        lin = torch.nn.Linear(64, 256).to(BF16)
+        x = torch.randn(1, 128, 64, dtype=BF16)
+        report = sgdiff.explain(lambda x: F.gelu(lin(x), approximate="tanh"), x, options={"gemm": True})
+        ((op, shapes, chosen, times),) = report.choices
+        assert op == "linear_act" and shapes[:2] == ((1, 128, 64), (256, 64))
+        assert set(times) == {"reference", "cpu-gemm cfg-a", "cpu-gemm cfg-b"} and chosen
+        assert "chosen at first sight" in str(report) and "cpu-gemm cfg-a" in str(report)
+        again = sgdiff.explain(lambda x: F.gelu(lin(x), approximate="tanh"), x, options={"gemm": True})
+        assert again.choices == []  # settled before this run: not first sight
+    finally:
+        registry._SPECS["linear_act"].remove(spec)
+        registry._generation[0] += 1
+        dispatch.reset()

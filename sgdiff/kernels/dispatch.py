@@ -333,6 +333,19 @@ def tuned_choices() -> Dict[Tuple[str, tuple], tuple]:
     return {(op, sig): v for (op, sig, gen), v in _tuned.items() if gen == registry.generation()}
 
 
+def first_sight_report(exclude=frozenset()) -> list:
+    """:func:`tuned_choices` as a report reads it, but for the keys in ``exclude`` (those taken
+    before a run, say): ``[(op, input shapes, chosen, {candidate: µs})]``, a candidate named
+    ``backend variant`` (``reference``: the eager chain itself)."""
+    found = []
+    for key, (chosen, times) in tuned_choices().items():
+        if key not in exclude:
+            op, sig = key
+            shapes = tuple(tuple(a[0]) for a in sig if isinstance(a, tuple) and a and isinstance(a[0], torch.Size))
+            found.append((op, shapes, chosen, {f"{b} {v}".strip(): t * 1e6 for b, v, t in times}))
+    return found
+
+
 def accelerated(op: str, device_type: str, dtype: torch.dtype) -> bool:
     """Whether ``op`` has an implementation other than the reference for this device and dtype."""
     dtype_name = str(dtype).removeprefix("torch.")
