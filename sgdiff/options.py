@@ -53,7 +53,6 @@ class Options:
             options["cudagraphs"] = True
         return cls(**options)
 
-
     def chosen_families(self) -> Tuple[str, ...]:
         """The families the passes rewrite: ``families``, or the default ones; with ``gemm``,
         "gemm" too."""
