@@ -126,29 +126,52 @@ def _two_configurations(x, weight, bias, act):
 CPU_GEMM = Impl(run=linear_act_reference, variants=_two_configurations)
 
 
-def test_explain_reports_what_first_sight_chose():
-    """Where an op has implementations of the same bits to choose among, the report lists, per
-    signature met during its run, the candidates' times and the choice."""
+@pytest.fixture
+def cpu_gemm():
+    """CPU_GEMM registered as an implementation of linear_act (so first sight tunes on the CPU),
+    choices forgotten before and after."""
     import dataclasses
 
-    import sgdiff
     from sgdiff.kernels import dispatch, registry
 
     spec = registry.register_kernel(dataclasses.replace(
         registry.KernelSpec("linear_act", "cpu-gemm", None, f"{__name__}:CPU_GEMM", devices=frozenset({"cpu"}),
                             priority=20), contract=registry.op_def("linear_act").contract))
     dispatch.reset()
-    try:
-        lin = torch.nn.Linear(64, 256).to(BF16)
-        x = torch.randn(1, 128, 64, dtype=BF16)
-        report = sgdiff.explain(lambda x: F.gelu(lin(x), approximate="tanh"), x, options={"gemm": True})
-        ((op, shapes, chosen, times),) = report.choices
-        assert op == "linear_act" and shapes[:2] == ((1, 128, 64), (256, 64))
-        assert set(times) == {"reference", "cpu-gemm cfg-a", "cpu-gemm cfg-b"} and chosen
-        assert "chosen at first sight" in str(report) and "cpu-gemm cfg-a" in str(report)
-        again = sgdiff.explain(lambda x: F.gelu(lin(x), approximate="tanh"), x, options={"gemm": True})
-        assert again.choices == []  # settled before this run: not first sight
-    finally:
-        registry._SPECS["linear_act"].remove(spec)
-        registry._generation[0] += 1
-        dispatch.reset()
+    yield
+    registry._SPECS["linear_act"].remove(spec)
+    registry._generation[0] += 1
+    dispatch.reset()
+
+
+def test_explain_reports_what_first_sight_chose(cpu_gemm):
+    """Where an op has implementations of the same bits to choose among, the report lists, per
+    signature met during its run, the candidates' times and the choice."""
+    import sgdiff
+
+    lin = torch.nn.Linear(64, 256).to(BF16)
+    x = torch.randn(1, 128, 64, dtype=BF16)
+    report = sgdiff.explain(lambda x: F.gelu(lin(x), approximate="tanh"), x, options={"gemm": True})
+    ((op, shapes, chosen, times),) = report.choices
+    assert op == "linear_act" and shapes[:2] == ((1, 128, 64), (256, 64))
+    assert set(times) == {"reference", "cpu-gemm cfg-a", "cpu-gemm cfg-b"} and chosen
+    assert "chosen at first sight" in str(report) and "cpu-gemm cfg-a" in str(report)
+    again = sgdiff.explain(lambda x: F.gelu(lin(x), approximate="tanh"), x, options={"gemm": True})
+    assert again.choices == []  # settled before this run: not first sight
+
+
+def test_a_failing_timing_keeps_the_reference(cpu_gemm, monkeypatch, caplog):
+    """First sight's timing raising (a GPU it was never run on, say) leaves the reference chosen,
+    with one warning, and the op's bits eager's."""
+    from sgdiff.kernels import dispatch, registry, tuning
+
+    def broken(candidates, args):
+        raise RuntimeError("no timer here")
+
+    monkeypatch.setattr(tuning, "fastest", broken)
+    x, w, b = torch.randn(1, 128, 64, dtype=BF16), _w(256, 64), torch.randn(256, dtype=BF16)
+    with caplog.at_level("WARNING", logger="sgdiff"):
+        got = registry.op_def("linear_act").load()(x, w, b, "silu")
+    assert torch.equal(got, F.silu(F.linear(x, w, b)))
+    ((_, (chosen, _)),) = [(k, v) for k, v in dispatch.tuned_choices().items() if k[0] == "linear_act"]
+    assert chosen == "reference" and "timing linear_act's candidates failed" in caplog.text

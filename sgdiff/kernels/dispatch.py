@@ -311,10 +311,13 @@ def _tune_and_run(op: str, plan: list, sig: tuple, key: tuple, args: tuple):
                 candidates.append((spec, label, fn))
             else:
                 log.info("sgdiff: %s %s %s left out on signature %s: %s", op, spec.backend, label, sig, diff)
+    best, times = 0, [float("nan")] * len(candidates)
     if len(candidates) > 1:
-        best, times = tuning.fastest([fn for _, _, fn in candidates], args)
-    else:
-        best, times = 0, [float("nan")]
+        try:
+            best, times = tuning.fastest([fn for _, _, fn in candidates], args)
+        except Exception as exc:  # timing must never break the model: the reference stays
+            log.warning("sgdiff: timing %s's candidates failed (%s: %s); the reference stays for signature %s",
+                        op, type(exc).__name__, exc, sig)
     spec, label, fn = candidates[best]
     log.info("sgdiff: %s on %s: %s %s (%.1f us; %s)", op, [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)],
              spec.backend, label, times[best] * 1e6,
