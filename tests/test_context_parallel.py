@@ -74,3 +74,18 @@ def test_ulysses_ranks_rewrite_what_one_process_does_and_match_eager(tmp_path, n
         assert got["whole"] and got["blocks"], (rank, got)
         assert got["counts"] == single, (rank, got["counts"], single)
         assert got["graphs"] == 1  # the collectives inside the graph: no break per collective
+
+
+def test_the_multigpu_bench_runs(tmp_path):
+    """bench/multigpu.py end to end on the CPU (gloo, two processes, Ulysses, Flux small): its
+    table, with sgdiff's output equal to eager's on every rank."""
+    import json
+
+    from bench import multigpu
+
+    assert multigpu.main(["--models", "flux", "--modes", "ulysses", "--size", "small", "--device", "cpu",
+                          "--dtype", "float32", "--repeats", "1", "--world", "2", "--out", str(tmp_path)]) == 0
+    (case,) = json.loads((tmp_path / "multigpu.json").read_text())["cases"]
+    assert case["mode"] == "ulysses" and case["equal"] is True
+    assert case["eager_cp_ms"] > 0 and case["sgdiff_cp_ms"] > 0 and case["sgdiff_one_ms"] > 0
+    assert "| flux (small) | ulysses |" in (tmp_path / "multigpu.md").read_text()
