@@ -1,4 +1,6 @@
 """The model benchmark runs end to end (tiny config, CPU), so it is ready for the GPU."""
+import json
+
 import pytest
 import torch
 
@@ -219,3 +221,22 @@ def test_gemm_report_from_a_result(tmp_path):
     row = models.summarize(dict(inductor_ms=131.2))
     assert "inductor_best_ms" not in row  # reduce-overhead not measured: no best to claim
     assert models.summarize(dict(inductor_ms=131.2, inductor_reduce_overhead_ms=130.7))["inductor_best_ms"] == 130.7
+
+
+def test_tier_bench_on_a_tiny_flux(tmp_path):
+    """bench/tiers.py end to end (CPU, tiny), every tier through the per-call switch: its table;
+    lossless against itself is inf dB and 0 apart; the PSNR's arithmetic on a known error."""
+    import math
+
+    from bench import tiers
+
+    assert tiers.main(["--models", "flux", "--size", "tiny", "--device", "cpu", "--dtype", "float32",
+                       "--repeats", "1", "--steps", "2", "--out", str(tmp_path)]) == 0
+    cases = json.loads((tmp_path / "tiers.json").read_text())["cases"]
+    assert [c["tier"] for c in cases] == ["lossless", "extra-high", "high"]
+    lossless = cases[0]
+    assert lossless["psnr_db_50"] == math.inf and lossless["max_diff_step"] == 0 and lossless["steps"] == 2
+    assert all(c["step_ms"] > 0 and c["lossless_ms"] == lossless["step_ms"] for c in cases)
+    ref = torch.tensor([2.0, -1.0, 0.5, 0.0])
+    assert tiers.psnr_db(ref + torch.tensor([0.02, 0.0, 0.0, 0.0]), ref) == pytest.approx(10 * math.log10(4 / 1e-4))
+    assert "| flux (tiny) | high |" in (tmp_path / "tiers.md").read_text()

@@ -1,0 +1,112 @@
+"""Tier bench: what each quality tier buys (step time) and costs (fidelity over a trajectory).
+
+    python -m bench.tiers [--models flux,wan,sana] [--tiers lossless,extra-high,high] [--steps 50]
+
+Per model, in one process: the transformer compiled once with ``backend="sgdiff"`` and run at
+each tier through the per-call switch (``with sgdiff.quality(tier)``: one compiled variant per
+tier, none shared); each tier's step time (CUDA events, median of ``--repeats``, with
+lossless's timed in the same process); and a ``--steps``-step Euler flow-matching trajectory
+per tier from the same noise (bench/models.py's ``euler``). Random weights make image metrics
+meaningless, so the figure is the PSNR of the final latents against lossless's,
+``10 log10(peak^2 / MSE)`` with ``peak`` lossless's largest magnitude (inf where equal), and
+the largest per-step max |difference| along the way. Writes tiers.json and tiers.md:
+``{gpu, torch, triton, commit, cases: [{model, tier, step_ms, lossless_ms, psnr_db_50,
+max_diff_step}]}`` (``psnr_db_50`` is after ``--steps`` steps, 50 by default).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from bench.kernels import _meta  # noqa: E402
+from bench.models import euler, step_times  # noqa: E402
+
+TIERS = ("lossless", "extra-high", "high")
+
+
+def psnr_db(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """PSNR of ``x`` against ``ref`` in dB, the peak ``ref``'s largest magnitude (inf if equal)."""
+    x, ref = x.double(), ref.double()
+    mse = float(((x - ref) ** 2).mean())
+    if mse == 0.0:
+        return math.inf
+    peak = float(ref.abs().max())
+    return 10.0 * math.log10(peak * peak / mse)
+
+
+def run_model(name: str, size: str, device: torch.device, dtype, tiers, repeats: int, steps: int) -> list:
+    import sgdiff
+    from sgdiff import zoo
+
+    torch.manual_seed(0)
+    model, kwargs = zoo.build(name, size, dtype=dtype, device=device)
+    compiled = torch.compile(model, backend="sgdiff")
+    trajectories, times = {}, {}
+    with torch.no_grad():
+        for tier in ("lossless", *[t for t in tiers if t != "lossless"]):
+            with sgdiff.quality(tier):
+                for _ in range(3):  # compile this tier's variant, first sight of its kernels
+                    compiled(**kwargs)
+                times[tier] = step_times(lambda: compiled(**kwargs), device, repeats)["ms"]
+                trajectories[tier] = euler(compiled, kwargs, steps)
+    ref = trajectories["lossless"]
+    rows = []
+    for tier in tiers:
+        path = trajectories[tier]
+        rows.append(dict(model=name, size=size, tier=tier, step_ms=round(times[tier], 3),
+                         lossless_ms=round(times["lossless"], 3), psnr_db_50=round(psnr_db(path[-1], ref[-1]), 2),
+                         max_diff_step=max(float((a.float() - b.float()).abs().max()) for a, b in zip(path, ref)),
+                         steps=steps))
+    return rows
+
+
+def write_report(result: dict, out: pathlib.Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tiers.json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = [f"# sgdiff's quality tiers ({result['gpu']})",
+             f"torch {result['torch']}, triton {result['triton']}, commit {result['commit']}. Step time in ms (median), "
+             "PSNR of the trajectory's final latents against lossless's (random weights: latents, not images), the "
+             "largest per-step max |difference|.", "",
+             "| model | tier | step | lossless | / lossless | steps | PSNR (dB) | max diff a step |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for c in result["cases"]:
+        lines.append(f"| {c['model']} ({c['size']}) | {c['tier']} | {c['step_ms']:.2f} | {c['lossless_ms']:.2f} | "
+                     f"{c['step_ms'] / c['lossless_ms']:.3f} | {c['steps']} | {c['psnr_db_50']} | "
+                     f"{c['max_diff_step']:.3g} |")
+    (out / "tiers.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="flux,wan,sana")
+    parser.add_argument("--tiers", default=",".join(TIERS))
+    parser.add_argument("--size", default="full")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--out", default="bench/results")
+    args = parser.parse_args(argv)
+    tiers = args.tiers.split(",")
+    unknown = set(tiers) - set(TIERS)
+    if unknown:
+        parser.error(f"unknown tiers {sorted(unknown)}; valid: {', '.join(TIERS)}")
+    meta = _meta()
+    if args.device != "cuda":
+        meta["gpu"] = "cpu"
+    cases = []
+    for name in args.models.split(","):
+        cases += run_model(name, args.size, torch.device(args.device), getattr(torch, args.dtype), tiers,
+                           args.repeats, args.steps)
+        write_report(dict(meta, cases=cases), pathlib.Path(args.out))  # a run cut short keeps what it measured
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
