@@ -9,31 +9,21 @@ pytest.importorskip("transformers")  # diffusers' FluxPipeline imports it
 diffusers = pytest.importorskip("diffusers")
 
 
-# The VAE's mid-block attention group-norms a transposed tensor: captured by aot_autograd (any
-# aot backend, aot_eager too), ATen's CPU native_group_norm then refuses the non-contiguous
-# input (torch 2.13, CPU). On CUDA the tiny VAE keeps its attention.
-MID_BLOCK_ATTENTION = torch.cuda.is_available()
+_CALL = {}  # the tiny pipeline's call arguments: its embeddings, the same every call
 
 
 def tiny_pipeline():
-    torch.manual_seed(0)
-    transformer = diffusers.FluxTransformer2DModel(
-        patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
-        joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=[4, 4, 8]).eval()
-    vae = diffusers.AutoencoderKL(
-        sample_size=32, in_channels=3, out_channels=3, block_out_channels=(4,), layers_per_block=1, latent_channels=1,
-        norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609,
-        scaling_factor=1.5035, mid_block_add_attention=MID_BLOCK_ATTENTION).eval()
-    return diffusers.FluxPipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None,
-                                  tokenizer=None, text_encoder_2=None, tokenizer_2=None, transformer=transformer)
+    """A tiny FluxPipeline (zoo: tiny transformer and VAE, scheduler, no text encoders)."""
+    from sgdiff import zoo
+
+    pipe, kwargs = zoo.build_pipeline("flux", "tiny")
+    _CALL.update(kwargs)
+    return pipe
 
 
 def call(pipe):
-    g = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        return pipe(prompt_embeds=torch.randn(1, 8, 32, generator=g), pooled_prompt_embeds=torch.randn(1, 32, generator=g),
-                    height=16, width=16, num_inference_steps=2, output_type="pt",
-                    generator=torch.Generator().manual_seed(0)).images
+        return pipe(**dict(_CALL, generator=torch.Generator().manual_seed(0))).images
 
 
 @pytest.mark.parametrize("regional", [False, True])

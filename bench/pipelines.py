@@ -1,0 +1,153 @@
+"""Pipeline bench: whole diffusers pipelines (random weights, prompt embeddings given), eager
+against Inductor against sgdiff, and their VAE decodes.
+
+    python -m bench.pipelines [--pipelines flux,wan] [--size full] [--steps N] [--out bench/results]
+
+Per pipeline, each variant on a pipeline built anew from the same seed: eager; Inductor
+(``torch.compile`` on the denoiser and on ``vae.decode``); sgdiff lossless
+(``sgdiff.optimize(pipe)``). A first call compiles; the next is timed end to end (seconds,
+synchronized), then the VAE decode alone on the latents the eager run decoded (ms, CUDA events,
+median of ``--repeats``); peak memory of the timed call; whether the output tensor (and the
+decode's) is ``torch.equal`` to eager's. Writes pipelines.json and pipelines.md: ``{gpu, torch,
+triton, commit, cases: [{pipeline, steps, eager_s, inductor_s, sgdiff_s, sgdiff_equal,
+vae_eager_ms, vae_inductor_ms, vae_sgdiff_ms, vae_sgdiff_equal, peak_gib: {variant: GiB}}]}``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from bench.kernels import _meta  # noqa: E402
+
+VARIANTS = ("eager", "inductor", "sgdiff")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _compiled(variant: str, pipe):
+    import sgdiff
+
+    if variant == "inductor":
+        pipe.transformer = torch.compile(pipe.transformer)
+        pipe.vae.decode = torch.compile(pipe.vae.decode)
+    elif variant == "sgdiff":
+        sgdiff.optimize(pipe)
+    return pipe
+
+
+def _output(result) -> torch.Tensor:
+    return result.images if hasattr(result, "images") else result.frames
+
+
+def _decode_ms(pipe, latents, device: torch.device, repeats: int):
+    """The decode's output and its median time in ms."""
+    with torch.no_grad():
+        out = pipe.vae.decode(latents, return_dict=False)[0]
+        times = []
+        for _ in range(repeats):
+            _sync(device)
+            t0 = time.perf_counter()
+            pipe.vae.decode(latents, return_dict=False)
+            _sync(device)
+            times.append((time.perf_counter() - t0) * 1e3)
+    return out, statistics.median(times)
+
+
+def run_pipeline(name: str, size: str, device: torch.device, dtype, steps, repeats: int,
+                 variants=VARIANTS) -> dict:
+    from sgdiff import zoo
+
+    row = dict(pipeline=name, size=size)
+    want = want_decode = latents = None
+    for variant in ("eager", *[v for v in variants if v != "eager"]):
+        torch._dynamo.reset()
+        pipe, call = zoo.build_pipeline(name, size, dtype=dtype, device=device)
+        if steps:
+            call["num_inference_steps"] = steps
+        row["steps"] = call["num_inference_steps"]
+        if latents is None:  # the latents the eager run decodes, for the decode's own timing
+            decode = pipe.vae.decode
+            seen = []
+            pipe.vae.decode = lambda z, *a, **k: (seen.append(z), decode(z, *a, **k))[1]
+        pipe = _compiled(variant, pipe)
+        with torch.no_grad():
+            _output(pipe(**dict(call, generator=torch.Generator().manual_seed(0))))  # compiles
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            _sync(device)
+            t0 = time.perf_counter()
+            out = _output(pipe(**dict(call, generator=torch.Generator().manual_seed(0))))
+            _sync(device)
+        row[f"{variant}_s"] = time.perf_counter() - t0
+        if device.type == "cuda":
+            row.setdefault("peak_gib", {})[variant] = torch.cuda.max_memory_allocated() / 2**30
+        if latents is None:
+            latents = seen[-1]
+            del pipe.vae.decode  # the instance's wrapper: the class's decode again
+        decoded, row[f"vae_{variant}_ms"] = _decode_ms(pipe, latents, device, repeats)
+        if variant == "eager":
+            want, want_decode = out, decoded
+        else:
+            row[f"{variant}_equal"] = torch.equal(out, want)
+            row[f"vae_{variant}_equal"] = torch.equal(decoded, want_decode)
+        del pipe, out, decoded
+    torch._dynamo.reset()
+    return row
+
+
+def write_report(result: dict, out: pathlib.Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "pipelines.json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = [f"# Whole pipelines ({result['gpu']})",
+             f"torch {result['torch']}, triton {result['triton']}, commit {result['commit']}. End-to-end seconds of a "
+             "call after a compiling one; the VAE decode alone in ms (median); equal: torch.equal to eager's.", "",
+             "| pipeline | steps | eager s | Inductor s | sgdiff s | sgdiff equal | VAE eager ms | VAE Inductor ms | "
+             "VAE sgdiff ms | VAE sgdiff equal | peak GiB (eager / Inductor / sgdiff) |",
+             "|" + " --- |" * 11]
+    def num(value, digits):
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    for c in result["cases"]:
+        peak = c.get("peak_gib", {})
+        lines.append(f"| {c['pipeline']} ({c['size']}) | {c['steps']} | {num(c.get('eager_s'), 2)} | "
+                     f"{num(c.get('inductor_s'), 2)} | {num(c.get('sgdiff_s'), 2)} | {c.get('sgdiff_equal', '-')} | "
+                     f"{num(c.get('vae_eager_ms'), 1)} | {num(c.get('vae_inductor_ms'), 1)} | "
+                     f"{num(c.get('vae_sgdiff_ms'), 1)} | {c.get('vae_sgdiff_equal', '-')} | "
+                     + (" / ".join(f"{peak[v]:.1f}" for v in VARIANTS if v in peak) or "-") + " |")
+    (out / "pipelines.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pipelines", default="flux,wan")
+    parser.add_argument("--size", default="full")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--steps", type=int, default=0, help="denoising steps (0: the pipeline's own)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--out", default="bench/results")
+    args = parser.parse_args(argv)
+    meta = _meta()
+    if args.device != "cuda":
+        meta["gpu"] = "cpu"
+    cases = []
+    for name in args.pipelines.split(","):
+        cases.append(run_pipeline(name, args.size, torch.device(args.device), getattr(torch, args.dtype), args.steps,
+                                  args.repeats, args.variants.split(",")))
+        write_report(dict(meta, cases=cases), pathlib.Path(args.out))  # a run cut short keeps what it measured
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
