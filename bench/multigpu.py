@@ -29,6 +29,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from bench.kernels import _meta  # noqa: E402
+from bench.timing import call_ms  # noqa: E402
 
 MODES = ("ulysses", "ring")
 
@@ -39,19 +40,7 @@ def _step_ms(fn, device: torch.device, repeats: int, together: bool = True) -> f
     for _ in range(repeats):
         if together:
             dist.barrier()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            import time
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
+        times.append(call_ms(fn, device))
     return statistics.median(times)
 
 

@@ -7,7 +7,7 @@ Per pipeline, each variant on a pipeline built anew from the same seed: eager; I
 (``torch.compile`` on the denoiser and on ``vae.decode``); sgdiff lossless
 (``sgdiff.optimize(pipe)``). A first call compiles; the next is timed end to end (seconds,
 synchronized), then the VAE decode alone on the latents the eager run decoded (ms, CUDA events,
-median of ``--repeats``); peak memory of the timed call; whether the output tensor (and the
+median of ``--repeats``; wall clock on the CPU); peak memory of the timed call; whether the output tensor (and the
 decode's) is ``torch.equal`` to eager's. Writes pipelines.json and pipelines.md: ``{gpu, torch,
 triton, commit, cases: [{pipeline, steps, eager_s, inductor_s, sgdiff_s, sgdiff_equal,
 vae_eager_ms, vae_inductor_ms, vae_sgdiff_ms, vae_sgdiff_equal, peak_gib: {variant: GiB}}]}``.
@@ -25,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from bench.kernels import _meta  # noqa: E402
+from bench.timing import call_ms  # noqa: E402
 
 VARIANTS = ("eager", "inductor", "sgdiff")
 
@@ -53,13 +54,7 @@ def _decode_ms(pipe, latents, device: torch.device, repeats: int):
     """The decode's output and its median time in ms."""
     with torch.no_grad():
         out = pipe.vae.decode(latents, return_dict=False)[0]
-        times = []
-        for _ in range(repeats):
-            _sync(device)
-            t0 = time.perf_counter()
-            pipe.vae.decode(latents, return_dict=False)
-            _sync(device)
-            times.append((time.perf_counter() - t0) * 1e3)
+        times = [call_ms(lambda: pipe.vae.decode(latents, return_dict=False), device) for _ in range(repeats)]
     return out, statistics.median(times)
 
 

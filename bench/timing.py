@@ -70,3 +70,19 @@ def wall_us(fns: Dict[str, Callable[[], object]], calls: int = 200, rounds: int 
         for _ in range(10):
             fn()
     return {name: t * 1e6 for name, t in alternating(fns, calls, rounds, torch.cuda.synchronize).items()}
+
+
+def call_ms(fn: Callable[[], object], device: torch.device) -> float:
+    """ms of one call of ``fn`` from an idle device to its last kernel: CUDA events around it
+    (wall clock on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
