@@ -1,12 +1,12 @@
-"""GEMM bench: every large GEMM shape of Flux.1-dev, Sana 1.6B and Wan 2.1 1.3B, with its epilogue.
+"""GEMM bench: every large GEMM shape of Flux.1-dev, Sana 1.6B and Wan 2.1 1.3B and 14B, with its epilogue.
 
 Per case, in one process, GPU time from CUDA-graph replays alternating between (bench/timing.py):
 cuBLAS (``F.linear``), sgdiff's Triton GEMM alone (its best tile config), the fused op (GEMM
 with the epilogue), the unfused pair (cuBLAS + the chain's kernel: ATen's activation, or
 sgdiff's residual_gate kernel), whether every Triton config gave cuBLAS's bits, and the path
-first-sight tuning chose. Writes bench/results/gemm.{json,md}.
+first-sight tuning chose. Writes bench/results/gemm.{json,md,png} (gemm-sweep.* with --sweep).
 
-    python -m bench.gemm [--out bench/results] [--models flux,sana,wan] [--sweep] [--jobs 12]
+    python -m bench.gemm [--out bench/results] [--models flux,sana,wan,wan14b] [--sweep] [--jobs 12]
 
 ``--sweep`` times every tile configuration of ``gemm.SWEEP`` (what picked the ones first sight
 times); ``--jobs`` compiles the kernels of each case in worker processes first (Triton's cache
