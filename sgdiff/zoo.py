@@ -250,12 +250,43 @@ def _qwenimage(size, dtype, device):
     return _place(model, kwargs, dtype, device)
 
 
+def _chroma(size, dtype, device):
+    from diffusers import ChromaTransformer2DModel
+
+    # Flux's blocks, modulated by an approximator's table instead of per-block linears
+    model = ChromaTransformer2DModel(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
+                                     attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+                                     axes_dims_rope=(4, 4, 8), approximator_hidden_dim=32, approximator_layers=1)
+    h, w, text = 4, 4, 8
+    g = _gen(device)
+    img_ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(h).float(), torch.arange(w).float(), indexing="ij"), -1)
+    kwargs = dict(hidden_states=_randn(1, h * w, 4, g=g), encoder_hidden_states=_randn(1, text, 32, g=g),
+                  timestep=torch.full((1,), 0.5), img_ids=img_ids.reshape(-1, 3), txt_ids=torch.zeros(text, 3),
+                  return_dict=False)
+    return _place(model, kwargs, dtype, device)
+
+
+def _cogvideox(size, dtype, device):
+    from diffusers import CogVideoXTransformer3DModel
+
+    model = CogVideoXTransformer3DModel(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4,
+                                        time_embed_dim=8, text_embed_dim=16, num_layers=1, sample_width=8,
+                                        sample_height=8, sample_frames=9, patch_size=2, temporal_compression_ratio=4,
+                                        max_text_seq_length=8)
+    g = _gen(device)
+    kwargs = dict(hidden_states=_randn(1, 3, 4, 8, 8, g=g), encoder_hidden_states=_randn(1, 8, 16, g=g),
+                  timestep=torch.full((1,), 500.0), return_dict=False)
+    return _place(model, kwargs, dtype, device)
+
+
 MODELS.update({
     "flux2": ModelCase("flux2", _flux2, "Flux2Transformer2DModel (tiny: 1 double + 1 single block)"),
     "sd35": ModelCase("sd35", _sd35, "SD3Transformer2DModel, SD3.5 style (tiny: 2 layers, layer 0 dual attention, "
                                      "RMSNorm QK-norm)"),
     "wan": ModelCase("wan", _wan, "WanTransformer3DModel (tiny: 1 layer)"),
     "qwenimage": ModelCase("qwenimage", _qwenimage, "QwenImageTransformer2DModel (tiny: 1 layer)"),
+    "chroma": ModelCase("chroma", _chroma, "ChromaTransformer2DModel (tiny: 1 double + 1 single block)", ("tiny",)),
+    "cogvideox": ModelCase("cogvideox", _cogvideox, "CogVideoXTransformer3DModel (tiny: 1 layer)", ("tiny",)),
 })
 
 

@@ -30,6 +30,12 @@ EXPECTED = {
     # Wan's cross-attention norm is an FP32LayerNorm: cast, LayerNorm, cast back (bf16 only)
     "wan": (4, 2, 2, 4, 0, 0),
     "qwenimage": (4, 2, 4, 4, 0, 0),  # see the module docstring
+    "chroma": (6, 5, 4, 6, 1, 0),  # Flux's blocks: Flux's counts
+    # 1 layer: LayerNormZero modulates image and text before attention and before the FF (4) and
+    # norm_out (1); gated residuals: attention and FF on both streams, but the text stream's last
+    # FF residual is dead code (only the image stream reaches norm_final, no RoPE); per-head
+    # LayerNorm on q and k
+    "cogvideox": (5, 3, 0, 2, 0, 0),
 }
 BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3), ("wan", "fp32"): (3, 2, 2, 4, 0, 0)}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
