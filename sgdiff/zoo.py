@@ -279,6 +279,20 @@ def _cogvideox(size, dtype, device):
     return _place(model, kwargs, dtype, device)
 
 
+def _ltx(size, dtype, device):
+    from diffusers import LTXVideoTransformer3DModel
+
+    model = LTXVideoTransformer3DModel(in_channels=8, out_channels=8, patch_size=1, patch_size_t=1,
+                                       num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
+                                       num_layers=1, caption_channels=16)
+    frames, h, w, text = 2, 4, 4, 6
+    g = _gen(device)
+    kwargs = dict(hidden_states=_randn(1, frames * h * w, 8, g=g), encoder_hidden_states=_randn(1, text, 16, g=g),
+                  timestep=torch.full((1,), 500, dtype=torch.long), encoder_attention_mask=torch.ones(1, text),
+                  num_frames=frames, height=h, width=w, return_dict=False)
+    return _place(model, kwargs, dtype, device)
+
+
 MODELS.update({
     "flux2": ModelCase("flux2", _flux2, "Flux2Transformer2DModel (tiny: 1 double + 1 single block)"),
     "sd35": ModelCase("sd35", _sd35, "SD3Transformer2DModel, SD3.5 style (tiny: 2 layers, layer 0 dual attention, "
@@ -287,6 +301,7 @@ MODELS.update({
     "qwenimage": ModelCase("qwenimage", _qwenimage, "QwenImageTransformer2DModel (tiny: 1 layer)"),
     "chroma": ModelCase("chroma", _chroma, "ChromaTransformer2DModel (tiny: 1 double + 1 single block)", ("tiny",)),
     "cogvideox": ModelCase("cogvideox", _cogvideox, "CogVideoXTransformer3DModel (tiny: 1 layer)", ("tiny",)),
+    "ltx": ModelCase("ltx", _ltx, "LTXVideoTransformer3DModel (tiny: 1 layer)", ("tiny",)),
 })
 
 

@@ -36,6 +36,10 @@ EXPECTED = {
     # FF residual is dead code (only the image stream reaches norm_final, no RoPE); per-head
     # LayerNorm on q and k
     "cogvideox": (5, 3, 0, 2, 0, 0),
+    # 1 layer: modulated RMSNorms before attention and FF, and norm_out (2L+1); attention and FF
+    # gated residuals (2L); RoPE on the self-attention's q and k; RMSNorms across heads on q and
+    # k of both attentions, the self-attention's before its RoPE, then the head split
+    "ltx": (3, 2, 2, 4, 0, 0),
 }
 BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3), ("wan", "fp32"): (3, 2, 2, 4, 0, 0)}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -369,3 +369,26 @@ def test_two_norms_with_different_eps_stay_apart():
     assert {s.reason for s in result.skipped} == {"the two norms have different eps"}
     for got, want in zip(gm(*args), fn(*args)):
         assert bits_equal(got, want)
+
+
+def _norm_rope_split(split: bool):
+    """LTX-Video's attention: an RMSNorm across the heads, the rotary embedding over the whole
+    width, then (``split``) the head split; without it the rotated norm is read whole."""
+    from diffusers.models.transformers.transformer_ltx import apply_rotary_emb
+
+    def attention_inputs(q, w, cos, sin):
+        r = apply_rotary_emb(F.rms_norm(q, (q.shape[-1],), w, 1e-6), (cos, sin))
+        return r.unflatten(2, (2, -1)) if split else r * 2
+
+    return attention_inputs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_across_heads_norm_before_rope_then_the_head_split_is_a_site(dtype):
+    args = (torch.randn(1, 6, 16).to(dtype), torch.randn(16).to(dtype), torch.randn(1, 6, 16), torch.randn(1, 6, 16))
+    for split, sites in ((True, 1), (False, 0)):  # without the head split: not a QK norm
+        fn = _norm_rope_split(split)
+        run, gm, result = rewrite(fn, args, families=["rope", "qk_norm"])
+        assert result.counts["rope"] == 1 and result.counts["qk_norm"] == sites, split
+        assert result.passes["qk_norm"].found_count == sites and count_op(gm, RMS) == sites
+        assert bits_equal(run(*args), fn(*args))

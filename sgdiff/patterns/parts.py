@@ -259,11 +259,17 @@ def _keeps_last_dim(node: fx.Node) -> bool:
 
 def feeds_head_split(node: Any) -> bool:
     """Every user of ``node`` reshapes its last dim into heads, [..., H*D] -> [..., H, D], H > 1
-    (a QK-norm across heads, before ``unflatten``: Wan)."""
+    (a QK-norm across heads, before ``unflatten``: Wan), or is a RoPE over it (``sgdiff::rope``,
+    the rope family's rewrite: elementwise per position, the shape kept) whose every user does
+    (LTX-Video: the norm, the rotary embedding, then ``unflatten``)."""
     out = tensor_meta(node)
     if out is None or not isinstance(node, fx.Node) or not node.users:
         return False
     for user in node.users:
+        if _is_rope_of(user, node, out):
+            if not feeds_head_split(user):
+                return False
+            continue
         view = tensor_meta(user) if is_call(user, RESHAPES) else None
         if view is None or view.dim() != out.dim() + 1 or same_size(view.shape[-2], 1):
             return False
@@ -271,6 +277,15 @@ def feeds_head_split(node: Any) -> bool:
                 and same_size(view.shape[-2] * view.shape[-1], out.shape[-1])):
             return False
     return True
+
+
+def _is_rope_of(user: fx.Node, node: fx.Node, out: torch.Tensor) -> bool:
+    """``user`` is sgdiff's RoPE of ``node`` (its rotated input), of ``node``'s shape."""
+    from sgdiff.kernels import registry
+
+    rotated = tensor_meta(user)
+    return (is_call(user, (registry.op_def("rope").load(),)) and user.args[:1] == (node,)
+            and rotated is not None and tuple(rotated.shape) == tuple(out.shape))
 
 
 def norm_chain_reason(m: Match, norm_reason: Callable[[Match], Optional[str]]) -> Optional[str]:

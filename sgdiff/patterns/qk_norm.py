@@ -3,7 +3,8 @@
 The eager chains: an RMSNorm (any of its eager forms: ``F.rms_norm``/``torch.nn.RMSNorm``
 composite or fused, diffusers' ``RMSNorm``) or a LayerNorm over ``head_dim`` of a tensor split
 into heads (Flux, Flux2, SD3.5, QwenImage, CogVideoX), or over all heads before the split
-(Wan's ``norm_q``/``norm_k``, then ``unflatten(2, (heads, -1))``). A norm is a QK-norm by where
+(Wan's ``norm_q``/``norm_k``, then ``unflatten(2, (heads, -1))``; LTX-Video's, with the rotary
+embedding over the whole width between the norm and the split). A norm is a QK-norm by where
 it sits, not by how it is written: its input is a projection split into heads, or every user
 splits its output into heads. Other norms (QwenImage's ``txt_norm``) are not sites. Variants come from
 :class:`QkNormKey`.
