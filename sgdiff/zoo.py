@@ -293,6 +293,21 @@ def _ltx(size, dtype, device):
     return _place(model, kwargs, dtype, device)
 
 
+def _hunyuanvideo(size, dtype, device):
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    model = HunyuanVideoTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10,
+                                           num_layers=1, num_single_layers=1, num_refiner_layers=1, patch_size=1,
+                                           patch_size_t=1, guidance_embeds=True, text_embed_dim=16,
+                                           pooled_projection_dim=8, rope_axes_dim=(2, 4, 4))
+    text = 6
+    g = _gen(device)
+    kwargs = dict(hidden_states=_randn(1, 4, 1, 8, 8, g=g), timestep=torch.full((1,), 500, dtype=torch.long),
+                  encoder_hidden_states=_randn(1, text, 16, g=g), encoder_attention_mask=torch.ones(1, text),
+                  pooled_projections=_randn(1, 8, g=g), guidance=torch.full((1,), 3500.0), return_dict=False)
+    return _place(model, kwargs, dtype, device)
+
+
 MODELS.update({
     "flux2": ModelCase("flux2", _flux2, "Flux2Transformer2DModel (tiny: 1 double + 1 single block)"),
     "sd35": ModelCase("sd35", _sd35, "SD3Transformer2DModel, SD3.5 style (tiny: 2 layers, layer 0 dual attention, "
@@ -302,6 +317,8 @@ MODELS.update({
     "chroma": ModelCase("chroma", _chroma, "ChromaTransformer2DModel (tiny: 1 double + 1 single block)", ("tiny",)),
     "cogvideox": ModelCase("cogvideox", _cogvideox, "CogVideoXTransformer3DModel (tiny: 1 layer)", ("tiny",)),
     "ltx": ModelCase("ltx", _ltx, "LTXVideoTransformer3DModel (tiny: 1 layer)", ("tiny",)),
+    "hunyuanvideo": ModelCase("hunyuanvideo", _hunyuanvideo, "HunyuanVideoTransformer3DModel (tiny: 1 double + 1 "
+                              "single block, 1 token-refiner layer)", ("tiny",)),
 })
 
 

@@ -40,6 +40,11 @@ EXPECTED = {
     # gated residuals (2L); RoPE on the self-attention's q and k; RMSNorms across heads on q and
     # k of both attentions, the self-attention's before its RoPE, then the head split
     "ltx": (3, 2, 2, 4, 0, 0),
+    # 1 double + 1 single block + 1 token-refiner layer: modulates 4 (both streams, before attention
+    # and FF) + 1 (single) + norm_out; gated residuals 4 (double) + 1 (single) + 2 (the refiner's
+    # attention and FF); RoPE on the image q and k of each block; QK norms 4 (double) + 2
+    # (single); the single block's GELU into its cat
+    "hunyuanvideo": (6, 7, 4, 6, 1, 0),
 }
 BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3), ("wan", "fp32"): (3, 2, 2, 4, 0, 0)}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
