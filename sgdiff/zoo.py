@@ -308,6 +308,20 @@ def _hunyuanvideo(size, dtype, device):
     return _place(model, kwargs, dtype, device)
 
 
+def _cogview4(size, dtype, device):
+    from diffusers import CogView4Transformer2DModel
+
+    model = CogView4Transformer2DModel(patch_size=2, in_channels=4, num_layers=1, attention_head_dim=4,
+                                       num_attention_heads=4, out_channels=4, text_embed_dim=8, time_embed_dim=8,
+                                       condition_dim=4)
+    g = _gen(device)
+    size_hw = torch.tensor([[64, 64]])
+    kwargs = dict(hidden_states=_randn(1, 4, 8, 8, g=g), encoder_hidden_states=_randn(1, 6, 8, g=g),
+                  timestep=torch.full((1,), 500, dtype=torch.long), original_size=size_hw, target_size=size_hw,
+                  crop_coords=torch.tensor([[0, 0]]), return_dict=False)
+    return _place(model, kwargs, dtype, device)
+
+
 MODELS.update({
     "flux2": ModelCase("flux2", _flux2, "Flux2Transformer2DModel (tiny: 1 double + 1 single block)"),
     "sd35": ModelCase("sd35", _sd35, "SD3Transformer2DModel, SD3.5 style (tiny: 2 layers, layer 0 dual attention, "
@@ -317,6 +331,7 @@ MODELS.update({
     "chroma": ModelCase("chroma", _chroma, "ChromaTransformer2DModel (tiny: 1 double + 1 single block)", ("tiny",)),
     "cogvideox": ModelCase("cogvideox", _cogvideox, "CogVideoXTransformer3DModel (tiny: 1 layer)", ("tiny",)),
     "ltx": ModelCase("ltx", _ltx, "LTXVideoTransformer3DModel (tiny: 1 layer)", ("tiny",)),
+    "cogview4": ModelCase("cogview4", _cogview4, "CogView4Transformer2DModel (tiny: 1 layer)", ("tiny",)),
     "hunyuanvideo": ModelCase("hunyuanvideo", _hunyuanvideo, "HunyuanVideoTransformer3DModel (tiny: 1 double + 1 "
                               "single block, 1 token-refiner layer)", ("tiny",)),
 })

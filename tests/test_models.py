@@ -45,6 +45,11 @@ EXPECTED = {
     # attention and FF); RoPE on the image q and k of each block; QK norms 4 (double) + 2
     # (single); the single block's GELU into its cat
     "hunyuanvideo": (6, 7, 4, 6, 1, 0),
+    # 1 layer: only the image stream reaches norm_out, so the last block's text stream past its
+    # attention is dead code (its gated attention residual, its FF's modulate and residual):
+    # modulates 2 (both streams before attention) + 1 (image FF) + norm_out; gated residuals 2
+    # (image attention and FF); RoPE on the image tokens' q and k; per-head LayerNorm on q and k
+    "cogview4": (4, 2, 2, 2, 0, 0),
 }
 BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3), ("wan", "fp32"): (3, 2, 2, 4, 0, 0)}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
