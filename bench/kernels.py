@@ -119,6 +119,14 @@ def measure(case: Case) -> dict:
     return row
 
 
+def _write_json(result: dict, out, name: str) -> str:
+    """``result`` as ``out/<name>.json``; returns what a report says first of the run: its torch,
+    triton and commit."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    return f"torch {result['torch']}, triton {result['triton']}, commit {result['commit']}."
+
+
 def _meta() -> dict:
     import triton
 

@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from bench.kernels import _meta  # noqa: E402
+from bench.kernels import _meta, _write_json  # noqa: E402
 from bench.timing import call_ms  # noqa: E402
 
 MODES = ("ulysses", "ring")
@@ -102,10 +102,9 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
 
 
 def write_report(result: dict, out: pathlib.Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "multigpu.json").write_text(json.dumps(result, indent=1) + "\n")
+    versions = _write_json(result, out, "multigpu")
     lines = [f"# sgdiff under context parallelism ({result['world']} x {result['gpu']})",
-             f"torch {result['torch']}, triton {result['triton']}, commit {result['commit']}. Median step time in ms; "
+             f"{versions} Median step time in ms; "
              "equal: sgdiff's output torch.equal to eager's on every rank; one GPU: sgdiff without parallelism.", "",
              "| model | mode | eager (CP) | sgdiff (CP) | / eager | equal | sgdiff, one GPU | speedup over one GPU |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]

@@ -15,7 +15,6 @@ vae_eager_ms, vae_inductor_ms, vae_sgdiff_ms, vae_sgdiff_equal, peak_gib: {varia
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import statistics
 import sys
@@ -24,7 +23,7 @@ import time
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from bench.kernels import _meta  # noqa: E402
+from bench.kernels import _meta, _write_json  # noqa: E402
 from bench.timing import call_ms  # noqa: E402
 
 VARIANTS = ("eager", "inductor", "sgdiff")
@@ -101,10 +100,9 @@ def run_pipeline(name: str, size: str, device: torch.device, dtype, steps, repea
 
 
 def write_report(result: dict, out: pathlib.Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "pipelines.json").write_text(json.dumps(result, indent=1) + "\n")
+    versions = _write_json(result, out, "pipelines")
     lines = [f"# Whole pipelines ({result['gpu']})",
-             f"torch {result['torch']}, triton {result['triton']}, commit {result['commit']}. End-to-end seconds of a "
+             f"{versions} End-to-end seconds of a "
              "call after a compiling one; the VAE decode alone in ms (median); equal: torch.equal to eager's.", "",
              "| pipeline | steps | eager s | Inductor s | sgdiff s | sgdiff equal | VAE eager ms | VAE Inductor ms | "
              "VAE sgdiff ms | VAE sgdiff equal | peak GiB (eager / Inductor / sgdiff) |",

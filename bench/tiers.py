@@ -16,7 +16,6 @@ max_diff_step}]}`` (``psnr_db_50`` is after ``--steps`` steps, 50 by default).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import pathlib
 import sys
@@ -24,7 +23,7 @@ import sys
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from bench.kernels import _meta  # noqa: E402
+from bench.kernels import _meta, _write_json  # noqa: E402
 from bench.models import euler, step_times  # noqa: E402
 
 TIERS = ("lossless", "extra-high", "high")
@@ -67,10 +66,9 @@ def run_model(name: str, size: str, device: torch.device, dtype, tiers, repeats:
 
 
 def write_report(result: dict, out: pathlib.Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "tiers.json").write_text(json.dumps(result, indent=1) + "\n")
+    versions = _write_json(result, out, "tiers")
     lines = [f"# sgdiff's quality tiers ({result['gpu']})",
-             f"torch {result['torch']}, triton {result['triton']}, commit {result['commit']}. Step time in ms (median), "
+             f"{versions} Step time in ms (median), "
              "PSNR of the trajectory's final latents against lossless's (random weights: latents, not images), the "
              "largest per-step max |difference|.", "",
              "| model | tier | step | lossless | / lossless | steps | PSNR (dB) | max diff a step |",
