@@ -6,20 +6,22 @@ from typing import Any, Mapping, Optional, Tuple
 
 from sgdiff.tiers import DEFAULT_TIER, Tier
 
-#: torch.compile's mode names, as sgdiff reads them: "reduce-overhead" and "max-autotune" (which
-#: turns CUDA graphs on in Inductor too) run the graph under CUDA graphs; "default" and
-#: "max-autotune-no-cudagraphs" do not. (sgdiff's own GEMMs, ``gemm=True``, are tuned at first
-#: sight of each signature whatever the mode.)
+#: torch.compile's mode names, as sgdiff reads them. sgdiff runs its graphs under CUDA graphs by
+#: default (no mode, "default", "reduce-overhead", "max-autotune"); "max-autotune-no-cudagraphs"
+#: turns them off, as ``options={"cudagraphs": False}`` does (an explicit option wins). (sgdiff's
+#: own GEMMs, ``gemm=True``, are tuned at first sight of each signature whatever the mode.)
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
+NO_CUDAGRAPH_MODES = ("max-autotune-no-cudagraphs",)
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
     #: quality tier: "lossless" (default; output torch.equal to eager), "extra-high", "high"
     quality: Tier = DEFAULT_TIER
-    #: run the rewritten graph under CUDA graphs; ``mode="reduce-overhead"`` sets it
-    cudagraphs: bool = False
+    #: run the rewritten graph under CUDA graphs, one per input shape (see
+    #: :mod:`sgdiff.fxpasses.cudagraphs`: warm-up calls, then capture and replay; memory: one pool
+    #: shared by all graphs of a device, plus each shape's inputs and outputs); on by default
+    cudagraphs: bool = True
     #: rewrite only these chain families (None: every family on by default, all but "gemm");
     #: e.g. ("modulate",)
     families: Optional[Tuple[str, ...]] = None
@@ -49,8 +51,8 @@ class Options:
         for flag in ("cudagraphs", "verify", "gemm"):
             if flag in options and not isinstance(options[flag], bool):
                 raise ValueError(f"sgdiff option {flag!r} must be True or False, got {options[flag]!r}")
-        if mode in CUDAGRAPH_MODES:
-            options["cudagraphs"] = True
+        if mode in NO_CUDAGRAPH_MODES:
+            options.setdefault("cudagraphs", False)
         return cls(**options)
 
     def chosen_families(self) -> Tuple[str, ...]:

@@ -2,12 +2,15 @@
 
 ``build("flux", size="tiny")`` returns ``(model, kwargs)``; ``model(**kwargs)`` runs one
 denoising step. ``tiny`` configs keep every chain the real model has (one block of each kind)
-at toy widths; ``full`` configs are the published architectures with random weights.
+at toy widths; ``full`` configs are the published architectures with random weights, at a
+published resolution; ``blocks2`` is ``full`` with two blocks (one of each kind where the model
+has two kinds): the real widths and inputs, where launch time weighs as much as the kernels.
 Needs diffusers (the ``test`` or ``bench`` extra).
 """
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Callable, Dict, Tuple
 
 import torch
@@ -18,7 +21,23 @@ class ModelCase:
     name: str
     build: Callable[[str, torch.dtype, torch.device], Tuple[torch.nn.Module, Dict[str, Any]]]
     doc: str
-    sizes: Tuple[str, ...] = ("tiny", "full")
+    sizes: Tuple[str, ...] = ("tiny", "full", "blocks2")
+
+
+def _model(cls, cfg: Dict[str, Any], size: str) -> torch.nn.Module:
+    """``cls(**cfg)``; at ``blocks2``, with the config's block counts cut to two blocks."""
+    return cls(**(_two_blocks(cls, cfg) if size == "blocks2" else cfg))
+
+
+def _two_blocks(cls, cfg: Dict[str, Any]) -> Dict[str, Any]:
+    params = inspect.signature(cls.__init__).parameters
+    kinds = [k for k in ("num_layers", "num_single_layers") if k in params]
+    cfg = dict(cfg, **{k: 2 // len(kinds) for k in kinds})
+    if "num_refiner_layers" in params:
+        cfg["num_refiner_layers"] = 1
+    if "dual_attention_layers" in cfg:
+        cfg["dual_attention_layers"] = (0,)
+    return cfg
 
 
 def _flux(size, dtype, device):
@@ -37,7 +56,7 @@ def _flux(size, dtype, device):
     else:  # Flux.1-dev, 1024x1024: 4096 image tokens, 512 text tokens
         cfg = dict(guidance_embeds=True)
         batch, h, w, text = 1, 64, 64, 512
-    model = FluxTransformer2DModel(**cfg)
+    model = _model(FluxTransformer2DModel, cfg, size)
     g = _gen(device)
     img_ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(h).float(), torch.arange(w).float(), indexing="ij"), -1)
     kwargs = dict(
@@ -67,7 +86,7 @@ def _sana(size, dtype, device):
                    num_layers=20, num_cross_attention_heads=20, cross_attention_head_dim=112,
                    cross_attention_dim=2240, caption_channels=2304, sample_size=32, patch_size=1)
         batch, latent, text = 2, 32, 300
-    model = SanaTransformer2DModel(**cfg)
+    model = _model(SanaTransformer2DModel, cfg, size)
     g = _gen(device)
     kwargs = dict(
         hidden_states=_randn(batch, cfg["in_channels"], latent, latent, g=g),
@@ -91,7 +110,7 @@ def _pixart(size, dtype, device):
                    out_channels=8, num_layers=28, cross_attention_dim=1152, caption_channels=4096,
                    patch_size=2, norm_type="ada_norm_single", use_additional_conditions=False)
         batch, latent, text = 2, 128, 300
-    model = PixArtTransformer2DModel(**cfg)
+    model = _model(PixArtTransformer2DModel, cfg, size)
     c = model.config
     g = _gen(device)
     kwargs = dict(
@@ -106,7 +125,7 @@ def _pixart(size, dtype, device):
 
 MODELS: Dict[str, ModelCase] = {
     "flux": ModelCase("flux", _flux, "FluxTransformer2DModel",
-                      sizes=("tiny", "small", "full")),
+                      sizes=("tiny", "small", "full", "blocks2")),
     "sana": ModelCase("sana", _sana, "SanaTransformer2DModel"),
     "pixart": ModelCase("pixart", _pixart, "PixArtTransformer2DModel"),
 }
@@ -160,7 +179,7 @@ def _flux2(size, dtype, device):
     else:  # FLUX.2-dev, 1024x1024: 4096 image tokens, 512 text tokens
         cfg = dict()
         batch, h, w, text = 1, 64, 64, 512
-    model = Flux2Transformer2DModel(**cfg)
+    model = _model(Flux2Transformer2DModel, cfg, size)
     c = model.config
     g = _gen(device)
     img_ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.zeros(1), torch.arange(h).float(),
@@ -192,7 +211,7 @@ def _sd35(size, dtype, device):
         cfg = dict(num_layers=24, num_attention_heads=24, caption_projection_dim=1536, pos_embed_max_size=384,
                    dual_attention_layers=tuple(range(13)), qk_norm="rms_norm")
         batch, latent, text = 2, 128, 333
-    model = SD3Transformer2DModel(**cfg)
+    model = _model(SD3Transformer2DModel, cfg, size)
     c = model.config
     g = _gen(device)
     kwargs = dict(
@@ -215,7 +234,7 @@ def _wan(size, dtype, device):
     else:  # Wan 2.1 T2V 1.3B, 480p, 81 frames: 21x60x104 latent
         cfg = dict(num_attention_heads=12, ffn_dim=8960, num_layers=30)
         batch, frames, height, width, text = 1, 21, 60, 104, 512
-    model = WanTransformer3DModel(**cfg)
+    model = _model(WanTransformer3DModel, cfg, size)
     c = model.config
     g = _gen(device)
     kwargs = dict(
@@ -237,7 +256,7 @@ def _qwenimage(size, dtype, device):
     else:  # Qwen-Image at 1024x1024: 64x64 packed latent tokens
         cfg = dict()
         batch, h, w, text = 1, 64, 64, 512
-    model = QwenImageTransformer2DModel(**cfg)
+    model = _model(QwenImageTransformer2DModel, cfg, size)
     c = model.config
     g = _gen(device)
     kwargs = dict(
@@ -254,13 +273,19 @@ def _chroma(size, dtype, device):
     from diffusers import ChromaTransformer2DModel
 
     # Flux's blocks, modulated by an approximator's table instead of per-block linears
-    model = ChromaTransformer2DModel(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
-                                     attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
-                                     axes_dims_rope=(4, 4, 8), approximator_hidden_dim=32, approximator_layers=1)
-    h, w, text = 4, 4, 8
+    if size == "tiny":
+        cfg = dict(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
+                   num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 4, 8), approximator_hidden_dim=32,
+                   approximator_layers=1)
+        h, w, text = 4, 4, 8
+    else:  # Chroma1-HD at 1024x1024: 4096 image tokens, 512 text tokens
+        cfg, (h, w, text) = dict(), (64, 64, 512)
+    model = _model(ChromaTransformer2DModel, cfg, size)
+    c = model.config
     g = _gen(device)
     img_ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(h).float(), torch.arange(w).float(), indexing="ij"), -1)
-    kwargs = dict(hidden_states=_randn(1, h * w, 4, g=g), encoder_hidden_states=_randn(1, text, 32, g=g),
+    kwargs = dict(hidden_states=_randn(1, h * w, c.in_channels, g=g),
+                  encoder_hidden_states=_randn(1, text, c.joint_attention_dim, g=g),
                   timestep=torch.full((1,), 0.5), img_ids=img_ids.reshape(-1, 3), txt_ids=torch.zeros(text, 3),
                   return_dict=False)
     return _place(model, kwargs, dtype, device)
@@ -269,12 +294,18 @@ def _chroma(size, dtype, device):
 def _cogvideox(size, dtype, device):
     from diffusers import CogVideoXTransformer3DModel
 
-    model = CogVideoXTransformer3DModel(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4,
-                                        time_embed_dim=8, text_embed_dim=16, num_layers=1, sample_width=8,
-                                        sample_height=8, sample_frames=9, patch_size=2, temporal_compression_ratio=4,
-                                        max_text_seq_length=8)
+    if size == "tiny":
+        cfg = dict(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4, time_embed_dim=8,
+                   text_embed_dim=16, num_layers=1, sample_width=8, sample_height=8, sample_frames=9, patch_size=2,
+                   temporal_compression_ratio=4, max_text_seq_length=8)
+        frames, h, w, text = 3, 8, 8, 8
+    else:  # CogVideoX-2b, 720x480 x 49 frames: 13 x 60 x 90 latent, 226 text tokens
+        cfg, (frames, h, w, text) = dict(), (13, 60, 90, 226)
+    model = _model(CogVideoXTransformer3DModel, cfg, size)
+    c = model.config
     g = _gen(device)
-    kwargs = dict(hidden_states=_randn(1, 3, 4, 8, 8, g=g), encoder_hidden_states=_randn(1, 8, 16, g=g),
+    kwargs = dict(hidden_states=_randn(1, frames, c.in_channels, h, w, g=g),
+                  encoder_hidden_states=_randn(1, text, c.text_embed_dim, g=g),
                   timestep=torch.full((1,), 500.0), return_dict=False)
     return _place(model, kwargs, dtype, device)
 
@@ -282,12 +313,17 @@ def _cogvideox(size, dtype, device):
 def _ltx(size, dtype, device):
     from diffusers import LTXVideoTransformer3DModel
 
-    model = LTXVideoTransformer3DModel(in_channels=8, out_channels=8, patch_size=1, patch_size_t=1,
-                                       num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
-                                       num_layers=1, caption_channels=16)
-    frames, h, w, text = 2, 4, 4, 6
+    if size == "tiny":
+        cfg = dict(in_channels=8, out_channels=8, patch_size=1, patch_size_t=1, num_attention_heads=2,
+                   attention_head_dim=8, cross_attention_dim=16, num_layers=1, caption_channels=16)
+        frames, h, w, text = 2, 4, 4, 6
+    else:  # LTX-Video, 704x480 x 121 frames: 16 x 15 x 22 latent, 128 text tokens
+        cfg, (frames, h, w, text) = dict(), (16, 15, 22, 128)
+    model = _model(LTXVideoTransformer3DModel, cfg, size)
+    c = model.config
     g = _gen(device)
-    kwargs = dict(hidden_states=_randn(1, frames * h * w, 8, g=g), encoder_hidden_states=_randn(1, text, 16, g=g),
+    kwargs = dict(hidden_states=_randn(1, frames * h * w, c.in_channels, g=g),
+                  encoder_hidden_states=_randn(1, text, c.caption_channels, g=g),
                   timestep=torch.full((1,), 500, dtype=torch.long), encoder_attention_mask=torch.ones(1, text),
                   num_frames=frames, height=h, width=w, return_dict=False)
     return _place(model, kwargs, dtype, device)
@@ -296,27 +332,39 @@ def _ltx(size, dtype, device):
 def _hunyuanvideo(size, dtype, device):
     from diffusers import HunyuanVideoTransformer3DModel
 
-    model = HunyuanVideoTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10,
-                                           num_layers=1, num_single_layers=1, num_refiner_layers=1, patch_size=1,
-                                           patch_size_t=1, guidance_embeds=True, text_embed_dim=16,
-                                           pooled_projection_dim=8, rope_axes_dim=(2, 4, 4))
-    text = 6
+    if size == "tiny":
+        cfg = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
+                   num_single_layers=1, num_refiner_layers=1, patch_size=1, patch_size_t=1, guidance_embeds=True,
+                   text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4))
+        frames, h, w, text = 1, 8, 8, 6
+    else:  # HunyuanVideo, 960x544 x 33 frames: 9 x 68 x 120 latent, 256 text tokens
+        cfg, (frames, h, w, text) = dict(), (9, 68, 120, 256)
+    model = _model(HunyuanVideoTransformer3DModel, cfg, size)
+    c = model.config
     g = _gen(device)
-    kwargs = dict(hidden_states=_randn(1, 4, 1, 8, 8, g=g), timestep=torch.full((1,), 500, dtype=torch.long),
-                  encoder_hidden_states=_randn(1, text, 16, g=g), encoder_attention_mask=torch.ones(1, text),
-                  pooled_projections=_randn(1, 8, g=g), guidance=torch.full((1,), 3500.0), return_dict=False)
+    kwargs = dict(hidden_states=_randn(1, c.in_channels, frames, h, w, g=g),
+                  timestep=torch.full((1,), 500, dtype=torch.long),
+                  encoder_hidden_states=_randn(1, text, c.text_embed_dim, g=g),
+                  encoder_attention_mask=torch.ones(1, text), pooled_projections=_randn(1, c.pooled_projection_dim, g=g),
+                  guidance=torch.full((1,), 3500.0), return_dict=False)
     return _place(model, kwargs, dtype, device)
 
 
 def _cogview4(size, dtype, device):
     from diffusers import CogView4Transformer2DModel
 
-    model = CogView4Transformer2DModel(patch_size=2, in_channels=4, num_layers=1, attention_head_dim=4,
-                                       num_attention_heads=4, out_channels=4, text_embed_dim=8, time_embed_dim=8,
-                                       condition_dim=4)
+    if size == "tiny":
+        cfg = dict(patch_size=2, in_channels=4, num_layers=1, attention_head_dim=4, num_attention_heads=4,
+                   out_channels=4, text_embed_dim=8, time_embed_dim=8, condition_dim=4)
+        latent, text, pixels = 8, 6, 64
+    else:  # CogView4-6B at 1024x1024: 128x128 latent, patch 2 -> 4096 tokens
+        cfg, (latent, text, pixels) = dict(), (128, 128, 1024)
+    model = _model(CogView4Transformer2DModel, cfg, size)
+    c = model.config
     g = _gen(device)
-    size_hw = torch.tensor([[64, 64]])
-    kwargs = dict(hidden_states=_randn(1, 4, 8, 8, g=g), encoder_hidden_states=_randn(1, 6, 8, g=g),
+    size_hw = torch.tensor([[pixels, pixels]])
+    kwargs = dict(hidden_states=_randn(1, c.in_channels, latent, latent, g=g),
+                  encoder_hidden_states=_randn(1, text, c.text_embed_dim, g=g),
                   timestep=torch.full((1,), 500, dtype=torch.long), original_size=size_hw, target_size=size_hw,
                   crop_coords=torch.tensor([[0, 0]]), return_dict=False)
     return _place(model, kwargs, dtype, device)
@@ -328,12 +376,12 @@ MODELS.update({
                                      "RMSNorm QK-norm)"),
     "wan": ModelCase("wan", _wan, "WanTransformer3DModel (tiny: 1 layer)"),
     "qwenimage": ModelCase("qwenimage", _qwenimage, "QwenImageTransformer2DModel (tiny: 1 layer)"),
-    "chroma": ModelCase("chroma", _chroma, "ChromaTransformer2DModel (tiny: 1 double + 1 single block)", ("tiny",)),
-    "cogvideox": ModelCase("cogvideox", _cogvideox, "CogVideoXTransformer3DModel (tiny: 1 layer)", ("tiny",)),
-    "ltx": ModelCase("ltx", _ltx, "LTXVideoTransformer3DModel (tiny: 1 layer)", ("tiny",)),
-    "cogview4": ModelCase("cogview4", _cogview4, "CogView4Transformer2DModel (tiny: 1 layer)", ("tiny",)),
+    "chroma": ModelCase("chroma", _chroma, "ChromaTransformer2DModel (tiny: 1 double + 1 single block)"),
+    "cogvideox": ModelCase("cogvideox", _cogvideox, "CogVideoXTransformer3DModel (tiny: 1 layer)"),
+    "ltx": ModelCase("ltx", _ltx, "LTXVideoTransformer3DModel (tiny: 1 layer)"),
+    "cogview4": ModelCase("cogview4", _cogview4, "CogView4Transformer2DModel (tiny: 1 layer)"),
     "hunyuanvideo": ModelCase("hunyuanvideo", _hunyuanvideo, "HunyuanVideoTransformer3DModel (tiny: 1 double + 1 "
-                              "single block, 1 token-refiner layer)", ("tiny",)),
+                              "single block, 1 token-refiner layer)"),
 })
 
 

@@ -106,14 +106,21 @@ def test_reduce_overhead_mode_is_accepted():
     assert Options.parse(mode="reduce-overhead").cudagraphs
 
 
-@pytest.mark.parametrize("mode,cudagraphs", [("default", False), ("reduce-overhead", True), ("max-autotune", True),
-                                             ("max-autotune-no-cudagraphs", False)])
+@pytest.mark.parametrize("mode,cudagraphs", [(None, True), ("default", True), ("reduce-overhead", True),
+                                             ("max-autotune", True), ("max-autotune-no-cudagraphs", False)])
 def test_inductors_mode_names_have_a_meaning(mode, cudagraphs):
-    """diffusers' docs recommend mode="max-autotune": it compiles, CUDA graphs on as in Inductor."""
+    """CUDA graphs are on by default; diffusers' docs recommend mode="max-autotune": it compiles,
+    CUDA graphs on as in Inductor; only "max-autotune-no-cudagraphs" turns them off."""
     assert Options.parse(mode=mode).cudagraphs is cudagraphs
     model, (x, emb) = Block().eval(), inputs()
     with torch.no_grad():
         assert torch.equal(torch.compile(model, backend="sgdiff", mode=mode)(x, emb), model(x, emb))
+
+
+def test_an_explicit_cudagraphs_option_wins_over_the_mode():
+    assert not Options.parse({"cudagraphs": False}).cudagraphs
+    assert not Options.parse({"cudagraphs": False}, "reduce-overhead").cudagraphs
+    assert Options.parse({"cudagraphs": True}, "max-autotune-no-cudagraphs").cudagraphs
 
 
 @pytest.mark.parametrize("options,mode,message", [

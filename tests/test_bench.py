@@ -22,7 +22,8 @@ def test_model_benchmark_on_a_tiny_flux(tmp_path):
     assert "alternating with eager's" in report
 
 
-@pytest.mark.parametrize("name", ["flux", "sana", "pixart", "wan", "qwenimage"])
+@pytest.mark.parametrize("name", ["flux", "sana", "pixart", "wan", "qwenimage", "chroma", "cogvideox", "ltx",
+                                  "hunyuanvideo", "cogview4"])
 def test_full_configs_run_on_the_meta_device(name):
     """The published sizes the GPU benchmark uses: shapes check out without any memory."""
     from sgdiff import zoo
@@ -32,6 +33,21 @@ def test_full_configs_run_on_the_meta_device(name):
         out = model(**kwargs)[0]
     latents = kwargs["hidden_states"]
     assert out.shape[0] == latents.shape[0] and out.device.type == "meta"
+
+
+def test_every_model_comes_with_two_blocks_at_its_real_width():
+    """``blocks2`` (bench/small_models.py): the full config's widths and inputs, two blocks."""
+    from sgdiff import zoo
+
+    for name, case in zoo.MODELS.items():
+        full, kwargs = zoo.build(name, "full", dtype=torch.bfloat16, device="meta")
+        two, kwargs2 = zoo.build(name, "blocks2", dtype=torch.bfloat16, device="meta")
+        blocks = [sum(len(m) for _, m in model.named_children() if isinstance(m, torch.nn.ModuleList))
+                  for model in (full, two)]
+        assert blocks[0] > 2 and blocks[1] == 2, name
+        width = [max(p.shape[-1] for p in model.parameters() if p.dim() == 2) for model in (full, two)]
+        assert width[0] == width[1], name
+        assert kwargs["hidden_states"].shape == kwargs2["hidden_states"].shape, name
 
 
 def test_each_variant_in_a_process_of_its_own(tmp_path):

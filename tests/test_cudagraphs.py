@@ -31,8 +31,9 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
     monkeypatch.setattr(torch.cuda, "current_stream", FakeStream)
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
-    monkeypatch.setattr(cudagraphs, "_unsupported", lambda args: None)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: ("pool",))
+    monkeypatch.setattr(cudagraphs, "_unsupported", lambda args: (None, False))
 
 
 class Counted:
@@ -62,30 +63,91 @@ def test_replays_copy_the_moving_input_and_return_fresh_outputs():
     x = torch.randn(4, 8)
     first = runner(x, w, b)[0]
     assert FakeGraph.replays == 2 and fn.runs == WARMUP + 2
-    moving = [i for i in runner.buffers]
-    assert moving == [0] and torch.equal(runner.buffers[0], x)
-    assert first is not runner.outputs[0] and torch.equal(first, runner.outputs[0])
+    shape = runner.shapes[(torch.Size([4, 8]), torch.Size([4, 8]), torch.Size([8]))]
+    moving = [i for i in shape.buffers]
+    assert moving == [0] and torch.equal(shape.buffers[0], x)
+    assert first is not shape.outputs[0] and torch.equal(first, shape.outputs[0])
     second = runner(x, w, b)[0]
     assert second is not first  # a step's output survives the next replay
 
 
-def test_a_moved_weight_runs_without_the_graph(caplog):
+def test_a_moved_weight_is_captured_again_under_its_new_address(caplog):
     w, b = torch.randn(4, 8), torch.randn(8)
     runner, fn = captured(torch.randn(4, 8), w, b)
-    x, moved = torch.randn(4, 8), w.clone()
+    xs, moved = [torch.randn(4, 8) for _ in range(WARMUP + 1)], w.clone()
     with caplog.at_level(logging.INFO, logger="sgdiff"):
-        out = runner(x, moved, b)[0]
-    assert FakeGraph.replays == 1 and fn.runs == WARMUP + 3
-    assert torch.equal(out, x * moved + b)
-    assert "moved since the capture" in caplog.text
+        outs = [runner(x, moved, b)[0] for x in xs]
+    assert FakeGraph.replays == 2 and runner.captures == 2  # warm-ups of the new address, a capture
+    assert all(torch.equal(out, x * moved + b) for out, x in zip(outs, xs))
+    assert next(iter(runner.shapes.values())).fixed_addresses == [moved.data_ptr(), b.data_ptr()]
+    assert "moved since the capture; capturing the graph again" in caplog.text
+    runner(torch.randn(4, 8), moved, b)
+    assert FakeGraph.replays == 3 and runner.captures == 2
 
 
-@pytest.mark.parametrize("change", ["dtype", "shape", "stride"])
+def test_weights_that_keep_moving_stop_at_the_cap(caplog):
+    w, b = torch.randn(4, 8), torch.randn(8)
+    fn = Counted()
+    runner = CudaGraphRunner(fn, max_graphs=2)
+    with caplog.at_level(logging.INFO, logger="sgdiff"):
+        for _ in range(5):
+            moved = w.clone()  # a new address, kept for a few calls (a weight moving every call is
+            for _ in range(WARMUP + 2):  # an input like the activations: copied in, never recaptured)
+                runner(torch.randn(4, 8), moved, b)  # (the fake replays compute nothing)
+    calls, replays = 5 * (WARMUP + 2), 2  # the call after each capture replays it; a capture runs twice
+    assert runner.captures == 2 and FakeGraph.replays == 2 * 2 and fn.runs == calls - replays + 2
+    assert caplog.text.count("the most it keeps") == 1
+
+
+def test_each_shape_gets_its_graph_up_to_the_cap(caplog):
+    """Under dynamic shapes the sizes come as numbers beside the tensors: each set of them is a
+    key with a capture of its own; past the cap, new shapes run without one, said once."""
+    fn = lambda x, n: [x * n]  # noqa: E731
+    runner = CudaGraphRunner(fn, max_graphs=3)
+    with caplog.at_level(logging.INFO, logger="sgdiff"):
+        for n in (1, 2, 3, 4, 5) * (WARMUP + 2):
+            runner(torch.randn(n, 4), n)  # (the fake replays compute nothing)
+    assert sorted(runner.shapes) == [(1, torch.Size([1, 4])), (2, torch.Size([2, 4])), (3, torch.Size([3, 4]))]
+    assert runner.captures == 3 and FakeGraph.replays == 3 * 2  # per kept shape: capture, then one replay
+    assert caplog.text.count("3 CUDA graphs captured for a graph, the most it keeps") == 1
+
+
+def test_the_key_holds_the_shapes_of_symbolic_inputs_only():
+    """A graph whose first input has a symbolic size: that input's shape is part of the key, the
+    weights' (static) shapes are not looked at."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+
+    def fake(t, *dims):
+        return mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=list(dims)))
+
+    x = fake(torch.randn(3, 4), DimDynamic.DYNAMIC, DimDynamic.STATIC)
+    w = fake(torch.randn(4, 4), DimDynamic.STATIC, DimDynamic.STATIC)
+    graph = torch.fx.Graph()
+    for name, val in (("x", x), ("w", w)):
+        graph.placeholder(name).meta["val"] = val
+    graph.output(None)
+    gm = torch.fx.GraphModule({}, graph)
+    assert cudagraphs._symbolic_positions(gm) == (0,)
+    runner = CudaGraphRunner(lambda x, w: [x @ w], gm)
+    assert runner._key((torch.randn(5, 4), torch.randn(4, 4))) == (torch.Size([5, 4]),)
+
+
+def test_a_moving_input_of_another_shape_starts_a_graph_of_its_own():
+    w, b = torch.randn(4, 8), torch.randn(8)
+    runner, fn = captured(torch.randn(4, 8), w, b)
+    x = torch.randn(1, 8)
+    assert torch.equal(runner(x, w, b)[0], x * w + b)
+    assert len(runner.shapes) == 2 and FakeGraph.replays == 1 and fn.runs == WARMUP + 3
+
+
+@pytest.mark.parametrize("change", ["dtype", "stride"])
 def test_a_moving_input_unlike_the_captured_one_runs_without_the_graph(change, caplog):
     w, b = torch.randn(4, 8), torch.randn(8)
     runner, fn = captured(torch.randn(4, 8), w, b)
-    x = {"dtype": torch.randn(4, 8, dtype=torch.float64), "shape": torch.randn(1, 8),
-         "stride": torch.randn(8, 4).t()}[change]
+    x = {"dtype": torch.randn(4, 8, dtype=torch.float64), "stride": torch.randn(8, 4).t()}[change]
     with caplog.at_level(logging.INFO, logger="sgdiff"):
         out = runner(x, w, b)[0]
     assert FakeGraph.replays == 1 and fn.runs == WARMUP + 3

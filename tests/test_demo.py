@@ -13,12 +13,12 @@ def _demo(*argv):
 
 def test_help_names_each_model_and_its_sizes():
     out = " ".join(_demo("--help").stdout.split())  # as one line, whatever argparse's wrapping
-    assert "Flux unless told" in out and "sana (SanaTransformer2DModel: tiny, full)" in out
+    assert "Flux unless told" in out and "sana (SanaTransformer2DModel: tiny, full, blocks2)" in out
 
 
 def test_an_unknown_size_is_an_error_not_a_fallback():
     out = _demo("--model", "sana", "--size", "small")
-    assert out.returncode == 2 and "sana comes in tiny, full, not 'small'" in out.stderr
+    assert out.returncode == 2 and "sana comes in tiny, full, blocks2, not 'small'" in out.stderr
 
 
 def test_on_the_cpu_it_checks_equality_and_claims_no_speedup():

@@ -1,20 +1,35 @@
-"""Run a compiled graph under a CUDA graph (``mode="reduce-overhead"``).
+"""Run a compiled graph under CUDA graphs: on by default, one graph per input shape.
 
-The first ``WARMUP`` calls run normally: the kernels meet their input signatures and are
-verified bitwise outside any capture, and the runner learns which inputs keep their address
-from call to call (weights, buffers) and which do not (activations). The next call captures
-the graph with buffers of its own for the moving inputs; later calls copy those inputs in and
-replay. Outputs are returned as fresh tensors (a clone of the graph's static outputs), so a
-denoising loop may keep step ``t``'s output while step ``t + 1`` runs.
+A step of a DiT is hundreds of kernel launches; where the GPU is fast and the model small (Sana
+at batch 2, two-block models, the VAE's small stages) the host's launch time is the step time.
+A CUDA graph replays every launch of the step from one host call, so the default call
+``torch.compile(m, backend="sgdiff")`` runs its graphs this way (``options={"cudagraphs": False}``
+or ``mode="max-autotune-no-cudagraphs"`` turns it off).
+
+Per shape (one static graph serves one; under ``dynamic=True`` each set of sizes gets its own,
+up to :data:`MAX_GRAPHS` per compiled graph), the first ``WARMUP`` calls run normally: the kernels
+meet their input signatures and are verified bitwise outside any capture, and the runner learns
+which inputs keep their address from call to call (weights, buffers) and which do not
+(activations). The next call captures the graph with buffers of its own for the moving inputs;
+later calls copy those inputs in and replay. Outputs are returned as fresh tensors (a clone of
+the graph's static outputs), so a denoising loop may keep step ``t``'s output while step
+``t + 1`` runs.
+
+Memory: every capture of a device allocates from one memory pool shared by all of sgdiff's
+graphs on it (graphs replay one after another on the stream and hand out only clones, so one
+graph's scratch memory may be another's), so the cost is about the largest graph's working
+memory held between calls, plus, per captured shape, a copy of its moving inputs and of its
+outputs.
 
 Anything the capture cannot serve safely runs the graph normally, with one log line: inputs
-off the GPU or of another shape, stride or dtype; a weight that moved; a graph that writes
-into its inputs; a failed capture.
+off the GPU; a graph that writes into its inputs; a failed capture; shapes beyond the cap.
+A weight or buffer given new storage after the capture (``param.data = ...``) is captured
+again under its new address (a LoRA swap), up to the cap.
 """
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import fx
@@ -24,59 +39,121 @@ from sgdiff import _compat
 log = logging.getLogger("sgdiff")
 
 WARMUP = 2
+#: captures per compiled graph (and tier): one per shape served, and one more each time the
+#: weights moved; past it, calls run without a CUDA graph
+MAX_GRAPHS = 8
+
+_POOLS: Dict[torch.device, Any] = {}
+
+
+def shared_pool(device: torch.device):
+    """The memory pool every sgdiff capture on ``device`` allocates from."""
+    if device not in _POOLS:
+        _POOLS[device] = torch.cuda.graph_pool_handle()
+    return _POOLS[device]
 
 
 class CudaGraphRunner:
-    def __init__(self, fn: Callable, gm: Optional[fx.GraphModule] = None):
+    """``fn`` (a compiled graph's forward) run under CUDA graphs, one per input shape."""
+
+    def __init__(self, fn: Callable, gm: Optional[fx.GraphModule] = None, max_graphs: int = MAX_GRAPHS):
         self.fn = fn
-        self.calls = 0
-        self.addresses: List[Optional[int]] = []
-        self.graph: Optional[torch.cuda.CUDAGraph] = None
+        self.max_graphs = max_graphs
+        self.captures = 0
+        self.shapes: Dict[Tuple, _ShapeGraph] = {}
+        self.sized = _symbolic_positions(gm)  # inputs whose shape the key must hold (dynamic shapes)
         self.reason: Optional[str] = _mutates_inputs(gm) if gm is not None else None
+        self._said_full = False
         if self.reason:
             log.info("sgdiff: CUDA graphs off for a graph: %s", self.reason)
 
     def __call__(self, *args: Any):
         if self.reason is None:
-            self.reason = _unsupported(args)
-            if self.reason:
+            self.reason, quiet = _unsupported(args)
+            if self.reason and not quiet:
                 log.info("sgdiff: CUDA graphs off for a graph: %s", self.reason)
         if self.reason is not None:
             return self.fn(*args)
+        key = self._key(args)
+        shape = self.shapes.get(key)
+        if shape is None:
+            if len(self.shapes) >= self.max_graphs or self.captures >= self.max_graphs:
+                return self._full(args)
+            shape = self.shapes[key] = _ShapeGraph(self)
+        return shape(args)
+
+    def _key(self, args) -> Tuple:
+        sizes = tuple(a for a in args if not isinstance(a, torch.Tensor))
+        if self.sized is None:
+            return sizes + tuple(a.shape for a in args if isinstance(a, torch.Tensor))
+        return sizes + tuple(args[i].shape for i in self.sized)
+
+    def _full(self, args):
+        if not self._said_full:
+            self._said_full = True
+            log.info("sgdiff: %d CUDA graphs captured for a graph, the most it keeps; calls that "
+                     "would need another run without one", self.max_graphs)
+        return self.fn(*args)
+
+    def capture(self, static: List[Any]):
+        """A CUDA graph of ``fn(*static)`` and its static outputs (the caller handles failures)."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.fn(*static)  # warm-up on a side stream, as capture requires
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        device = next(a.device for a in static if isinstance(a, torch.Tensor))
+        with torch.cuda.graph(graph, pool=shared_pool(device)):
+            outputs = self.fn(*static)
+        self.captures += 1
+        return graph, outputs
+
+
+class _ShapeGraph:
+    """The CUDA graph of one input shape: warm-up calls, then a capture, then replays."""
+
+    def __init__(self, runner: CudaGraphRunner):
+        self.runner = runner
+        self.calls = 0
+        self.addresses: List[Optional[int]] = []
+        self.graph = None
+        self.off = False
+
+    def __call__(self, args):
+        if self.off:
+            return self.runner.fn(*args)
         if self.graph is None:
             return self._warm_up_or_capture(args)
         return self._replay(args)
 
     def _warm_up_or_capture(self, args):
-        addresses = [a.data_ptr() for a in args]
+        runner = self.runner
+        addresses = [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
         self.addresses = addresses if self.calls == 0 else [
             p if p == q else None for p, q in zip(self.addresses, addresses)]  # None: moves
         self.calls += 1
         if self.calls <= WARMUP:
-            return self.fn(*args)
-        moving = [i for i, p in enumerate(self.addresses) if p is None]
+            return runner.fn(*args)
+        if runner.captures >= runner.max_graphs:
+            self.off = True
+            return runner._full(args)
+        tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        moving = [i for i in tensors if self.addresses[i] is None]
         self.meta = {i: _meta(args[i]) for i in moving}
         self.buffers = {i: torch.empty_strided(args[i].shape, args[i].stride(), dtype=args[i].dtype,
                                                device=args[i].device) for i in moving}
-        self.fixed = [i for i, p in enumerate(self.addresses) if p is not None]
+        self.fixed = [i for i in tensors if self.addresses[i] is not None]
         self.fixed_addresses = [self.addresses[i] for i in self.fixed]
         static = [self.buffers.get(i, a) for i, a in enumerate(args)]
         for i, buf in self.buffers.items():
             buf.copy_(args[i])
         try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self.fn(*static)  # warm-up on a side stream, as capture requires
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                self.outputs = self.fn(*static)
+            self.graph, self.outputs = runner.capture(static)
         except Exception as exc:  # never break the model: run without graphs from now on
-            self.reason = f"capture failed ({type(exc).__name__}: {exc})"
-            log.warning("sgdiff: CUDA graphs off for a graph: %s", self.reason)
-            return self.fn(*args)
-        self.graph = graph
+            runner.reason = f"capture failed ({type(exc).__name__}: {exc})"
+            log.warning("sgdiff: CUDA graphs off for a graph: %s", runner.reason)
+            return runner.fn(*args)
         return self._replay(args)
 
     def _replay(self, args):
@@ -85,12 +162,14 @@ class CudaGraphRunner:
         # the graph's buffers, are checked in full. A step's host time before the GPU starts
         # is this check.
         if [args[i].data_ptr() for i in self.fixed] != self.fixed_addresses:
-            log.info("sgdiff: a weight or buffer moved since the capture; running without the CUDA graph")
-            return self.fn(*args)
+            log.info("sgdiff: a weight or buffer moved since the capture; capturing the graph again")
+            self.graph = self.outputs = self.buffers = None
+            self.calls = 0
+            return self._warm_up_or_capture(args)
         for i, buf in self.buffers.items():
             if _meta(args[i]) != self.meta[i]:
                 log.info("sgdiff: input %d differs from the captured one; running without the CUDA graph", i)
-                return self.fn(*args)
+                return self.runner.fn(*args)
             buf.copy_(args[i])
         self.graph.replay()
         return [o.clone() if isinstance(o, torch.Tensor) else o for o in self.outputs]
@@ -100,15 +179,32 @@ def _meta(t: torch.Tensor):
     return t.shape, t.stride(), t.dtype, t.device
 
 
-def _unsupported(args) -> Optional[str]:
-    if not args:
-        return "no inputs"
-    for a in args:
-        if not isinstance(a, torch.Tensor):
-            return "a non-tensor input (dynamic shapes)"
-        if not a.is_cuda:
-            return "an input not on a CUDA device"
-    return None
+def _unsupported(args) -> Tuple[Optional[str], bool]:
+    """Why these inputs cannot be served by a capture, if so, and whether that goes unsaid (a
+    graph with nothing on a CUDA device: CUDA graphs have nothing to offer it)."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if not any(a.is_cuda for a in tensors):
+        return "no input on a CUDA device", True
+    if not all(a.is_cuda for a in tensors):
+        return "an input not on a CUDA device", False
+    if not all(isinstance(a, (torch.Tensor, int, float, bool)) or a is None for a in args):
+        return "an input that is neither a tensor nor a number", False
+    return None, False
+
+
+def _symbolic_positions(gm: Optional[fx.GraphModule]) -> Optional[Tuple[int, ...]]:
+    """Positions of the graph's tensor inputs whose shape or stride is symbolic (None: unknown)."""
+    if gm is None:
+        return None
+    positions = []
+    for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            if any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())):
+                positions.append(i)
+        elif val is None and "val" not in node.meta:
+            return None
+    return tuple(positions)
 
 
 def _mutates_inputs(gm: fx.GraphModule) -> Optional[str]:
