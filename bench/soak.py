@@ -31,12 +31,10 @@ def _inputs(kwargs: dict, side: int, device) -> dict:
 
 
 def run(calls: int = 300, sides=(6, 8, 10, 12, 14), size: str = "tiny", device="cuda", dtype=torch.bfloat16) -> dict:
-    from torch._dynamo.utils import counters
-
-    from sgdiff import zoo
+    from sgdiff import _compat, zoo
 
     torch._dynamo.reset()
-    counters.clear()
+    before = _compat.graphs_compiled()
     model, kwargs = zoo.build("flux", size, dtype=dtype, device=device)
     compiled = torch.compile(model, backend="sgdiff")
     cycles, unequal, warm_graphs = [], 0, None
@@ -49,15 +47,15 @@ def run(calls: int = 300, sides=(6, 8, 10, 12, 14), size: str = "tiny", device="
             if (i + 1) % len(sides) == 0:
                 if device == "cuda":
                     torch.cuda.synchronize()
-                cycles.append(dict(calls=i + 1, graphs=counters["stats"]["unique_graphs"],
+                cycles.append(dict(calls=i + 1, graphs=_compat.graphs_compiled() - before,
                                    allocated_mib=torch.cuda.memory_allocated() / 2**20 if device == "cuda" else 0.0,
                                    reserved_mib=torch.cuda.memory_reserved() / 2**20 if device == "cuda" else 0.0))
                 if len(cycles) == warm_cycles:
                     warm_graphs = cycles[-1]["graphs"]
     after = cycles[warm_cycles - 1:]
     return dict(model=f"flux ({size})", calls=calls, sides=list(sides), unequal=unequal,
-                graphs=counters["stats"]["unique_graphs"], graphs_after_warm_up=warm_graphs,
-                recompiles_after_warm_up=counters["stats"]["unique_graphs"] - (warm_graphs or 0),
+                graphs=cycles[-1]["graphs"], graphs_after_warm_up=warm_graphs,
+                recompiles_after_warm_up=cycles[-1]["graphs"] - (warm_graphs or 0),
                 allocated_mib_range=[min(c["allocated_mib"] for c in after), max(c["allocated_mib"] for c in after)],
                 reserved_mib_range=[min(c["reserved_mib"] for c in after), max(c["reserved_mib"] for c in after)],
                 cycles=cycles)

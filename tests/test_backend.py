@@ -97,6 +97,33 @@ def test_nothing_to_rewrite_runs_unchanged():
     assert all(n == 0 for n in results[0].counts.values())
 
 
+@pytest.mark.parametrize("mode,op", [("nearest", "upsample_nearest2d"), ("nearest-exact", "_upsample_nearest_exact2d"),
+                                     ("bilinear", "upsample_bilinear2d")])
+def test_interpolation_is_captured_as_the_kernel_eager_runs(mode, op):
+    """``F.interpolate`` reaches the graph as the ATen op eager dispatches to, not as torch's
+    Python decomposition of it (an index computation): a VAE decode runs eager's kernels; the
+    decompositions are back in place afterwards."""
+    from torch._C import DispatchKey
+
+    from sgdiff import _compat
+
+    def upsample(x):
+        return F.interpolate(x, scale_factor=2.0, mode=mode) + 1
+
+    targets = []
+
+    def record(gm, example_inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return _compat.boxed(gm.forward)
+
+    x = torch.randn(1, 3, 5, 7)
+    with torch.no_grad():
+        out = torch.compile(upsample, backend=_compat.aot_capture(record))(x)
+    assert torch.equal(out, upsample(x))
+    assert f"aten.{op}.default" in targets and not any("index" in t for t in targets), targets
+    assert DispatchKey.CompositeImplicitAutograd in getattr(torch.ops.aten, op).vec.py_kernels
+
+
 def test_reduce_overhead_mode_is_accepted():
     model = Block().eval()
     x, emb = inputs()

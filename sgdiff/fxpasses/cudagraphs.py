@@ -47,9 +47,9 @@ _POOLS: Dict[torch.device, Any] = {}
 
 
 def shared_pool(device: torch.device):
-    """The memory pool every sgdiff capture on ``device`` allocates from."""
+    """The memory pool every sgdiff capture on ``device`` allocates from (kept for the process)."""
     if device not in _POOLS:
-        _POOLS[device] = torch.cuda.graph_pool_handle()
+        _POOLS[device] = _compat.graph_pool(device)
     return _POOLS[device]
 
 
