@@ -19,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from bench.kernels import _meta, _write_json  # noqa: E402
+from sgdiff.fxpasses.cudagraphs import WARMUP  # noqa: E402
 
 
 def _inputs(kwargs: dict, side: int, device) -> dict:
@@ -38,7 +39,7 @@ def run(calls: int = 300, sides=(6, 8, 10, 12, 14), size: str = "tiny", device="
     model, kwargs = zoo.build("flux", size, dtype=dtype, device=device)
     compiled = torch.compile(model, backend="sgdiff")
     cycles, unequal, warm_graphs = [], 0, None
-    warm_cycles = 3  # two warm-up calls and a capture per side
+    warm_cycles = WARMUP + 2  # per side: warm-up calls, a capture, a first replay
     with torch.no_grad():
         for i in range(calls):
             inputs = _inputs(kwargs, sides[i % len(sides)], device)
@@ -68,7 +69,7 @@ def write_report(result: dict, out: pathlib.Path) -> None:
              f"{versions} {c['model']}, bf16, `torch.compile(model, backend=\"sgdiff\")` with no mode or options.", "",
              f"- outputs not torch.equal to eager's: {c['unequal']} of {c['calls']}",
              f"- Dynamo graphs compiled: {c['graphs']} in all, {c['recompiles_after_warm_up']} after the warm-up "
-             f"(the first {3 * len(c['sides'])} calls)",
+             f"(the first {(WARMUP + 2) * len(c['sides'])} calls)",
              f"- GPU memory after each cycle past the warm-up: allocated {c['allocated_mib_range'][0]:.1f}-"
              f"{c['allocated_mib_range'][1]:.1f} MiB, reserved {c['reserved_mib_range'][0]:.1f}-"
              f"{c['reserved_mib_range'][1]:.1f} MiB"]

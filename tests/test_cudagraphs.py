@@ -28,7 +28,8 @@ class FakeStream:
 def fake_cuda(monkeypatch):
     FakeGraph.replays = 0
     monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
-    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: FakeStream())
+    monkeypatch.setattr(cudagraphs, "_SIDE_STREAMS", {})
     monkeypatch.setattr(torch.cuda, "current_stream", FakeStream)
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None: contextlib.nullcontext())

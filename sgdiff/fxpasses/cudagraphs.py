@@ -44,6 +44,7 @@ WARMUP = 2
 MAX_GRAPHS = 8
 
 _POOLS: Dict[torch.device, Any] = {}
+_SIDE_STREAMS: Dict[torch.device, Any] = {}
 
 
 def shared_pool(device: torch.device):
@@ -97,13 +98,14 @@ class CudaGraphRunner:
 
     def capture(self, static: List[Any]):
         """A CUDA graph of ``fn(*static)`` and its static outputs (the caller handles failures)."""
-        side = torch.cuda.Stream()
+        device = next(a.device for a in static if isinstance(a, torch.Tensor))
+        # one side stream per device for every warm-up (cuBLAS keeps a workspace per stream)
+        side = _SIDE_STREAMS.setdefault(device, torch.cuda.Stream(device))
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             self.fn(*static)  # warm-up on a side stream, as capture requires
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        device = next(a.device for a in static if isinstance(a, torch.Tensor))
         with torch.cuda.graph(graph, pool=shared_pool(device)):
             outputs = self.fn(*static)
         self.captures += 1
