@@ -12,6 +12,7 @@ from torch import fx
 
 from sgdiff import _compat
 from sgdiff.fxpasses import ManagerResult, PassManager
+from sgdiff.fxpasses.copies import lazy_contiguous
 from sgdiff.fxpasses.cudagraphs import CudaGraphRunner
 from sgdiff.fxpasses.direct_aten import direct_aten_calls
 from sgdiff.fxpasses.lowering import lower_to_call_sites
@@ -74,6 +75,7 @@ class TieredGraph:
         if result is not None and self.on_result is not None:
             self.on_result(result)
         lower_to_call_sites(gm)
+        lazy_contiguous(gm)
         direct_aten_calls(gm)
         fn = gm.forward
         if self.options.cudagraphs:

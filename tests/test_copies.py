@@ -63,3 +63,38 @@ def test_real_models_lose_their_dropout_copies_and_keep_their_bits(name, drops, 
     assert f"dropped {drops} copies" in caplog.text
     assert bits_equal(got, want)
     assert sgdiff.explain(model, **kwargs).graphs == 1
+
+
+def _contiguous_clone_graph(output_clone: bool):
+    """``y = x * 2; c = clone(y, memory_format=contiguous); out = c + 1`` (and ``c`` too)."""
+    aten = torch.ops.aten
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    y = graph.call_function(aten.mul.Tensor, (x, 2))
+    c = graph.call_function(aten.clone.default, (y,), {"memory_format": torch.contiguous_format})
+    out = graph.call_function(aten.add.Tensor, (c, 1))
+    graph.output((out, c) if output_clone else (out,))
+    return torch.fx.GraphModule({}, graph)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_a_traced_contiguous_copies_only_what_is_not_contiguous(layout):
+    from sgdiff.fxpasses.copies import lazy_contiguous
+
+    gm = _contiguous_clone_graph(output_clone=False)
+    x = torch.randn(4, 6) if layout == "contiguous" else torch.randn(6, 4).t()
+    want = gm(x)
+    assert lazy_contiguous(gm) == 1
+    assert [n.target for n in gm.graph.nodes if n.op == "call_method"] == ["contiguous"]
+    assert bits_equal(gm(x)[0], want[0]) and gm(x)[0].is_contiguous()
+
+
+def test_a_contiguous_copy_that_is_an_output_or_of_an_input_stays_a_copy():
+    from sgdiff.fxpasses.copies import lazy_contiguous
+
+    assert lazy_contiguous(_contiguous_clone_graph(output_clone=True)) == 0
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    c = graph.call_function(torch.ops.aten.clone.default, (x,), {"memory_format": torch.contiguous_format})
+    graph.output((graph.call_function(torch.ops.aten.add.Tensor, (c, 1)),))
+    assert lazy_contiguous(torch.fx.GraphModule({}, graph)) == 0
