@@ -27,7 +27,7 @@ from typing import Callable, Dict, Tuple
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from bench.kernels import _meta, _write_json  # noqa: E402
+from bench.kernels import _meta, _write_json, fold_runs, merge_cases  # noqa: E402
 from bench.timing import alternating  # noqa: E402
 
 VARIANTS = {
@@ -95,6 +95,14 @@ def run_case(case: str, variants, device: torch.device, dtype, calls: int, round
     return row
 
 
+def merge_runs(old: dict, new: dict) -> dict:
+    """``old`` with the cases ``new`` ran in their place, each tagged with its run's commit, in
+    :func:`cases`' order."""
+    order = cases()
+    return merge_cases(old, new, key=lambda c: c["model"],
+                       rank=lambda m: order.index(m) if m in order else len(order))
+
+
 def write_report(result: dict, out: pathlib.Path) -> None:
     versions = _write_json(result, out, "small_models")
     shown = [v for v in VARIANTS if any(f"{v}_ms" in c for c in result["cases"])]
@@ -103,12 +111,13 @@ def write_report(result: dict, out: pathlib.Path) -> None:
              "ms: wall time of a call up to its last kernel, variants alternating in one process (median); "
              "sgdiff_default: `torch.compile(m, backend=\"sgdiff\")`, no mode, no options; equal: every "
              "sgdiff output torch.equal to eager's.", "",
-             "| case | " + " | ".join(f"{v} ms" for v in shown) + " | default / eager | equal |",
-             "|" + " --- |" * (len(shown) + 3)]
+             "| case | " + " | ".join(f"{v} ms" for v in shown) + " | default / eager | equal | commit |",
+             "|" + " --- |" * (len(shown) + 4)]
     for c in result["cases"]:
         ratio = c.get("sgdiff_default_vs_eager")
         lines.append(f"| {c['model']} | " + " | ".join(f"{c[f'{v}_ms']:.2f}" if f"{v}_ms" in c else "-" for v in shown)
-                     + f" | {'-' if ratio is None else f'{ratio:.3f}'} | {c['equal']} |")
+                     + f" | {'-' if ratio is None else f'{ratio:.3f}'} | {c['equal']} | "
+                     f"{c.get('commit', result['commit'])[:7]} |")
     (out / "small_models.md").write_text("\n".join(lines) + "\n")
 
 
@@ -122,7 +131,16 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--merge", nargs="+", metavar="SMALL_MODELS_JSON",
+                        help="no measuring: fold these results (earliest first) into --out's small_models.json")
     args = parser.parse_args(argv)
+    if args.merge:
+        published = pathlib.Path(args.out) / "small_models.json"
+        if not published.exists():
+            published.parent.mkdir(parents=True, exist_ok=True)
+            published.write_text(pathlib.Path(args.merge[0]).read_text())
+        fold_runs(published, args.merge, merge_runs, write_report)
+        return 0
     variants = args.variants.split(",")
     unknown = set(variants) - set(VARIANTS)
     if unknown or variants[0] != "eager":

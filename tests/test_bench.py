@@ -283,3 +283,36 @@ def test_full_vaes_decode_on_the_meta_device(name, latents, image):
     vae = (zoo._flux_vae if name == "flux" else zoo._wan_vae)("full").to("meta")
     with torch.no_grad():
         assert tuple(vae.decode(torch.empty(latents, device="meta"), return_dict=False)[0].shape) == image
+
+
+def test_small_models_and_their_merge(tmp_path, monkeypatch):
+    """bench.small_models on the CPU (tiny configs standing in for blocks2): the fields the
+    results promise, and a later run of one case folded in with its own commit."""
+    import json
+
+    from bench import small_models
+    from sgdiff import zoo
+
+    build = zoo.build
+    monkeypatch.setattr(zoo, "build", lambda name, size, **kw: build(name, "tiny", **kw))
+    args = ["--device", "cpu", "--dtype", "float32", "--calls", "1", "--rounds", "1"]
+    assert small_models.main(args + ["--cases", "flux,sana", "--out", str(tmp_path / "a")]) == 0
+    first = json.loads((tmp_path / "a" / "small_models.json").read_text())
+    assert [c["model"] for c in first["cases"]] == ["flux", "sana"]
+    for c in first["cases"]:
+        assert c["equal"] is True and c["eager_ms"] > 0 and c["sgdiff_default_ms"] > 0
+    again = dict(first, commit="later", cases=[dict(first["cases"][1], eager_ms=1.0)])
+    (tmp_path / "b.json").write_text(json.dumps(again))
+    assert small_models.main(["--merge", str(tmp_path / "b.json"), "--out", str(tmp_path / "a")]) == 0
+    merged = json.loads((tmp_path / "a" / "small_models.json").read_text())
+    assert [(c["model"], c["commit"], c["eager_ms"] == 1.0) for c in merged["cases"]] == [
+        ("flux", first["commit"], False), ("sana", "later", True)]
+    assert "| sana |" in (tmp_path / "a" / "small_models.md").read_text()
+
+
+def test_soak_counts_recompiles_and_checks_every_output():
+    from bench import soak
+
+    case = soak.run(calls=10, sides=(6, 8), device="cpu")
+    assert case["unequal"] == 0 and case["graphs"] == 2 and case["recompiles_after_warm_up"] == 0
+    assert len(case["cycles"]) == 5
