@@ -1,0 +1,243 @@
+"""Triton sgdiff::group_norm: ATen's GroupNorm, its statistics spread over every SM.
+
+PyTorch's ``GroupNormKernelImplInternal`` (aten/src/ATen/native/cuda/group_norm_kernel.cu) runs
+``RowwiseMomentsCUDAKernel`` with one block per (sample, group): at a VAE decoder's 32 groups,
+32 blocks, so 32 of an H200's 132 SMs hold the whole statistics pass (44.6 of a Flux VAE
+decode's 86 ms). Its order, which these kernels keep:
+
+1. the group's ``L = D * HxW`` elements (contiguous) are read by ``T`` threads (512, or 32
+   where ``L < 512``), thread ``t`` folding elements ``t, t + T, t + 2T, ...`` in turn into a
+   serial Welford state (``WelfordOps::reduce``, as nvcc compiles it)::
+
+       n += 1;  delta = x - mean;  mean = mean + delta / n      # IEEE division
+       m2 = fma(delta, x - mean, m2)
+
+2. each warp folds its 32 states with shuffle-down (offsets 16, 8, 4, 2, 1), lane ``i``
+   combining its state with lane ``i + offset``'s (``WelfordOps::combine(own, other)``: an
+   empty side returns the other; else ``r = other.n / (own.n + other.n)``,
+   ``mean = fma(other.mean - own.mean, r, own.mean)``,
+   ``m2 = fma(delta * delta * own.n, r, own.m2 + other.m2)``);
+3. with 512 threads, warp 0 folds the 16 warps' states the same way (lanes 16-31 empty);
+4. ``rstd = rsqrtf(m2 / n + eps)``, ``eps`` first rounded to ``x``'s dtype (the kernel takes it
+   as ``T``); then per channel ``a = rstd * gamma``, ``b = fma(-a, mean, beta)``
+   (``ComputeFusedParamsCUDAKernel``) and ``y = fma(a, x, b)`` rounded to ``x``'s dtype.
+
+Here step 1 runs on ``N * G * SPLIT`` programs, each holding ``T / SPLIT`` of ATen's threads
+(each thread's serial fold is unchanged, only spread over more SMs), and folds its warps'
+states as step 2 does; a second kernel folds the warps' states of a group (step 3) and writes
+``a`` and ``b``; a third applies them, and the SiLU after the norm (ATen's, of the rounded
+output) where the op has one. The trees are written as halvings of explicit tensors
+(:func:`sgdiff.kernels.triton.rows.halves`), so their order does not depend on Triton's layout.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from sgdiff.kernels.registry import Impl
+from sgdiff.kernels.triton.cuda_math import INTERPRET_C, rsqrtf, silu_rounded
+from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
+from sgdiff.kernels.triton.rows import DTYPES, cached_plan, halves
+
+BLOCK_THREADS = 512  # ATen's block where a group has at least that many elements
+WARP = 32
+APPLY_BLOCK = 2048
+
+
+@triton.jit
+def _welford_step(mean, m2, n, x, active):
+    """WelfordOps::reduce of ``x`` into each active lane's state."""
+    n1 = n + 1.0
+    delta = x - mean
+    new_mean = mean + tl.math.div_rn(delta, n1)
+    new_m2 = tl.fma(delta, x - new_mean, m2)
+    return tl.where(active, new_mean, mean), tl.where(active, new_m2, m2), tl.where(active, n1, n)
+
+
+@triton.jit
+def _combine(a_mean, a_m2, a_n, b_mean, b_m2, b_n):
+    """WelfordOps::combine(a, b), as nvcc compiles it: an empty ``a`` gives ``b``, an empty ``b``
+    gives ``a``."""
+    delta = b_mean - a_mean
+    count = a_n + b_n
+    ratio = tl.math.div_rn(b_n, tl.where(count == 0.0, 1.0, count))
+    mean = tl.fma(delta, ratio, a_mean)
+    m2 = tl.fma(delta * delta * a_n, ratio, a_m2 + b_m2)
+    mean, m2, count = tl.where(b_n == 0.0, a_mean, mean), tl.where(b_n == 0.0, a_m2, m2), tl.where(b_n == 0.0, a_n, count)
+    return tl.where(a_n == 0.0, b_mean, mean), tl.where(a_n == 0.0, b_m2, m2), tl.where(a_n == 0.0, b_n, count)
+
+
+@triton.jit
+def _fold(mean, m2, n, LEVELS: tl.constexpr):
+    """Fold each row of [R, 2**LEVELS] states as a shuffle-down tree does (lane i with lane
+    i + W/2, then i + W/4, ...): the states of lane 0, [R, 1]."""
+    for _ in tl.static_range(LEVELS):
+        m0, m1 = halves(mean)
+        q0, q1 = halves(m2)
+        n0, n1 = halves(n)
+        mean, m2, n = _combine(m0, q0, n0, m1, q1, n1)
+    return mean, m2, n
+
+
+@LeanKernel
+@triton.jit
+def _moments_kernel(
+    x_ptr, part_ptr,  # part: [N * G, WARPS_PER_GROUP, 3] fp32 (mean, m2, n) per ATen warp
+    L,  # elements in a group
+    THREADS: tl.constexpr,  # ATen's threads a group: 512 or 32
+    LANES: tl.constexpr,  # of them, this program's
+    WIDE: tl.constexpr,
+):
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    if WIDE:
+        row = row.to(tl.int64)
+    lane = part * LANES + tl.arange(0, LANES)
+    base = x_ptr + row * L
+    mean = tl.zeros([LANES], tl.float32)
+    m2 = tl.zeros([LANES], tl.float32)
+    n = tl.zeros([LANES], tl.float32)
+    grid_dependency_wait()
+    for start in range(0, L, THREADS):
+        idx = start + lane
+        active = idx < L
+        x = tl.load(base + idx, mask=active, other=0.0).to(tl.float32)
+        mean, m2, n = _welford_step(mean, m2, n, x, active)
+    mean, m2, n = _fold(tl.reshape(mean, [LANES // 32, 32]), tl.reshape(m2, [LANES // 32, 32]),
+                        tl.reshape(n, [LANES // 32, 32]), 5)
+    warp = part * (LANES // 32) + tl.arange(0, LANES // 32)
+    out = part_ptr + (row * (THREADS // 32) + warp) * 3
+    tl.store(out, tl.reshape(mean, [LANES // 32]))
+    tl.store(out + 1, tl.reshape(m2, [LANES // 32]))
+    tl.store(out + 2, tl.reshape(n, [LANES // 32]))
+
+
+@LeanKernel
+@triton.jit
+def _fused_params_kernel(
+    part_ptr, w_ptr, b_ptr, a_ptr, bias_ptr,  # a, bias: [N * C] fp32 (ComputeFusedParams' a and b)
+    eps,  # fp32: eps rounded to x's dtype
+    G, D,  # groups, channels a group
+    WARPS: tl.constexpr,  # ATen's warps a group: 16, or 1
+    WARP_LEVELS: tl.constexpr,  # log2(WARPS)
+    BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0)  # n * G + g
+    grid_dependency_wait()
+    if WARPS == 1:
+        mean = tl.load(part_ptr + row * 3)
+        m2 = tl.load(part_ptr + row * 3 + 1)
+        n = tl.load(part_ptr + row * 3 + 2)
+    else:  # warp 0 folds the warps' states (lanes past them empty: folding those changes nothing)
+        w = tl.arange(0, WARPS)
+        p = part_ptr + (row * WARPS + w) * 3
+        mean, m2, n = _fold(tl.reshape(tl.load(p), [1, WARPS]), tl.reshape(tl.load(p + 1), [1, WARPS]),
+                            tl.reshape(tl.load(p + 2), [1, WARPS]), WARP_LEVELS)
+        mean, m2, n = tl.sum(mean, 1), tl.sum(m2, 1), tl.sum(n, 1)  # [1] -> scalar: one element each
+        mean, m2, n = tl.sum(mean, 0), tl.sum(m2, 0), tl.sum(n, 0)
+    rstd = rsqrtf(tl.math.div_rn(m2, n) + eps, INTERPRET=INTERPRET_C)
+    c = tl.arange(0, BLOCK_D)
+    inside = c < D
+    channel = (row // G) * (G * D) + (row % G) * D + c  # n * C + g * D + c
+    gamma = tl.load(w_ptr + (row % G) * D + c, mask=inside, other=1.0).to(tl.float32)
+    beta = tl.load(b_ptr + (row % G) * D + c, mask=inside, other=0.0).to(tl.float32)
+    a = rstd * gamma
+    tl.store(a_ptr + channel, a, mask=inside)
+    tl.store(bias_ptr + channel, tl.fma(a * -1.0, mean, beta), mask=inside)
+
+
+@LeanKernel
+@triton.jit
+def _apply_kernel(
+    x_ptr, a_ptr, bias_ptr, out_ptr,
+    HW, total,
+    SILU: tl.constexpr,
+    BLOCK: tl.constexpr,
+    WIDE: tl.constexpr,
+):
+    start = tl.program_id(0)
+    if WIDE:
+        start = start.to(tl.int64)
+    i = start * BLOCK + tl.arange(0, BLOCK)
+    inside = i < total
+    nc = i // HW
+    grid_dependency_wait()
+    x = tl.load(x_ptr + i, mask=inside, other=0.0).to(tl.float32)
+    a = tl.load(a_ptr + nc, mask=inside, other=0.0)
+    b = tl.load(bias_ptr + nc, mask=inside, other=0.0)
+    y = tl.fma(a, x, b).to(out_ptr.dtype.element_ty)
+    if SILU:
+        y = silu_rounded(y.to(tl.float32), out_ptr.dtype.element_ty, INTERPRET_C)
+    tl.store(out_ptr + i, y, mask=inside)
+
+
+def supported_layout(x, weight, bias, groups, eps, silu=False) -> bool:
+    """can_use without the device check: a contiguous [N, C, *spatial] float tensor with a
+    spatial extent (ATen's 1-d path, HxW = 1, writes another formula), C a multiple of the
+    groups, the affine's weight and bias both given in x's dtype (ATen writes other formulas
+    without them)."""
+    if not (x.dim() >= 3 and x.dtype in DTYPES and x.is_contiguous() and x.numel() > 0):
+        return False
+    n, c = x.shape[0], x.shape[1]
+    if not (isinstance(groups, int) and groups > 0 and c % groups == 0 and x.numel() // (n * c) > 1):
+        return False
+    return (weight is not None and bias is not None and weight.dtype == bias.dtype == x.dtype
+            and weight.shape == bias.shape == (c,) and weight.is_contiguous() and bias.is_contiguous()
+            and x.numel() // n // groups < 2 ** 24)  # a thread's count held exactly in fp32
+
+
+def can_use(x, weight, bias, groups, eps, silu=False) -> bool:
+    return x.is_cuda and supported_layout(x, weight, bias, groups, eps, silu)
+
+
+SM_COUNT = 132  # programs enough for every SM of an H200 twice over (fewer SMs: more waves)
+
+
+@cached_plan
+def _plan(x, groups):
+    n, c = x.shape[0], x.shape[1]
+    length = x.numel() // (n * groups)
+    threads = BLOCK_THREADS if length >= BLOCK_THREADS else WARP
+    rows = n * groups
+    split = 1
+    while threads // split > WARP and rows * split < 2 * SM_COUNT:
+        split *= 2
+    return dict(length=length, threads=threads, lanes=threads // split, split=split, rows=rows,
+                d=c // groups, hw=x.numel() // (n * c), wide=x.numel() >= 2 ** 31)
+
+
+def bind(x, weight, bias, groups, eps, silu=False):
+    """:func:`group_norm` for inputs of this signature, its host arithmetic done."""
+    import torch
+
+    p = _plan(x, int(groups))
+    warps = p["threads"] // WARP
+    moments = _moments_kernel.bind((p["rows"], p["split"]), THREADS=p["threads"], LANES=p["lanes"], WIDE=p["wide"],
+                                   num_warps=max(1, p["lanes"] // WARP), enable_fp_fusion=False)
+    params = _fused_params_kernel.bind((p["rows"],), WARPS=warps, WARP_LEVELS=warps.bit_length() - 1, BLOCK_D=triton.next_power_of_2(p["d"]),
+                                       num_warps=1, enable_fp_fusion=False)
+    total = x.numel()
+    apply = _apply_kernel.bind((triton.cdiv(total, APPLY_BLOCK),), SILU=bool(silu), BLOCK=APPLY_BLOCK,
+                               WIDE=p["wide"], num_warps=8, enable_fp_fusion=False)
+    eps_t = float(torch.tensor(eps, dtype=x.dtype).float())  # ATen passes eps as the input's dtype
+    shape, dtype, rows, length, hw, channels = x.shape, x.dtype, p["rows"], p["length"], p["hw"], x.shape[0] * x.shape[1]
+
+    def launch(x, weight, bias, *_):
+        part = torch.empty((rows, warps, 3), dtype=torch.float32, device=x.device)
+        a = torch.empty(channels, dtype=torch.float32, device=x.device)
+        b = torch.empty(channels, dtype=torch.float32, device=x.device)
+        out = torch.empty(shape, dtype=dtype, device=x.device)
+        moments(x, part, length)
+        params(part, weight, bias, a, b, eps_t, int(groups), p["d"])
+        apply(x, a, b, out, hw, total)
+        return out
+
+    return launch
+
+
+def group_norm(x, weight, bias, groups, eps, silu=False):
+    """Launch; the caller has checked :func:`can_use`."""
+    return bind(x, weight, bias, groups, eps, silu)(x, weight, bias)
+
+
+GROUP_NORM = Impl(run=group_norm, supports=supported_layout, bind=bind)
