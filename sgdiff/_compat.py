@@ -191,21 +191,6 @@ def addmm_gelu_tanh(bias: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor) 
     return torch._addmm_activation(bias, mat1, mat2, use_gelu=True)
 
 
-def graph_pool(device: torch.device):
-    """A CUDA graph memory pool on ``device`` that lives as long as the process: an empty graph
-    captured into it holds it (a pool whose last graph is freed is released, and a later capture
-    into its handle fails an allocator assertion), as Inductor's CUDA graph trees hold theirs."""
-    handle = torch.cuda.graph_pool_handle()
-    keeper = torch.cuda.CUDAGraph()
-    with torch.cuda.device(device), torch.cuda.graph(keeper, pool=handle):
-        pass
-    _POOL_KEEPERS.append(keeper)
-    return handle
-
-
-_POOL_KEEPERS: list = []
-
-
 def hold_stream(cycles: int) -> None:
     """Keep the current CUDA stream busy for ``cycles`` GPU clock cycles (``torch.cuda._sleep``),
     so that kernels the host enqueues meanwhile start back to back when it ends; nothing where

@@ -32,9 +32,7 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(cudagraphs, "_SIDE_STREAMS", {})
     monkeypatch.setattr(torch.cuda, "current_stream", FakeStream)
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None: contextlib.nullcontext())
-    monkeypatch.setattr(cudagraphs._compat, "graph_pool", lambda device: ("pool",))
-    monkeypatch.setattr(cudagraphs, "_POOLS", {})
+    monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
     monkeypatch.setattr(cudagraphs, "_unsupported", lambda args: (None, False))
 
 
