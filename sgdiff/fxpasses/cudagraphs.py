@@ -17,8 +17,8 @@ the graph's static outputs), so a denoising loop may keep step ``t``'s output wh
 
 Memory: each capture holds a memory pool of its own between calls (the graph's working
 memory, as the caching allocator would keep it cached anyway), plus a copy of its moving inputs
-and of its outputs. (One pool shared by every capture of a device was tried: on Wan 2.1 1.3B
-at 480p x 81 frames the step's peak went from 4.0 GiB with a pool per graph to 9.7 GiB.)
+and of its outputs. (One pool shared by every capture of a device was tried: Wan 2.1 1.3B's
+step at 480p x 81 frames peaked at 9.7 GiB with it, where a pool per graph had measured 4.0.)
 
 Anything the capture cannot serve safely runs the graph normally, with one log line: inputs
 off the GPU; a graph that writes into its inputs; a failed capture; shapes beyond the cap.
