@@ -90,15 +90,18 @@ class CudaGraphRunner:
     def capture(self, static: List[Any]):
         """A CUDA graph of ``fn(*static)`` and its static outputs (the caller handles failures)."""
         device = next(a.device for a in static if isinstance(a, torch.Tensor))
-        # one side stream per device for every warm-up (cuBLAS keeps a workspace per stream)
-        side = _SIDE_STREAMS.setdefault(device, torch.cuda.Stream(device))
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self.fn(*static)  # warm-up on a side stream, as capture requires
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outputs = self.fn(*static)
+        with torch.cuda.device(device):  # the inputs' device, whichever is current
+            # one side stream per device for every warm-up (cuBLAS keeps a workspace per stream)
+            if device not in _SIDE_STREAMS:
+                _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+            side = _SIDE_STREAMS[device]
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.fn(*static)  # warm-up on a side stream, as capture requires
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outputs = self.fn(*static)
         self.captures += 1
         return graph, outputs
 
