@@ -180,3 +180,52 @@ def test_opcheck(dtype):
         torch.library.opcheck(rope_even_odd, (xx, c[..., 0::2].to(dtype), s[..., 1::2].to(dtype)))
         assert rope(xx, c, s, True).stride() == torch.empty_like(xx).stride()
     torch.library.opcheck(rope_complex, (x, freqs))
+
+
+def _stack_rope(halves="slices", join=-1, cast_back=True, odd_swapped=False):
+    """The even/odd rotation re-interleaved by a stack: ``x1, x2`` the even and odd elements
+    (slices, or the unbound pairs), ``stack([x1 cos - x2 sin, x1 sin + x2 cos], join).flatten(-2)``."""
+    def fn(x, cos, sin):
+        if halves == "slices":
+            x1, x2 = x[..., 0::2], x[..., 1::2]
+        else:
+            x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+        odd = x1 * sin + x2 * cos if not odd_swapped else x1 * cos + x2 * sin
+        out = torch.stack([x1 * cos - x2 * sin, odd], join).flatten(-2)
+        return out.type_as(x) if cast_back else out
+
+    return fn
+
+
+@given(halves=st.sampled_from(["slices", "unbind"]), dtype=st.sampled_from(DTYPES),
+       table_dtype=st.sampled_from([torch.float32, "model"]), B=st.integers(1, 2), S=st.integers(1, 6),
+       H=st.integers(1, 3), D=st.sampled_from([2, 8, 12]))
+def test_even_odd_re_interleaved_by_a_stack_is_rope_even_odd(halves, dtype, table_dtype, B, S, H, D):
+    table_dtype = dtype if table_dtype == "model" else table_dtype
+    fn = _stack_rope(halves)
+
+    def both(q, k, cos, sin):
+        return fn(q, cos, sin), fn(k, cos, sin)
+
+    g = torch.Generator().manual_seed(S * 7 + D)
+    q, k = (torch.randn(B, S, H, D, generator=g).to(dtype) for _ in range(2))
+    cos, sin = (torch.randn(1, S, 1, D // 2, generator=g).to(table_dtype) for _ in range(2))
+    run, gm, result = rewrite(both, (q, k, cos, sin), families=["rope"])
+    assert result.counts["rope"] == 2, result.skipped
+    assert count_op(gm, OPS["even_odd"]) == 2 and aten.stack.default not in set(targets(gm))
+    for got, want in zip(run(q, k, cos, sin), both(q, k, cos, sin)):
+        assert bits_equal(got, want) and got.stride() == want.stride()
+
+
+@pytest.mark.parametrize("name,fn,reason", [
+    ("stacked along another dim", _stack_rope(join=-2), None),
+    ("the odd half rotated the other way", _stack_rope(odd_swapped=True), None),
+    ("no cast back to bf16", _stack_rope(cast_back=False), "not cast back"),
+])
+def test_stack_near_misses_stay(name, fn, reason):
+    args = (torch.randn(2, 5, 3, 8, dtype=torch.bfloat16), torch.randn(1, 5, 1, 4), torch.randn(1, 5, 1, 4))
+    run, gm, result = rewrite(fn, args, families=["rope"])
+    assert count_op(gm, OPS["even_odd"]) == 0, name
+    if reason:
+        assert any(reason in s.reason for s in result.skipped), result.skipped
+    assert bits_equal(run(*args), fn(*args))

@@ -12,6 +12,9 @@ rounding steps)::
         out = view_as_real(view_as_complex(x.float().reshape(..., -1, 2)) * freqs).flatten(3).type_as(x)
     even_odd     (Wan: strided writes into empty_like)
         out[..., 0::2] = x1 * cos - x2 * sin;  out[..., 1::2] = x1 * sin + x2 * cos
+    even_odd_stack  (the same rotation re-interleaved by a stack; x1, x2 = x[..., 0::2], x[..., 1::2]
+                 or the unbound pairs)
+        out = stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).flatten(-2).type_as(x)
 
 with the tables broadcast along any sequence dim. Variants come from :class:`RopeKey`.
 """
@@ -30,8 +33,9 @@ aten = torch.ops.aten
 
 FAMILY = Family("rope")
 
-FORMS = ("interleaved", "rotate_half", "complex", "even_odd")
-OPS = {"interleaved": "rope", "rotate_half": "rope", "complex": "rope_complex", "even_odd": "rope_even_odd"}
+FORMS = ("interleaved", "rotate_half", "complex", "even_odd", "even_odd_stack")
+OPS = {"interleaved": "rope", "rotate_half": "rope", "complex": "rope_complex", "even_odd": "rope_even_odd",
+       "even_odd_stack": "rope_even_odd"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,15 +75,31 @@ def _complex() -> Expr:
     return parts.maybe_cast(flat, "rope_downcast")
 
 
-def _even_odd() -> Expr:
-    pairs = _pairs(Arg("x"))
-    x1, x2 = getitem(pairs, 0), getitem(pairs, 1)
-
+def _rotated_pairs(x1: Expr, x2: Expr):
+    """``(x1 * cos - x2 * sin, x1 * sin + x2 * cos)``."""
     def term(a, table):
         return Op(aten.mul.Tensor, a, Arg(table), commutative=True)
 
     even = Op(aten.sub.Tensor, term(x1, "cos"), term(x2, "sin"), alpha=Lit(1))
     odd = Op(aten.add.Tensor, term(x1, "sin"), term(x2, "cos"), alpha=Lit(1), commutative=True)
+    return even, odd
+
+
+def _even_odd_stack() -> Expr:
+    pairs = _pairs(Arg("x"))
+
+    def half(start: int) -> Expr:  # x[..., start::2], or the pairs' unbound half
+        return AnyOf(Op(aten.slice.Tensor, Arg("x"), Arg(f"rope_slice{start}_dim"), Lit(start),
+                        Arg(f"rope_slice{start}_end"), Lit(2)), getitem(pairs, start))
+
+    even, odd = _rotated_pairs(half(0), half(1))
+    flat = _reshape(Op(aten.stack.default, Items(even, odd), Arg("rope_join_dim")), "rope_flat")
+    return parts.maybe_cast(flat, "rope_downcast")
+
+
+def _even_odd() -> Expr:
+    pairs = _pairs(Arg("x"))
+    even, odd = _rotated_pairs(getitem(pairs, 0), getitem(pairs, 1))
     out = Op(aten.empty_like.default, Arg("x"), dtype=Lit(None), name="rope_out",
              memory_format=AnyOf(Lit(None), Lit(torch.preserve_format)))
     with_even = _slot(out, "rope_out", 0, even, name="rope_even")
@@ -101,13 +121,15 @@ def chain(key: RopeKey) -> Expr:
         return _complex()
     if key.form == "even_odd":
         return _even_odd()
+    if key.form == "even_odd_stack":
+        return _even_odd_stack()
     return _real(key.form)
 
 
 def replacement(key: RopeKey):
     if key.form == "complex":
         return lambda m: dict(x=m["x"], freqs=m["freqs"])
-    if key.form == "even_odd":
+    if key.form in ("even_odd", "even_odd_stack"):
         return lambda m: dict(x=m["x"], cos=m["cos"], sin=m["sin"])
     return lambda m: dict(x=m["x"], cos=m["cos"], sin=m["sin"], interleaved=key.form == "interleaved")
 
@@ -134,6 +156,8 @@ def _shape_is(node, shape) -> bool:
 def _structure_reason(form: str, m: Match, x: torch.Tensor) -> Optional[str]:
     """The reshapes and joins pair up the last dim as the form says (and nothing else)."""
     lead, d = tuple(x.shape[:-1]), x.shape[-1]
+    if form == "even_odd_stack":
+        return _stack_structure_reason(m, x, lead, d)
     if form == "rotate_half":
         pair_shape, unbind_dim = lead + (2, d // 2), -2
     else:
@@ -160,6 +184,21 @@ def _structure_reason(form: str, m: Match, x: torch.Tensor) -> Optional[str]:
     return None
 
 
+def _stack_structure_reason(m: Match, x: torch.Tensor, lead: tuple, d) -> Optional[str]:
+    """even_odd_stack: the halves are x's even and odd elements of the last dim, the rotated
+    halves stacked along a new last dim and flattened back to x's shape."""
+    if "rope_unbind" in m:
+        if not _shape_is(m["rope_pairs"], lead + (d // 2, 2)) or m["rope_unbind_dim"] not in (-1, x.dim()):
+            return "the pairs are not the last dim as (D/2, 2)"
+    else:
+        for start in (0, 1):
+            if not parts.is_last_dim(m[f"rope_slice{start}_dim"], x.dim()) or not _to_the_end(m[f"rope_slice{start}_end"], d):
+                return "the halves are not x's even and odd elements of the last dim"
+    if not parts.is_last_dim(m["rope_join_dim"], x.dim() + 1) or not _shape_is(m["rope_flat"], x.shape):
+        return "the rotated halves are not stacked along a new last dim and flattened back to x's shape"
+    return None
+
+
 def _to_the_end(end, d) -> bool:
     """A slice end that reaches the end of a dim of size ``d`` (``x[..., 0::2]`` traces an
     end of ``sys.maxsize``)."""
@@ -173,6 +212,10 @@ def _cast_reason(form: str, m: Match, x: torch.Tensor) -> Optional[str]:
     exactly when they are not no-ops (an fp32 ``x``)."""
     if form == "even_odd":
         return None
+    if form == "even_odd_stack":  # the products in the promoted dtype, the result cast to x's
+        inner = m["rope_downcast"].args[0] if "rope_downcast" in m else m.root
+        out = parts.cast_dtype(m, "rope_downcast") if "rope_downcast" in m else tensor_meta(inner).dtype
+        return None if out == x.dtype else "the result is not cast back to x's dtype"
     upcasts = ("rope_upcast_x",) if form == "complex" else ("rope_upcast_x", "rope_upcast_rot")
     wanted = x.dtype != torch.float32
     for name in upcasts:
@@ -193,7 +236,7 @@ def _table_reason(form: str, m: Match, x: torch.Tensor) -> Optional[str]:
         if freqs is None or not freqs.dtype.is_complex:
             return "the frequencies are not a complex tensor"
         return broadcast_reason(m["freqs"], _Half(x), "freqs")
-    target = x if form != "even_odd" else _Half(x)
+    target = x if form not in ("even_odd", "even_odd_stack") else _Half(x)
     for name in ("cos", "sin"):
         reason = broadcast_reason(m[name], target, name)
         if reason:
