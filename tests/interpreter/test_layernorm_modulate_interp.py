@@ -158,3 +158,19 @@ def test_refused_layouts():
     assert not tk.supported_layout(torch.randn(2, 3, 64), None, b, 1e-6, s[..., :64], None)
     assert not tln.layer_norm_supported_layout(torch.randn(2, 3, 64), None, b, 1e-6)
     assert not tln.layer_norm_supported_layout(torch.randn(2, 3, 4, 64), None, b, 1e-6)
+
+
+@TOLERANCES
+def test_channels_first_storage_read_as_rows(dtype, rtol):
+    """``x = y.transpose(1, 2)`` of a channels-first [B, N, S] tensor: the last dim strided. The
+    launch normalizes ``x.contiguous()``, as ATen's LayerNorm does; the output is contiguous."""
+    g = torch.Generator().manual_seed(3)
+    y = torch.randn(2, 64, 7, generator=g).to(dtype)
+    x = y.transpose(1, 2)
+    scale, shift = (torch.randn(2, 1, 64, generator=g).to(dtype) for _ in range(2))
+    args = (x, None, None, 1e-6, scale, shift, True)
+    assert x.stride(-1) != 1 and tk.supported_layout(*args)
+    got, want = tk.layernorm_modulate(*args), ref(*args)
+    assert got.is_contiguous() and got.shape == want.shape
+    assert_within(got, want, rtol)
+    assert torch.equal(tk.bind(*args)(*args), got)

@@ -346,10 +346,11 @@ def _norm_ok(x, weight, bias, x_dtype=None, out_dtype=None, device=None) -> bool
     if x_dtype is not None and not (x_dtype == torch.float32 or x_dtype == x.dtype):
         return False
     n = x.shape[-1]
-    if n % VEC or n > 2**24 or x.stride(-1) != 1:
+    if n % VEC or n > 2**24:
         return False
     # eager normalizes x.contiguous(): a copy (aligned) when x is strided, else x itself (or
-    # the fresh tensor of its cast)
+    # the fresh tensor of its cast); where the last dim is strided too (channels-first storage
+    # read as [B, S, D]), the launch makes that copy as eager does (:func:`bind`)
     if x.is_contiguous() and x_dtype in (None, x.dtype) and not aligned_vec4(x):
         return False
     if bias is not None and weight is None:
@@ -480,14 +481,20 @@ def _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype
 
 
 def bind(x, weight, bias, eps, scale, shift, scale_plus_one=True, x_dtype=None, out_dtype=None):
-    """:func:`layernorm_modulate` for inputs of this signature, its host arithmetic done."""
+    """:func:`layernorm_modulate` for inputs of this signature, its host arithmetic done. An x
+    whose last dim is strided (a transposed channels-first tensor) is made contiguous first, as
+    ATen's LayerNorm makes it (the same copy, then the same rows: the same bits)."""
+    if x.stride(-1) != 1:
+        launch = _bind(x.contiguous(), weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype)
+        return lambda x, weight, bias, eps, scale, shift, *_: launch(x.contiguous(), weight, bias, scale, shift)
     launch = _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype)
     return lambda x, weight, bias, eps, scale, shift, *_: launch(x, weight, bias, scale, shift)
 
 
 def layernorm_modulate(x, weight, bias, eps, scale, shift, scale_plus_one=True, x_dtype=None, out_dtype=None):
     """Launch; the caller has checked :func:`can_use`."""
-    return _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype)(x, weight, bias, scale, shift)
+    return bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype)(x, weight, bias, eps, scale,
+                                                                                         shift)
 
 
 _gluon_failed: list = []  # why the Gluon kernels could not run in this process, if they could not
