@@ -271,3 +271,17 @@ def test_warp_rows_kernel_every_head_dim_and_program_shape(D, dtype):
             got = _short_rows(tln._layer_norm_warp_rows_kernel, x[:992], w, b, rows, warps)
             assert torch.equal(bits(got), want[:992]), (rows, warps)
         assert torch.equal(bits(_short_rows(tln._layer_norm_short_rows_kernel, x, w, b, 16, 4)), want)
+
+
+@pytest.mark.parametrize("shape", [(2, 1152, 4096), (1, 3072, 333), (2, 64, 7)])  # [B, N, S]: channels first
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_channels_first_storage_bitexact(shape, dtype):
+    """``LayerNorm(x) * (1 + scale) + shift`` of ``x = y.transpose(1, 2)``: the launch makes x
+    contiguous as ATen's LayerNorm does, then the fused kernel; ATen's bits."""
+    y = torch.randn(*shape, device="cuda").to(dtype)
+    x = y.transpose(1, 2)
+    scale, shift = (torch.randn(shape[0], 1, shape[1], device="cuda").to(dtype) for _ in range(2))
+    assert tk.can_use(x, None, None, 1e-6, scale, shift)
+    want = F.layer_norm(x, x.shape[-1:], eps=1e-6) * (1 + scale) + shift
+    got = tk.layernorm_modulate(x, None, None, 1e-6, scale, shift)
+    assert dispatch._first_difference(got, want) is None
