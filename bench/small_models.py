@@ -112,7 +112,8 @@ def write_report(result: dict, out: pathlib.Path) -> None:
     versions = _write_json(result, out, "small_models")
     shown = [v for v in VARIANTS if any(f"{v}_ms" in c for c in result["cases"])]
     lines = [f"# Small models and VAE decodes: the default call against eager ({result['gpu']})", "",
-             f"{versions} {result.get('dtype', 'bfloat16')}, random weights; DiTs at their real hidden size and inputs with two blocks. "
+             f"{versions} {result.get('dtype', 'bfloat16')}, random weights; DiTs at their real hidden size "
+             "and inputs with two blocks. "
              "ms: wall time of a call up to its last kernel, variants alternating in one process (median); "
              "sgdiff_default: `torch.compile(m, backend=\"sgdiff\")`, no mode, no options; equal: every "
              "sgdiff output torch.equal to eager's.", "",

@@ -22,15 +22,6 @@ from bench.kernels import _meta, _write_json  # noqa: E402
 from sgdiff.fxpasses.cudagraphs import WARMUP  # noqa: E402
 
 
-def _inputs(kwargs: dict, side: int, device) -> dict:
-    """Flux's inputs at a ``side`` x ``side`` latent."""
-    img = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(side).float(), torch.arange(side).float(),
-                                     indexing="ij"), -1).reshape(-1, 3).to(device)
-    x = kwargs["hidden_states"]
-    return dict(kwargs, hidden_states=torch.randn(x.shape[0], side * side, x.shape[-1], device=device, dtype=x.dtype),
-                img_ids=img)
-
-
 def run(calls: int = 300, sides=(6, 8, 10, 12, 14), size: str = "tiny", device="cuda", dtype=torch.bfloat16) -> dict:
     from sgdiff import _compat, zoo
 
@@ -42,7 +33,7 @@ def run(calls: int = 300, sides=(6, 8, 10, 12, 14), size: str = "tiny", device="
     warm_cycles = WARMUP + 2  # per side: warm-up calls, a capture, a first replay
     with torch.no_grad():
         for i in range(calls):
-            inputs = _inputs(kwargs, sides[i % len(sides)], device)
+            inputs = zoo.flux_inputs_at(kwargs, sides[i % len(sides)])
             if not torch.equal(compiled(**inputs)[0], model(**inputs)[0]):
                 unequal += 1
             if (i + 1) % len(sides) == 0:

@@ -19,8 +19,8 @@ class Options:
     #: quality tier: "lossless" (default; output torch.equal to eager), "extra-high", "high"
     quality: Tier = DEFAULT_TIER
     #: run the rewritten graph under CUDA graphs, one per input shape (see
-    #: :mod:`sgdiff.fxpasses.cudagraphs`: warm-up calls, then capture and replay; memory: one pool
-    #: shared by all graphs of a device, plus each shape's inputs and outputs); on by default
+    #: :mod:`sgdiff.fxpasses.cudagraphs`: warm-up calls, then capture and replay; memory: each
+    #: graph's working memory held between calls, plus its inputs and outputs); on by default
     cudagraphs: bool = True
     #: rewrite only these chain families (None: every family on by default, all but "gemm");
     #: e.g. ("modulate",)

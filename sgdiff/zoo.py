@@ -58,13 +58,12 @@ def _flux(size, dtype, device):
         batch, h, w, text = 1, 64, 64, 512
     model = _model(FluxTransformer2DModel, cfg, size)
     g = _gen(device)
-    img_ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(h).float(), torch.arange(w).float(), indexing="ij"), -1)
     kwargs = dict(
         hidden_states=_randn(batch, h * w, cfg["in_channels"] if "in_channels" in cfg else 64, g=g),
         encoder_hidden_states=_randn(batch, text, cfg.get("joint_attention_dim", 4096), g=g),
         pooled_projections=_randn(batch, cfg.get("pooled_projection_dim", 768), g=g),
         timestep=torch.full((batch,), 0.5),
-        img_ids=img_ids.reshape(-1, 3).float(),
+        img_ids=_image_ids(h, w),
         txt_ids=torch.zeros(text, 3),
         return_dict=False,
     )
@@ -149,6 +148,20 @@ def _gen(device) -> torch.Generator:
 
 def _randn(*shape, g) -> torch.Tensor:
     return torch.randn(*shape, generator=g, device="cpu")  # the same inputs on every device
+
+
+def _image_ids(h: int, w: int) -> torch.Tensor:
+    """Flux's (and Chroma's) image position ids of an ``h`` x ``w`` latent: [h * w, 3]."""
+    grid = torch.meshgrid(torch.zeros(1), torch.arange(h).float(), torch.arange(w).float(), indexing="ij")
+    return torch.stack(grid, -1).reshape(-1, 3)
+
+
+def flux_inputs_at(kwargs: dict, side: int) -> dict:
+    """Flux's (or Chroma's) ``kwargs`` at a ``side`` x ``side`` latent: fresh random latents of
+    that token count (``kwargs``' batch, channels, dtype and device) and their position ids."""
+    x = kwargs["hidden_states"]
+    return dict(kwargs, hidden_states=torch.randn(x.shape[0], side * side, x.shape[-1], device=x.device, dtype=x.dtype),
+                img_ids=_image_ids(side, side).to(x.device))
 
 
 def _place(model, kwargs, dtype, device):
@@ -283,10 +296,9 @@ def _chroma(size, dtype, device):
     model = _model(ChromaTransformer2DModel, cfg, size)
     c = model.config
     g = _gen(device)
-    img_ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(h).float(), torch.arange(w).float(), indexing="ij"), -1)
     kwargs = dict(hidden_states=_randn(1, h * w, c.in_channels, g=g),
                   encoder_hidden_states=_randn(1, text, c.joint_attention_dim, g=g),
-                  timestep=torch.full((1,), 0.5), img_ids=img_ids.reshape(-1, 3), txt_ids=torch.zeros(text, 3),
+                  timestep=torch.full((1,), 0.5), img_ids=_image_ids(h, w), txt_ids=torch.zeros(text, 3),
                   return_dict=False)
     return _place(model, kwargs, dtype, device)
 
@@ -345,7 +357,8 @@ def _hunyuanvideo(size, dtype, device):
     kwargs = dict(hidden_states=_randn(1, c.in_channels, frames, h, w, g=g),
                   timestep=torch.full((1,), 500, dtype=torch.long),
                   encoder_hidden_states=_randn(1, text, c.text_embed_dim, g=g),
-                  encoder_attention_mask=torch.ones(1, text), pooled_projections=_randn(1, c.pooled_projection_dim, g=g),
+                  encoder_attention_mask=torch.ones(1, text),
+                  pooled_projections=_randn(1, c.pooled_projection_dim, g=g),
                   guidance=torch.full((1,), 3500.0), return_dict=False)
     return _place(model, kwargs, dtype, device)
 

@@ -192,7 +192,8 @@ def _stack_structure_reason(m: Match, x: torch.Tensor, lead: tuple, d) -> Option
             return "the pairs are not the last dim as (D/2, 2)"
     else:
         for start in (0, 1):
-            if not parts.is_last_dim(m[f"rope_slice{start}_dim"], x.dim()) or not _to_the_end(m[f"rope_slice{start}_end"], d):
+            dim, end = m[f"rope_slice{start}_dim"], m[f"rope_slice{start}_end"]
+            if not parts.is_last_dim(dim, x.dim()) or not _to_the_end(end, d):
                 return "the halves are not x's even and odd elements of the last dim"
     if not parts.is_last_dim(m["rope_join_dim"], x.dim() + 1) or not _shape_is(m["rope_flat"], x.shape):
         return "the rotated halves are not stacked along a new last dim and flattened back to x's shape"

@@ -26,14 +26,6 @@ def captures(monkeypatch):
     return count
 
 
-def _flux_inputs(kwargs, side):
-    """Flux tiny's inputs at a ``side`` x ``side`` latent (its token count changes)."""
-    img = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(side).float(), torch.arange(side).float(),
-                                     indexing="ij"), -1).reshape(-1, 3).cuda()
-    x = torch.randn(1, side * side, kwargs["hidden_states"].shape[-1], device="cuda", dtype=torch.bfloat16)
-    return dict(kwargs, hidden_states=x, img_ids=img)
-
-
 def test_the_default_call_replays_and_each_call_equals_eager(captures):
     dispatch.reset()
     torch._dynamo.reset()
@@ -101,7 +93,7 @@ def test_dynamic_shapes_one_compile_a_graph_per_shape(captures):
     with torch.no_grad():
         for _ in range(4):
             for side in (6, 8, 10):
-                inputs = _flux_inputs(kwargs, side)
+                inputs = zoo.flux_inputs_at(kwargs, side)
                 assert torch.equal(compiled(**inputs)[0], model(**inputs)[0])
     assert _compat.graphs_compiled() - before == 1
     assert captures[0] == 3

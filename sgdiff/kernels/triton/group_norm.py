@@ -31,6 +31,7 @@ output) where the op has one. The trees are written as halvings of explicit tens
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -63,8 +64,10 @@ def _combine(a_mean, a_m2, a_n, b_mean, b_m2, b_n):
     ratio = tl.math.div_rn(b_n, tl.where(count == 0.0, 1.0, count))
     mean = tl.fma(delta, ratio, a_mean)
     m2 = tl.fma(delta * delta * a_n, ratio, a_m2 + b_m2)
-    mean, m2, count = tl.where(b_n == 0.0, a_mean, mean), tl.where(b_n == 0.0, a_m2, m2), tl.where(b_n == 0.0, a_n, count)
-    return tl.where(a_n == 0.0, b_mean, mean), tl.where(a_n == 0.0, b_m2, m2), tl.where(a_n == 0.0, b_n, count)
+    empty_b = b_n == 0.0
+    mean, m2, count = tl.where(empty_b, a_mean, mean), tl.where(empty_b, a_m2, m2), tl.where(empty_b, a_n, count)
+    empty_a = a_n == 0.0
+    return tl.where(empty_a, b_mean, mean), tl.where(empty_a, b_m2, m2), tl.where(empty_a, b_n, count)
 
 
 @triton.jit
@@ -220,19 +223,19 @@ def _plan(x, groups):
 
 def bind(x, weight, bias, groups, eps, silu=False):
     """:func:`group_norm` for inputs of this signature, its host arithmetic done."""
-    import torch
-
-    p = _plan(x, int(groups))
+    groups = int(groups)
+    p = _plan(x, groups)
     warps = p["threads"] // WARP
     moments = _moments_kernel.bind((p["rows"], p["split"]), THREADS=p["threads"], LANES=p["lanes"], WIDE=p["wide"],
                                    num_warps=max(1, p["lanes"] // WARP), enable_fp_fusion=False)
-    params = _fused_params_kernel.bind((p["rows"],), WARPS=warps, WARP_LEVELS=warps.bit_length() - 1, BLOCK_D=triton.next_power_of_2(p["d"]),
-                                       num_warps=1, enable_fp_fusion=False)
+    params = _fused_params_kernel.bind((p["rows"],), WARPS=warps, WARP_LEVELS=warps.bit_length() - 1,
+                                       BLOCK_D=triton.next_power_of_2(p["d"]), num_warps=1, enable_fp_fusion=False)
     total = x.numel()
     apply = _apply_kernel.bind((triton.cdiv(total, APPLY_BLOCK),), SILU=bool(silu), BLOCK=APPLY_BLOCK,
                                WIDE=p["wide"], num_warps=8, enable_fp_fusion=False)
     eps_t = float(torch.tensor(eps, dtype=x.dtype).float())  # ATen passes eps as the input's dtype
-    shape, dtype, rows, length, hw, channels = x.shape, x.dtype, p["rows"], p["length"], p["hw"], x.shape[0] * x.shape[1]
+    shape, dtype, rows, length, hw, d = x.shape, x.dtype, p["rows"], p["length"], p["hw"], p["d"]
+    channels = x.shape[0] * x.shape[1]
 
     def launch(x, weight, bias, *_):
         part = torch.empty((rows, warps, 3), dtype=torch.float32, device=x.device)
@@ -240,7 +243,7 @@ def bind(x, weight, bias, groups, eps, silu=False):
         b = torch.empty(channels, dtype=torch.float32, device=x.device)
         out = torch.empty(shape, dtype=dtype, device=x.device)
         moments(x, part, length)
-        params(part, weight, bias, a, b, eps_t, int(groups), p["d"])
+        params(part, weight, bias, a, b, eps_t, groups, d)
         apply(x, a, b, out, hw, total)
         return out
 
