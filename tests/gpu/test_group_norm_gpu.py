@@ -41,3 +41,15 @@ def test_a_vae_decode_is_equal_to_eager_with_the_kernels():
         for _ in range(4):  # warm-up, capture, replays
             assert torch.equal(compiled(z, return_dict=False)[0], vae.decode(z, return_dict=False)[0])
     assert not dispatch.disabled()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_statistics_rounding_found_is_atens_and_the_other_is_not(dtype):
+    """torch 2.11's GroupNorm reads mean and rstd back in the input's dtype; later builds keep
+    fp32: the probe's answer gives ATen's bits at a VAE shape, the other answer does not."""
+    x = (torch.randn(1, 512, 64, 64, device="cuda") * 2 + 0.3).to(dtype)
+    weight, bias = (torch.randn(512, device="cuda") + 1).to(dtype), torch.randn(512, device="cuda").to(dtype)
+    want = F.group_norm(x, 32, weight, bias, 1e-6)
+    found = gk.stats_rounded(x.device)
+    assert torch.equal(gk.bind(x, weight, bias, 32, 1e-6, round_stats=found)(x, weight, bias), want)
+    assert not torch.equal(gk.bind(x, weight, bias, 32, 1e-6, round_stats=not found)(x, weight, bias), want)

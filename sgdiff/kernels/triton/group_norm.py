@@ -19,8 +19,10 @@ decode's 86 ms). Its order, which these kernels keep:
    ``m2 = fma(delta * delta * own.n, r, own.m2 + other.m2)``);
 3. with 512 threads, warp 0 folds the 16 warps' states the same way (lanes 16-31 empty);
 4. ``rstd = rsqrtf(m2 / n + eps)``, ``eps`` first rounded to ``x``'s dtype (the kernel takes it
-   as ``T``); then per channel ``a = rstd * gamma``, ``b = fma(-a, mean, beta)``
-   (``ComputeFusedParamsCUDAKernel``) and ``y = fma(a, x, b)`` rounded to ``x``'s dtype.
+   as ``T``); ``mean`` and ``rstd`` stored in ``x``'s dtype, and up to torch 2.11 read back from
+   there (rounded: :func:`stats_rounded`); then per channel ``a = rstd * gamma``,
+   ``b = fma(-a, mean, beta)`` (``ComputeFusedParamsCUDAKernel``) and ``y = fma(a, x, b)``
+   rounded to ``x``'s dtype.
 
 Here step 1 runs on ``N * G * SPLIT`` programs, each holding ``T / SPLIT`` of ATen's threads
 (each thread's serial fold is unchanged, only spread over more SMs), and folds its warps'
@@ -136,6 +138,7 @@ def _fused_params_kernel(
     WARPS: tl.constexpr,  # ATen's warps a group: 16, or 1
     WARP_LEVELS: tl.constexpr,  # log2(WARPS)
     BLOCK_D: tl.constexpr,
+    ROUND_STATS: tl.constexpr,  # mean and rstd rounded to x's dtype (the weight's) before use
 ):
     row = tl.program_id(0)  # n * G + g
     grid_dependency_wait()
@@ -151,6 +154,9 @@ def _fused_params_kernel(
         mean, m2, n = tl.sum(mean, 1), tl.sum(m2, 1), tl.sum(n, 1)  # [1] -> scalar: one element each
         mean, m2, n = tl.sum(mean, 0), tl.sum(m2, 0), tl.sum(n, 0)
     rstd = rsqrtf(tl.math.div_rn(m2, n) + eps, INTERPRET=INTERPRET_C)
+    if ROUND_STATS:
+        mean = mean.to(w_ptr.dtype.element_ty).to(tl.float32)
+        rstd = rstd.to(w_ptr.dtype.element_ty).to(tl.float32)
     c = tl.arange(0, BLOCK_D)
     inside = c < D
     channel = (row // G) * (G * D) + (row % G) * D + c  # n * C + g * D + c
@@ -221,15 +227,42 @@ def _plan(x, groups):
                 d=c // groups, hw=x.numel() // (n * c), wide=x.numel() >= 2 ** 31)
 
 
-def bind(x, weight, bias, groups, eps, silu=False):
+_ROUNDED_BY_DEVICE: dict = {}
+
+
+def stats_rounded(device: torch.device) -> bool:
+    """Whether this build's CUDA GroupNorm rounds ``mean`` and ``rstd`` to the input's dtype
+    before its fused parameters read them (torch 2.11 does: ``ComputeFusedParamsCUDAKernel`` takes
+    them as ``T``; later builds keep them in fp32). Found once per device by running both on a
+    probe against ATen; from the torch version where no probe can run (CPU, a capture) or
+    neither matches (first-sight verification then decides the op)."""
+    version = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+    guess = version < (2, 12)
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return guess
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _ROUNDED_BY_DEVICE:
+        g = torch.Generator(device="cpu").manual_seed(0)
+        x = (torch.randn(1, 64, 16, 16, generator=g) * 3 + 0.5).to(device, torch.bfloat16)
+        w, b = (torch.randn(64, generator=g) + 1).to(x), torch.randn(64, generator=g).to(x)
+        want = torch.ops.aten.native_group_norm.default(x, w, b, 1, 64, 256, 8, 1e-6)[0]
+        found = [r for r in (guess, not guess) if torch.equal(bind(x, w, b, 8, 1e-6, round_stats=r)(x, w, b), want)]
+        _ROUNDED_BY_DEVICE[key] = found[0] if found else guess
+    return _ROUNDED_BY_DEVICE[key]
+
+
+def bind(x, weight, bias, groups, eps, silu=False, round_stats=None):
     """:func:`group_norm` for inputs of this signature, its host arithmetic done."""
     groups = int(groups)
+    if round_stats is None:
+        round_stats = stats_rounded(x.device)
     p = _plan(x, groups)
     warps = p["threads"] // WARP
     moments = _moments_kernel.bind((p["rows"], p["split"]), THREADS=p["threads"], LANES=p["lanes"], WIDE=p["wide"],
                                    num_warps=max(1, p["lanes"] // WARP), enable_fp_fusion=False)
     params = _fused_params_kernel.bind((p["rows"],), WARPS=warps, WARP_LEVELS=warps.bit_length() - 1,
-                                       BLOCK_D=triton.next_power_of_2(p["d"]), num_warps=1, enable_fp_fusion=False)
+                                       BLOCK_D=triton.next_power_of_2(p["d"]), ROUND_STATS=bool(round_stats),
+                                       num_warps=1, enable_fp_fusion=False)
     total = x.numel()
     apply = _apply_kernel.bind((triton.cdiv(total, APPLY_BLOCK),), SILU=bool(silu), BLOCK=APPLY_BLOCK,
                                WIDE=p["wide"], num_warps=8, enable_fp_fusion=False)
