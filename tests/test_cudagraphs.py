@@ -11,6 +11,8 @@ import torch
 from sgdiff.fxpasses import cudagraphs
 from sgdiff.fxpasses.cudagraphs import WARMUP, CudaGraphRunner
 
+REPLAY_PAYS = cudagraphs._ShapeGraph._replay_pays
+
 
 class FakeGraph:
     replays = 0
@@ -35,6 +37,8 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(cudagraphs, "_unsupported", lambda args: (None, False))
+    # a capture is kept (test_a_replay_that_does_not_pay_is_dropped times it)
+    monkeypatch.setattr(cudagraphs._ShapeGraph, "_replay_pays", lambda self, args: True)
 
 
 class Counted:
@@ -154,3 +158,33 @@ def test_a_moving_input_unlike_the_captured_one_runs_without_the_graph(change, c
     assert FakeGraph.replays == 1 and fn.runs == WARMUP + 3
     assert torch.equal(out, x * w + b)
     assert "input 0 differs from the captured one" in caplog.text
+
+
+@pytest.mark.parametrize("replay_faster", [True, False])
+def test_a_replay_that_does_not_pay_is_dropped(monkeypatch, caplog, replay_faster):
+    """Right after the capture, the graph run directly and its replay are timed alternating; a
+    replay no faster is dropped with a log line and later calls run the graph directly."""
+    monkeypatch.setattr(cudagraphs._ShapeGraph, "_replay_pays", REPLAY_PAYS)  # the real one, timed by
+    timings = iter([1.0, 0.5 if replay_faster else 1.0] * cudagraphs.PAY_ROUNDS)  # direct, replay, ...
+
+    def seconds(call, device):
+        call()
+        return next(timings)
+
+    monkeypatch.setattr(cudagraphs, "_seconds", seconds)
+    w, b = torch.randn(4, 8), torch.randn(8)
+    fn = Counted()
+    runner = CudaGraphRunner(fn)
+    with caplog.at_level(logging.INFO, logger="sgdiff"):
+        for _ in range(WARMUP + 1):
+            runner(torch.randn(4, 8), w, b)
+    # warm-ups, the side-stream run, the capture, then a direct run each round (the replays:
+    # one each round, and the call's own where the graph is kept)
+    assert fn.runs == WARMUP + 2 + cudagraphs.PAY_ROUNDS + (0 if replay_faster else 1)
+    assert FakeGraph.replays == cudagraphs.PAY_ROUNDS + (1 if replay_faster else 0)
+    assert ("not faster than the graph run directly" in caplog.text) is not replay_faster
+    x, runs = torch.randn(4, 8), fn.runs
+    out = runner(x, w, b)[0]
+    assert FakeGraph.replays == cudagraphs.PAY_ROUNDS + (2 if replay_faster else 0)
+    assert fn.runs == runs + (0 if replay_faster else 1)
+    assert replay_faster or torch.equal(out, x * w + b)  # (a fake replay computes nothing)

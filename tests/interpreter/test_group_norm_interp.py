@@ -1,7 +1,7 @@
 """sgdiff::group_norm's Triton kernels under the interpreter (fp32 like the GPU: fma, correctly
 rounded division) against ATen's GroupNorm order written out in torch (sgdiff/kernels/triton/
 group_norm.py's docstring): each thread's serial Welford fold, the warp trees, warp 0's tree
-over the warps, ``a = rstd * gamma``, ``b = fma(-a, mean, beta)``, ``y = fma(a, x, b)``. fp32
+over the warps, ``a = rstd * gamma``, ``b = (-a * mean) + beta``, ``y = fma(a, x, b)``. fp32
 outputs are compared bit for bit (the statistics' order is what they test), the SiLU and bf16
 within a tolerance (the interpreter's exp and bf16 rounding are not the GPU's). The bits
 against ATen itself: tests/gpu/test_group_norm_gpu.py."""
@@ -59,7 +59,7 @@ def aten_group_norm_fp32(x, weight, bias, groups, eps):
     var = (m2 / cnt + eps).numpy()
     rstd = torch.from_numpy(np.float32(1.0) / np.sqrt(var))  # (torch's CPU 1 / t can be an ulp off)
     a = (rstd.reshape(n, groups, 1) * weight.reshape(1, groups, -1)).reshape(n * c, 1)
-    b = _fma(-a, mean.reshape(n, groups, 1).expand(n, groups, c // groups).reshape(n * c, 1), bias.repeat(n)[:, None])
+    b = -a * mean.reshape(n, groups, 1).expand(n, groups, c // groups).reshape(n * c, 1) + bias.repeat(n)[:, None]
     return _fma(a, x.reshape(n * c, -1), b).reshape(x.shape)
 
 

@@ -20,9 +20,9 @@ decode's 86 ms). Its order, which these kernels keep:
 3. with 512 threads, warp 0 folds the 16 warps' states the same way (lanes 16-31 empty);
 4. ``rstd = rsqrtf(m2 / n + eps)``, ``eps`` first rounded to ``x``'s dtype (the kernel takes it
    as ``T``); ``mean`` and ``rstd`` stored in ``x``'s dtype, and up to torch 2.11 read back from
-   there (rounded: :func:`stats_rounded`); then per channel ``a = rstd * gamma``,
-   ``b = fma(-a, mean, beta)`` (``ComputeFusedParamsCUDAKernel``) and ``y = fma(a, x, b)``
-   rounded to ``x``'s dtype.
+   there (rounded: :func:`stats_rounded`); then per channel ``a = rstd * gamma`` and
+   ``b = (-a * mean) + beta``, two roundings (``ComputeFusedParamsCUDAKernel``: measured on the
+   H200, nvcc does not contract it), and ``y = fma(a, x, b)`` rounded to ``x``'s dtype.
 
 Here step 1 runs on ``N * G * SPLIT`` programs, each holding ``T / SPLIT`` of ATen's threads
 (each thread's serial fold is unchanged, only spread over more SMs), and folds its warps'
@@ -84,6 +84,22 @@ def _fold(mean, m2, n, LEVELS: tl.constexpr):
     return mean, m2, n
 
 
+@triton.jit
+def _fold_batch(mean, m2, n, x, active):
+    """A batch of [LANES, 4] elements (lane t's elements t, t + T, t + 2T, t + 3T) folded into
+    each lane's state in that order."""
+    x02, x13 = tl.split(tl.reshape(x, [x.shape[0], 2, 2]))
+    a02, a13 = tl.split(tl.reshape(active, [x.shape[0], 2, 2]))
+    x0, x2 = tl.split(x02)
+    x1, x3 = tl.split(x13)
+    a0, a2 = tl.split(a02)
+    a1, a3 = tl.split(a13)
+    mean, m2, n = _welford_step(mean, m2, n, x0, a0)
+    mean, m2, n = _welford_step(mean, m2, n, x1, a1)
+    mean, m2, n = _welford_step(mean, m2, n, x2, a2)
+    return _welford_step(mean, m2, n, x3, a3)
+
+
 @LeanKernel
 @triton.jit
 def _moments_kernel(
@@ -103,23 +119,19 @@ def _moments_kernel(
     m2 = tl.zeros([LANES], tl.float32)
     n = tl.zeros([LANES], tl.float32)
     grid_dependency_wait()
-    # four of a thread's elements loaded at once, then folded in order (loads in flight while
-    # the serial fold runs: ATen's loop keeps 16 warps an SM busy, these programs hold fewer)
-    step = tl.arange(0, 4) * THREADS
-    for start in range(0, L, 4 * THREADS):
-        idx = start + lane[:, None] + step[None, :]
-        active = idx < L
-        x = tl.load(base + idx, mask=active, other=0.0).to(tl.float32)
-        x02, x13 = tl.split(tl.reshape(x, [LANES, 2, 2]))
-        a02, a13 = tl.split(tl.reshape(active, [LANES, 2, 2]))
-        x0, x2 = tl.split(x02)
-        x1, x3 = tl.split(x13)
-        a0, a2 = tl.split(a02)
-        a1, a3 = tl.split(a13)
-        mean, m2, n = _welford_step(mean, m2, n, x0, a0)
-        mean, m2, n = _welford_step(mean, m2, n, x1, a1)
-        mean, m2, n = _welford_step(mean, m2, n, x2, a2)
-        mean, m2, n = _welford_step(mean, m2, n, x3, a3)
+    # four of a thread's elements a batch, loaded three batches ahead of the serial fold (ATen's
+    # loop keeps 16 warps an SM waiting on memory; these programs hold fewer, so they hide the
+    # loads' latency by having them in flight while earlier elements fold)
+    step = lane[:, None] + tl.arange(0, 4)[None, :] * THREADS
+    batch = 4 * THREADS
+    xa = tl.load(base + step, mask=step < L, other=0.0)
+    xb = tl.load(base + batch + step, mask=batch + step < L, other=0.0)
+    xc = tl.load(base + 2 * batch + step, mask=2 * batch + step < L, other=0.0)
+    for start in range(0, L, batch):
+        ahead = start + 3 * batch + step
+        xd = tl.load(base + ahead, mask=ahead < L, other=0.0)
+        mean, m2, n = _fold_batch(mean, m2, n, xa.to(tl.float32), start + step < L)
+        xa, xb, xc = xb, xc, xd
     mean, m2, n = _fold(tl.reshape(mean, [LANES // 32, 32]), tl.reshape(m2, [LANES // 32, 32]),
                         tl.reshape(n, [LANES // 32, 32]), 5)
     warp = part * (LANES // 32) + tl.arange(0, LANES // 32)
@@ -164,7 +176,7 @@ def _fused_params_kernel(
     beta = tl.load(b_ptr + (row % G) * D + c, mask=inside, other=0.0).to(tl.float32)
     a = rstd * gamma
     tl.store(a_ptr + channel, a, mask=inside)
-    tl.store(bias_ptr + channel, tl.fma(a * -1.0, mean, beta), mask=inside)
+    tl.store(bias_ptr + channel, (a * -1.0) * mean + beta, mask=inside)  # no fp fusion: two roundings
 
 
 @LeanKernel
