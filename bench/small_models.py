@@ -7,8 +7,7 @@ Cases: every DiT of the zoo at ``blocks2`` (its real hidden size and inputs, two
 VAE decodes ``vae_flux_1024`` (Flux's ``AutoencoderKL`` decoding a 1024² image) and
 ``vae_wan_480p_81f`` (Wan 2.1's ``AutoencoderKLWan`` decoding 480p x 81 frames), bf16, random
 weights. Variants: ``eager``; ``sgdiff_default`` (``torch.compile(m, backend="sgdiff")``, no
-mode, no options); optionally ``sgdiff_no_cudagraphs``, ``inductor`` (Inductor's default) and
-``sgdiff_group_norm`` (the default families and the group_norm family, off by default).
+mode, no options); optionally ``sgdiff_no_cudagraphs`` and ``inductor`` (Inductor's default).
 All variants of a case run in one process, timed alternating (wall time of a call up to its
 last kernel: ``--calls`` calls and a synchronize per round, median of ``--rounds``), after
 warm-up calls that include any CUDA-graph capture; ``equal``: every call's output
@@ -30,16 +29,12 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from bench.kernels import _meta, _write_json, fold_runs, merge_cases  # noqa: E402
 from bench.timing import alternating  # noqa: E402
-from sgdiff import patterns  # noqa: E402
 
 VARIANTS = {
     "eager": None,
     "sgdiff_default": dict(backend="sgdiff"),
     "sgdiff_no_cudagraphs": dict(backend="sgdiff", options={"cudagraphs": False}),
     "inductor": dict(backend="inductor"),
-    # the default call with the group_norm family (off by default) on too
-    "sgdiff_group_norm": dict(backend="sgdiff",
-                              options={"families": (*patterns.default_families(), "group_norm")}),
 }
 VAES = ("vae_flux_1024", "vae_wan_480p_81f")
 

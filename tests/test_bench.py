@@ -296,13 +296,13 @@ def test_small_models_and_their_merge(tmp_path, monkeypatch):
     build = zoo.build
     monkeypatch.setattr(zoo, "build", lambda name, size, **kw: build(name, "tiny", **kw))
     args = ["--device", "cpu", "--dtype", "float32", "--calls", "1", "--rounds", "1"]
-    assert small_models.main(args + ["--cases", "flux,sana", "--variants", "eager,sgdiff_default,sgdiff_group_norm",
+    assert small_models.main(args + ["--cases", "flux,sana", "--variants", "eager,sgdiff_default,sgdiff_no_cudagraphs",
                                      "--out", str(tmp_path / "a")]) == 0
     first = json.loads((tmp_path / "a" / "small_models.json").read_text())
     assert [c["model"] for c in first["cases"]] == ["flux", "sana"]
     for c in first["cases"]:
         assert c["equal"] is True and c["eager_ms"] > 0 and c["sgdiff_default_ms"] > 0
-        assert c["sgdiff_group_norm_equal"] is True
+        assert c["sgdiff_no_cudagraphs_equal"] is True
     again = dict(first, commit="later", cases=[dict(first["cases"][1], eager_ms=1.0)])
     (tmp_path / "b.json").write_text(json.dumps(again))
     assert small_models.main(["--merge", str(tmp_path / "b.json"), "--out", str(tmp_path / "a")]) == 0

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import sgdiff
-from sgdiff import zoo
+from sgdiff import patterns, zoo
 
 ON = {"families": ("group_norm",)}  # off by default (sgdiff/patterns/group_norm.py)
 
@@ -61,6 +61,9 @@ def test_near_misses_stay_as_they_are():
     assert all(torch.equal(g, w) for g, w in zip(got, want))
 
 
-def test_off_by_default():
+def test_on_by_default_and_off_when_the_families_leave_it_out():
     vae = zoo._flux_vae("tiny").eval().requires_grad_(False)
-    assert sgdiff.explain(vae.decode, torch.randn(1, 4, 8, 8), return_dict=False).counts.get("group_norm", 0) == 0
+    z = torch.randn(1, 4, 8, 8)
+    assert sgdiff.explain(vae.decode, z, return_dict=False).counts["group_norm"] == 9
+    others = {"families": [f for f in patterns.default_families() if f != "group_norm"]}
+    assert sgdiff.explain(vae.decode, z, return_dict=False, options=others).counts.get("group_norm", 0) == 0

@@ -175,6 +175,8 @@ class _ShapeGraph:
             direct.append(_seconds(lambda: self.runner.fn(*args), device))
             replay.append(_seconds(lambda: self._replay(args), device))
         if min(replay) < min(direct):
+            log.debug("sgdiff: CUDA graph kept: replay %.3f ms, run directly %.3f ms", min(replay) * 1e3,
+                      min(direct) * 1e3)
             return True
         log.info("sgdiff: CUDA graph dropped for a graph: its replay (%.3f ms, copies included) is "
                  "not faster than the graph run directly (%.3f ms)", min(replay) * 1e3, min(direct) * 1e3)

@@ -21,9 +21,9 @@ from sgdiff.patterns import parts
 from sgdiff.patterns.base import ChainPattern, Family, tensor_meta
 from sgdiff.patterns.matcher import Arg, Match, Op, getitem
 
-# off by default until its kernels' bits and speed are measured on a GPU: options={"families": [...,
-# "group_norm"]} turns it on
-FAMILY = Family("group_norm", default=False)
+# on by default: bitwise equal to ATen's GroupNorm on the H200 (tests/gpu/test_group_norm_gpu.py) and
+# a Flux VAE decode at 1024² in 0.6x eager's time (bench/results/small_models.md)
+FAMILY = Family("group_norm")
 
 aten = torch.ops.aten
 

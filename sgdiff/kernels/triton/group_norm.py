@@ -85,19 +85,40 @@ def _fold(mean, m2, n, LEVELS: tl.constexpr):
 
 
 @triton.jit
+def _halves_along(x):
+    """[R, W] -> its columns 0..W/2-1 and W/2..W-1, two [R, W/2]."""
+    return tl.split(tl.permute(tl.reshape(x, [x.shape[0], 2, x.shape[1] // 2]), [0, 2, 1]))
+
+
+@triton.jit
+def _fold4(mean, m2, n, x, active):
+    """[R, 4] elements folded into each row's state, column 0 first."""
+    x01, x23 = _halves_along(x)
+    a01, a23 = _halves_along(active)
+    x0, x1 = _halves_along(x01)
+    x2, x3 = _halves_along(x23)
+    a0, a1 = _halves_along(a01)
+    a2, a3 = _halves_along(a23)
+    mean, m2, n = _welford_step(mean, m2, n, tl.reshape(x0, [x.shape[0]]), tl.reshape(a0, [x.shape[0]]))
+    mean, m2, n = _welford_step(mean, m2, n, tl.reshape(x1, [x.shape[0]]), tl.reshape(a1, [x.shape[0]]))
+    mean, m2, n = _welford_step(mean, m2, n, tl.reshape(x2, [x.shape[0]]), tl.reshape(a2, [x.shape[0]]))
+    return _welford_step(mean, m2, n, tl.reshape(x3, [x.shape[0]]), tl.reshape(a3, [x.shape[0]]))
+
+
+@triton.jit
 def _fold_batch(mean, m2, n, x, active):
-    """A batch of [LANES, 4] elements (lane t's elements t, t + T, t + 2T, t + 3T) folded into
+    """A batch of [LANES, 16] elements (lane t's elements t, t + T, ..., t + 15T) folded into
     each lane's state in that order."""
-    x02, x13 = tl.split(tl.reshape(x, [x.shape[0], 2, 2]))
-    a02, a13 = tl.split(tl.reshape(active, [x.shape[0], 2, 2]))
-    x0, x2 = tl.split(x02)
-    x1, x3 = tl.split(x13)
-    a0, a2 = tl.split(a02)
-    a1, a3 = tl.split(a13)
-    mean, m2, n = _welford_step(mean, m2, n, x0, a0)
-    mean, m2, n = _welford_step(mean, m2, n, x1, a1)
-    mean, m2, n = _welford_step(mean, m2, n, x2, a2)
-    return _welford_step(mean, m2, n, x3, a3)
+    x_lo, x_hi = _halves_along(x)
+    a_lo, a_hi = _halves_along(active)
+    x0, x1 = _halves_along(x_lo)
+    x2, x3 = _halves_along(x_hi)
+    a0, a1 = _halves_along(a_lo)
+    a2, a3 = _halves_along(a_hi)
+    mean, m2, n = _fold4(mean, m2, n, x0, a0)
+    mean, m2, n = _fold4(mean, m2, n, x1, a1)
+    mean, m2, n = _fold4(mean, m2, n, x2, a2)
+    return _fold4(mean, m2, n, x3, a3)
 
 
 @LeanKernel
@@ -108,6 +129,7 @@ def _moments_kernel(
     THREADS: tl.constexpr,  # ATen's threads a group: 512 or 32
     LANES: tl.constexpr,  # of them, this program's
     WIDE: tl.constexpr,
+    BATCH: tl.constexpr = 16,  # a thread's elements a load
 ):
     row = tl.program_id(0)
     part = tl.program_id(1)
@@ -119,19 +141,18 @@ def _moments_kernel(
     m2 = tl.zeros([LANES], tl.float32)
     n = tl.zeros([LANES], tl.float32)
     grid_dependency_wait()
-    # four of a thread's elements a batch, loaded three batches ahead of the serial fold (ATen's
-    # loop keeps 16 warps an SM waiting on memory; these programs hold fewer, so they hide the
-    # loads' latency by having them in flight while earlier elements fold)
-    step = lane[:, None] + tl.arange(0, 4)[None, :] * THREADS
-    batch = 4 * THREADS
+    # sixteen of a thread's elements a batch, loaded two batches ahead of the serial fold: the
+    # statistics are bound by the latency of their loads (ATen's loop keeps 16 warps an SM
+    # waiting on memory; these programs hold fewer), so each thread keeps 32 elements in flight
+    step = lane[:, None] + tl.arange(0, BATCH)[None, :] * THREADS
+    batch = BATCH * THREADS
     xa = tl.load(base + step, mask=step < L, other=0.0)
     xb = tl.load(base + batch + step, mask=batch + step < L, other=0.0)
-    xc = tl.load(base + 2 * batch + step, mask=2 * batch + step < L, other=0.0)
     for start in range(0, L, batch):
-        ahead = start + 3 * batch + step
-        xd = tl.load(base + ahead, mask=ahead < L, other=0.0)
+        ahead = start + 2 * batch + step
+        xc = tl.load(base + ahead, mask=ahead < L, other=0.0)
         mean, m2, n = _fold_batch(mean, m2, n, xa.to(tl.float32), start + step < L)
-        xa, xb, xc = xb, xc, xd
+        xa, xb = xb, xc
     mean, m2, n = _fold(tl.reshape(mean, [LANES // 32, 32]), tl.reshape(m2, [LANES // 32, 32]),
                         tl.reshape(n, [LANES // 32, 32]), 5)
     warp = part * (LANES // 32) + tl.arange(0, LANES // 32)
