@@ -160,31 +160,40 @@ def test_a_moving_input_unlike_the_captured_one_runs_without_the_graph(change, c
     assert "input 0 differs from the captured one" in caplog.text
 
 
-@pytest.mark.parametrize("replay_faster", [True, False])
-def test_a_replay_that_does_not_pay_is_dropped(monkeypatch, caplog, replay_faster):
-    """Right after the capture, the graph run directly and its replay are timed alternating; a
-    replay no faster is dropped with a log line and later calls run the graph directly."""
+@pytest.mark.parametrize("wall,gpu,kept", [
+    ((1.0, 0.5), (1.0, 1.01), True),  # faster on the wall clock, copies within the slack
+    ((1e-3, 5e-4), (1e-4, 1.1e-4), True),  # a graph of microseconds: its copies' few µs allowed
+    ((1.0, 1.0), (1.0, 1.0), False),  # not faster on the wall clock
+    ((1.0, 0.5), (1.0, 1.1), False),  # faster alone, but its copies add GPU time
+])
+def test_a_replay_that_does_not_pay_is_dropped(monkeypatch, caplog, wall, gpu, kept):
+    """Right after the capture, the graph run directly and its replay are timed alternating, on
+    the wall clock and in GPU time; a replay not faster on the first, or adding more than
+    GPU_SLACK on the second, is dropped with a log line and later calls run the graph directly."""
     monkeypatch.setattr(cudagraphs._ShapeGraph, "_replay_pays", REPLAY_PAYS)  # the real one, timed by
-    timings = iter([1.0, 0.5 if replay_faster else 1.0] * cudagraphs.PAY_ROUNDS)  # direct, replay, ...
+    walls, gpus = iter(wall * cudagraphs.PAY_ROUNDS), iter(gpu * cudagraphs.PAY_ROUNDS)  # direct, replay, ...
 
-    def seconds(call, device):
-        call()
-        return next(timings)
+    def timed(figures):
+        def seconds(call, device, *hold):
+            call()
+            return next(figures)
+        return seconds
 
-    monkeypatch.setattr(cudagraphs, "_seconds", seconds)
+    monkeypatch.setattr(cudagraphs, "_seconds", timed(walls))
+    monkeypatch.setattr(cudagraphs, "_gpu_seconds", timed(gpus))
     w, b = torch.randn(4, 8), torch.randn(8)
     fn = Counted()
     runner = CudaGraphRunner(fn)
     with caplog.at_level(logging.INFO, logger="sgdiff"):
         for _ in range(WARMUP + 1):
             runner(torch.randn(4, 8), w, b)
-    # warm-ups, the side-stream run, the capture, then a direct run each round (the replays:
-    # one each round, and the call's own where the graph is kept)
-    assert fn.runs == WARMUP + 2 + cudagraphs.PAY_ROUNDS + (0 if replay_faster else 1)
-    assert FakeGraph.replays == cudagraphs.PAY_ROUNDS + (1 if replay_faster else 0)
-    assert ("not faster than the graph run directly" in caplog.text) is not replay_faster
+    timed_runs = 2 * cudagraphs.PAY_ROUNDS  # each of wall and GPU time: a direct run and a replay a round
+    # warm-ups, the side-stream run, the capture, the direct runs timed, then the call itself
+    assert fn.runs == WARMUP + 2 + timed_runs + (0 if kept else 1)
+    assert FakeGraph.replays == timed_runs + (1 if kept else 0)
+    assert ("CUDA graph dropped" in caplog.text) is not kept
     x, runs = torch.randn(4, 8), fn.runs
     out = runner(x, w, b)[0]
-    assert FakeGraph.replays == cudagraphs.PAY_ROUNDS + (2 if replay_faster else 0)
-    assert fn.runs == runs + (0 if replay_faster else 1)
-    assert replay_faster or torch.equal(out, x * w + b)  # (a fake replay computes nothing)
+    assert FakeGraph.replays == timed_runs + (2 if kept else 0)
+    assert fn.runs == runs + (0 if kept else 1)
+    assert kept or torch.equal(out, x * w + b)  # (a fake replay computes nothing)

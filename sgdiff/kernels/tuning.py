@@ -17,14 +17,15 @@ capture only (the dispatcher's business). Not yet measured on the GPU in this fo
 from __future__ import annotations
 
 import time
-from typing import Callable, List, Sequence, Tuple
+from typing import Any, Callable, List, Sequence, Tuple
 
 import torch
 
 from sgdiff import _compat
 
 WARMUP_S = 0.05
-HOLD_CYCLES = 8_000_000  # about 4 ms at the H200's 1.98 GHz
+CLOCK_HZ = 1.98e9  # the H200's boost clock: cycles a second, to size a hold
+HOLD_CYCLES = 8_000_000  # about 4 ms at that clock
 ROUNDS = 3
 LAUNCHES = 5  # per round
 MARGIN = 0.02
@@ -35,17 +36,27 @@ def _sync(cuda: bool) -> None:
         torch.cuda.synchronize()
 
 
+def gpu_seconds(call: Callable[[], Any], hold_cycles: int = HOLD_CYCLES) -> float:
+    """GPU seconds of what ``call()`` enqueues on the current stream, its launches queued up
+    behind a kernel that holds the stream for ``hold_cycles`` (so the host's pace does not show
+    where the hold outlasts the host's issuing)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    _compat.hold_stream(hold_cycles)
+    start.record()
+    call()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
 def _round(fn: Callable, args: tuple, cuda: bool) -> float:
     """Seconds a launch of ``fn(*args)`` takes, over LAUNCHES launches."""
     if cuda:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        _compat.hold_stream(HOLD_CYCLES)  # the launches below queue up behind it
-        start.record()
-        for _ in range(LAUNCHES):
-            fn(*args)
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / LAUNCHES
+        def launches():
+            for _ in range(LAUNCHES):
+                fn(*args)
+
+        return gpu_seconds(launches) / LAUNCHES
     t0 = time.perf_counter()
     for _ in range(LAUNCHES):
         fn(*args)
