@@ -91,34 +91,16 @@ def _halves_along(x):
 
 
 @triton.jit
-def _fold4(mean, m2, n, x, active):
-    """[R, 4] elements folded into each row's state, column 0 first."""
-    x01, x23 = _halves_along(x)
-    a01, a23 = _halves_along(active)
-    x0, x1 = _halves_along(x01)
-    x2, x3 = _halves_along(x23)
-    a0, a1 = _halves_along(a01)
-    a2, a3 = _halves_along(a23)
-    mean, m2, n = _welford_step(mean, m2, n, tl.reshape(x0, [x.shape[0]]), tl.reshape(a0, [x.shape[0]]))
-    mean, m2, n = _welford_step(mean, m2, n, tl.reshape(x1, [x.shape[0]]), tl.reshape(a1, [x.shape[0]]))
-    mean, m2, n = _welford_step(mean, m2, n, tl.reshape(x2, [x.shape[0]]), tl.reshape(a2, [x.shape[0]]))
-    return _welford_step(mean, m2, n, tl.reshape(x3, [x.shape[0]]), tl.reshape(a3, [x.shape[0]]))
-
-
-@triton.jit
-def _fold_batch(mean, m2, n, x, active):
-    """A batch of [LANES, 16] elements (lane t's elements t, t + T, ..., t + 15T) folded into
-    each lane's state in that order."""
-    x_lo, x_hi = _halves_along(x)
-    a_lo, a_hi = _halves_along(active)
-    x0, x1 = _halves_along(x_lo)
-    x2, x3 = _halves_along(x_hi)
-    a0, a1 = _halves_along(a_lo)
-    a2, a3 = _halves_along(a_hi)
-    mean, m2, n = _fold4(mean, m2, n, x0, a0)
-    mean, m2, n = _fold4(mean, m2, n, x1, a1)
-    mean, m2, n = _fold4(mean, m2, n, x2, a2)
-    return _fold4(mean, m2, n, x3, a3)
+def _fold_columns(mean, m2, n, x, active, W: tl.constexpr):
+    """[R, W] elements folded into each row's state, column 0 first (lane t's batch: its
+    elements t, t + T, ..., t + (W - 1)T, in that order)."""
+    if W == 1:
+        return _welford_step(mean, m2, n, tl.reshape(x, [x.shape[0]]), tl.reshape(active, [x.shape[0]]))
+    else:
+        x_lo, x_hi = _halves_along(x)
+        a_lo, a_hi = _halves_along(active)
+        mean, m2, n = _fold_columns(mean, m2, n, x_lo, a_lo, W // 2)
+        return _fold_columns(mean, m2, n, x_hi, a_hi, W // 2)
 
 
 @LeanKernel
@@ -151,7 +133,7 @@ def _moments_kernel(
     for start in range(0, L, batch):
         ahead = start + 2 * batch + step
         xc = tl.load(base + ahead, mask=ahead < L, other=0.0)
-        mean, m2, n = _fold_batch(mean, m2, n, xa.to(tl.float32), start + step < L)
+        mean, m2, n = _fold_columns(mean, m2, n, xa.to(tl.float32), start + step < L, BATCH)
         xa, xb = xb, xc
     mean, m2, n = _fold(tl.reshape(mean, [LANES // 32, 32]), tl.reshape(m2, [LANES // 32, 32]),
                         tl.reshape(n, [LANES // 32, 32]), 5)
