@@ -85,20 +85,14 @@ def _fold(mean, m2, n, LEVELS: tl.constexpr):
 
 
 @triton.jit
-def _halves_along(x):
-    """[R, W] -> its columns 0..W/2-1 and W/2..W-1, two [R, W/2]."""
-    return tl.split(tl.permute(tl.reshape(x, [x.shape[0], 2, x.shape[1] // 2]), [0, 2, 1]))
-
-
-@triton.jit
 def _fold_columns(mean, m2, n, x, active, W: tl.constexpr):
     """[R, W] elements folded into each row's state, column 0 first (lane t's batch: its
     elements t, t + T, ..., t + (W - 1)T, in that order)."""
     if W == 1:
         return _welford_step(mean, m2, n, tl.reshape(x, [x.shape[0]]), tl.reshape(active, [x.shape[0]]))
     else:
-        x_lo, x_hi = _halves_along(x)
-        a_lo, a_hi = _halves_along(active)
+        x_lo, x_hi = halves(x)
+        a_lo, a_hi = halves(active)
         mean, m2, n = _fold_columns(mean, m2, n, x_lo, a_lo, W // 2)
         return _fold_columns(mean, m2, n, x_hi, a_hi, W // 2)
 
