@@ -1,0 +1,121 @@
+"""Triton sgdiff::channel_normalize: everything after the norm of ``F.normalize(x, dim=1)`` in
+Wan's VAE RMS norm (+ SiLU), one pass, bitwise equal to eager on CUDA.
+
+Eager's kernels, each rounding (fp32 math, ``T`` the input's dtype)::
+
+    d = xf / max(norm, eps)          # clamp_min (NaN stays), then an IEEE division
+    y = T(d)                         # .to(x.dtype)
+    y = T(y * float(scale))          # * self.scale, a Python float taken as fp32
+    y = T(y * gamma[c])              # * self.gamma, per channel
+    y = T(y + bias)                  # + self.bias: a per-channel tensor or a number (0.0)
+    y = T(y / (1 + expf(-y)))        # nn.SiLU, where the block has one
+
+The norm (``linalg_vector_norm`` over the channels) is ATen's own, computed before: its
+reduction order is ATen's reduce kernel's. A program covers ``BLOCK_R`` rows (one channel of
+one sample each) and ``BLOCK_S`` positions; the norm is read per position, gamma and bias per row.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sgdiff.kernels.registry import Impl
+from sgdiff.kernels.triton.cuda_math import INTERPRET, libdevice_options, silu_rounded
+from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
+from sgdiff.kernels.triton.rows import DTYPES, cached_plan, launch_rows
+
+
+@LeanKernel
+@triton.jit
+def _channel_normalize_kernel(
+    x_ptr, norm_ptr, gamma_ptr, bias_ptr, out_ptr,
+    eps, scale, bias_value,  # fp32
+    n_rows, C, S,  # rows: N * C; S: positions a row
+    HAS_BIAS: tl.constexpr,
+    SILU: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    s = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
+    row_ok = rows < n_rows
+    ok = row_ok[:, None] & (s < S)[None, :]
+    sample = (rows // C).to(tl.int64)
+    channel = rows % C
+    dtype = out_ptr.dtype.element_ty
+    grid_dependency_wait()
+    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * S + s[None, :], mask=ok, other=0.0).to(tl.float32)
+    norm = tl.load(norm_ptr + sample[:, None] * S + s[None, :], mask=ok, other=1.0)
+    den = tl.where(norm != norm, norm, tl.where(norm > eps, norm, eps))
+    y = tl.math.div_rn(x, den).to(dtype)
+    y = (y.to(tl.float32) * scale).to(dtype)
+    gamma = tl.load(gamma_ptr + channel, mask=row_ok, other=1.0).to(tl.float32)
+    y = (y.to(tl.float32) * gamma[:, None]).to(dtype)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + channel, mask=row_ok, other=0.0).to(tl.float32)
+        y = (y.to(tl.float32) + bias[:, None]).to(dtype)
+    else:
+        y = (y.to(tl.float32) + bias_value).to(dtype)
+    if SILU:
+        y = silu_rounded(y.to(tl.float32), dtype, INTERPRET)
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * S + s[None, :], y, mask=ok)
+
+
+def _per_channel(t, x) -> bool:
+    """``t`` (gamma or bias) holds one value a channel of ``x`` (dim 1) once broadcast, in x's
+    dtype: shape ``(C, 1, ...)`` of up to ``x.dim() - 1`` dims."""
+    c = x.shape[1]
+    return (t.dtype == x.dtype and t.device == x.device and t.numel() == c and 1 <= t.dim() <= x.dim() - 1
+            and t.shape[0] == c and t.is_contiguous())
+
+
+def supported_layout(x, norm, eps, scale, gamma, bias=None, bias_value=0.0, silu=False) -> bool:
+    """can_use without the device check: a contiguous float ``x`` of ``[N, C, *spatial]``, its
+    fp32 norm over the channels ``[N, 1, *spatial]`` contiguous, gamma (and a tensor bias) one
+    value a channel in x's dtype."""
+    if not (x.dtype in DTYPES and x.dim() >= 3 and x.is_contiguous() and x.numel() > 0):
+        return False
+    spatial = x.numel() // (x.shape[0] * x.shape[1])
+    if not (norm.dtype == torch.float32 and norm.is_contiguous() and norm.device == x.device
+            and norm.shape == (x.shape[0], 1, *x.shape[2:]) and x.numel() // spatial < 2**31):
+        return False
+    return _per_channel(gamma, x) and (bias is None or _per_channel(bias, x))
+
+
+def can_use(x, norm, eps, scale, gamma, bias=None, bias_value=0.0, silu=False) -> bool:
+    return x.is_cuda and supported_layout(x, norm, eps, scale, gamma, bias, bias_value, silu)
+
+
+@cached_plan
+def _plan(x):
+    rows = x.shape[0] * x.shape[1]
+    spatial = x.numel() // rows
+    grid, block_r, block_s = launch_rows(rows, spatial)
+    return grid, (rows, x.shape[1], spatial), dict(BLOCK_R=block_r, BLOCK_S=block_s)
+
+
+def bind(x, norm, eps, scale, gamma, bias=None, bias_value=0.0, silu=False):
+    """:func:`channel_normalize` for inputs of this signature, its host arithmetic done."""
+    grid, ints, blocks = _plan(x)
+    kernel = _channel_normalize_kernel.bind(grid, **blocks, HAS_BIAS=bias is not None, SILU=bool(silu),
+                                            INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False,
+                                            **libdevice_options())
+    floats = (float(eps), float(scale), float(bias_value))
+    shape, dtype = x.shape, x.dtype
+
+    def launch(x, norm, eps, scale, gamma, bias=None, *_):
+        out = torch.empty(shape, dtype=dtype, device=x.device)
+        kernel(x, norm, gamma, gamma if bias is None else bias, out, *floats, *ints)
+        return out
+
+    return launch
+
+
+def channel_normalize(x, norm, eps, scale, gamma, bias=None, bias_value=0.0, silu=False):
+    """Launch; the caller has checked :func:`can_use`."""
+    return bind(x, norm, eps, scale, gamma, bias, bias_value, silu)(x, norm, eps, scale, gamma, bias)
+
+
+CHANNEL_NORMALIZE = Impl(run=channel_normalize, supports=supported_layout, bind=bind)

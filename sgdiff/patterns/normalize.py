@@ -1,0 +1,85 @@
+"""Family ``normalize``: ``F.normalize`` over the channels, scaled, with a per-channel affine
+(and the SiLU after it): the steps after the norm, as one op.
+
+The eager chain (diffusers' ``WanRMS_norm``, channel-first: Wan's VAE)::
+
+    xf = x.float()                       (absent for an fp32 x; may have other users: the norm)
+    n  = linalg_vector_norm(xf, 2, [1], keepdim=True)          (ATen's; stays in the graph)
+    d  = xf / clamp_min(n, eps).expand(xf.shape)
+    y  = d.to(x.dtype) * scale * gamma + bias     (scale a number, gamma [C, 1, ...], bias a
+                                                   number or [C, 1, ...])
+    y  = silu(y)                                  (where the block has one)   -> channel_normalize
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+from torch import fx
+
+from sgdiff.patterns import parts
+from sgdiff.patterns.base import ChainPattern, Family, tensor_meta
+from sgdiff.patterns.matcher import Arg, Lit, Match, Op, bound_arguments
+
+FAMILY = Family("normalize")
+
+aten = torch.ops.aten
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _chain(silu: bool):
+    xf = parts.maybe_upcast("x")
+    den = Op(aten.expand.default, Op(aten.clamp_min.default, Arg("norm"), Arg("eps", check=parts.is_number)),
+             Arg("size"))
+    normalized = parts.maybe_cast(Op(aten.div.Tensor, xf, den), "normalized")
+    scaled = Op(aten.mul.Tensor, normalized, Arg("scale", check=parts.is_number))
+    y = Op(aten.add.Tensor, Op(aten.mul.Tensor, scaled, Arg("gamma", check=lambda g: isinstance(g, fx.Node)),
+                               commutative=True),
+           Arg("bias"), alpha=Lit(1))
+    return Op(aten.silu.default, y) if silu else y
+
+
+def _per_channel(t, x) -> bool:
+    return (t is not None and t.dtype == x.dtype and t.numel() == x.shape[1] and 1 <= t.dim() <= x.dim() - 1
+            and t.shape[0] == x.shape[1])
+
+
+def _reason(m: Match) -> Optional[str]:
+    x, out = tensor_meta(m["x"]), tensor_meta(m.root)
+    if x is None or out is None or x.dtype not in DTYPES or x.dim() < 3:
+        return "not a float [N, C, *spatial] tensor"
+    upcast, back = m.get("x_upcast"), parts.cast_dtype(m, "normalized")
+    if x.dtype == torch.float32:
+        if upcast is not None or back is not None:
+            return "casts around an fp32 normalize"
+    elif upcast is None or upcast.kwargs.get("dtype") != torch.float32 or back != x.dtype:
+        return "not normalized in fp32 and cast back to the input's dtype"
+    norm = m["norm"]
+    args = bound_arguments(norm) if isinstance(norm, fx.Node) and norm.target == aten.linalg_vector_norm.default else None
+    if not (args and args["self"] is (upcast if upcast is not None else m["x"]) and args["ord"] == 2
+            and list(args["dim"] or ()) in ([1], [1 - x.dim()]) and args["keepdim"] and args["dtype"] is None):
+        return "not the 2-norm of the same tensor over dim 1, kept"
+    if not _per_channel(tensor_meta(m["gamma"]), x):
+        return "gamma is not one value a channel in the input's dtype"
+    bias = m["bias"]
+    if not (parts.is_number(bias) or (isinstance(bias, fx.Node) and _per_channel(tensor_meta(bias), x))):
+        return "the bias is neither a number nor one value a channel"
+    if not (out.dtype == x.dtype and out.shape == x.shape and out.is_contiguous()):
+        return "the output is not a contiguous tensor of the input's shape and dtype"
+    return None
+
+
+def _args(m: Match, silu: bool) -> dict:
+    bias = m["bias"]
+    tensor_bias = isinstance(bias, fx.Node)
+    return dict(x=m["x"], norm=m["norm"], eps=m["eps"], scale=m["scale"], gamma=m["gamma"],
+                bias=bias if tensor_bias else None, bias_value=0.0 if tensor_bias else float(bias), silu=silu)
+
+
+def patterns() -> List[ChainPattern]:
+    return [
+        ChainPattern(family="normalize", name="channel_normalize_silu", chain=_chain(True), op="channel_normalize",
+                     replacement=lambda m: _args(m, True), check=_reason, priority=1),
+        ChainPattern(family="normalize", name="channel_normalize", chain=_chain(False), op="channel_normalize",
+                     replacement=lambda m: _args(m, False), check=_reason),
+    ]

@@ -1,0 +1,91 @@
+"""Family ``normalize``: what follows the norm of ``F.normalize(x, dim=1)`` scaled with a
+per-channel affine (diffusers' ``WanRMS_norm``) and the SiLU after it, as
+sgdiff::channel_normalize — every spelling one site and equal to eager, near misses left alone.
+The kernel's bits: tests/interpreter/test_channel_normalize_interp.py (fp32) and
+tests/gpu/test_examples_gpu.py at Wan's real sizes."""
+import pytest
+import torch
+import torch.nn.functional as F
+from diffusers.models.autoencoders.autoencoder_kl_wan import WanRMS_norm
+from hypothesis import given, settings, strategies as st
+
+import sgdiff
+from sgdiff import zoo
+from tests.capture import rewrite
+
+ONLY = ["normalize"]
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_wans_vae_decoder_every_contiguous_norm_a_site_and_equal(dtype):
+    """Wan's VAE (tiny): its RMS norms on contiguous maps, with the SiLU after them in the residual
+    blocks and the head (37); those of permuted maps (the attention block's, after the temporal
+    upsampling) write strided outputs and are not sites."""
+    vae = zoo._wan_vae("tiny").to(dtype).eval().requires_grad_(False)
+    z = torch.randn(1, 4, 3, 8, 8, dtype=dtype)
+    report = sgdiff.explain(vae.decode, z, return_dict=False)
+    assert report.counts["normalize"] == 37, str(report)
+    assert {reason for family, _, reason in report.skipped if family == "normalize"} == {
+        "the output is not a contiguous tensor of the input's shape and dtype"}
+    with torch.no_grad():
+        got = torch.compile(vae.decode, backend="sgdiff")(z, return_dict=False)[0]
+        assert torch.equal(got, vae.decode(z, return_dict=False)[0])
+
+
+@settings(max_examples=20, deadline=None)
+@given(dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), silu=st.booleans(),
+       bias=st.booleans(), images=st.booleans(), channels=st.integers(1, 6), batch=st.integers(1, 2))
+def test_the_module_itself_is_one_site_and_equal(dtype, silu, bias, images, channels, batch):
+    norm = WanRMS_norm(channels, images=images, bias=bias).to(dtype)
+    with torch.no_grad():
+        norm.gamma.add_(0.1 * torch.randn_like(norm.gamma))
+        if bias:
+            norm.bias.add_(torch.randn_like(norm.bias))
+    x = torch.randn(batch, channels, *((5, 7) if images else (2, 5, 7))).to(dtype)
+
+    params = dict(norm.named_parameters())  # graph inputs, as torch.compile lifts them
+
+    def chain(x, *weights):
+        y = torch.func.functional_call(norm, dict(zip(params, weights)), (x,))
+        return F.silu(y) if silu else y
+
+    inputs = (x, *params.values())
+    run, gm, result = rewrite(chain, inputs, families=ONLY)
+    assert result.counts.get("normalize") == 1, str(result)
+    with torch.no_grad():
+        assert torch.equal(run(*inputs), chain(*inputs))
+
+
+class NearMisses(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gamma = torch.nn.Parameter(torch.ones(4, 1, 1))
+        self.gamma32 = torch.nn.Parameter(torch.ones(4, 1, 1, dtype=torch.float32))
+
+    def forward(self, x):
+        last = F.normalize(x.float(), dim=-1).to(x.dtype) * 2.0 * self.gamma + 0.0     # over the last dim
+        l1 = F.normalize(x.float(), p=1.0, dim=1).to(x.dtype) * 2.0 * self.gamma + 0.0  # a 1-norm
+        wide = F.normalize(x.float(), dim=1).to(x.dtype) * 2.0 * self.gamma32 + 0.0    # promotes to fp32
+        kept = F.normalize(x.float(), dim=1).to(x.dtype)                               # read twice
+        return last, l1, wide, kept * 2.0 * self.gamma + 0.0, kept.sum()
+
+
+def test_near_misses_stay_as_they_are():
+    model = NearMisses().to(torch.bfloat16)
+    model.gamma32.data = model.gamma32.data.float()
+    x = torch.randn(2, 4, 5, 7, dtype=torch.bfloat16)
+    report = sgdiff.explain(model, x)
+    assert report.counts.get("normalize", 0) == 0, str(report)
+    reasons = {reason for family, _, reason in report.skipped if family == "normalize"}
+    assert "not the 2-norm of the same tensor over dim 1, kept" in reasons, reasons
+    with torch.no_grad():
+        got = torch.compile(model, backend="sgdiff")(x)
+        want = model(x)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
