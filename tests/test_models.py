@@ -1,7 +1,11 @@
 """Every chain family, found in real diffusers DiTs (tiny configs, random weights, CPU), and the
 compiled model bitwise equal to eager.
 
-Counts per model, for modulate / residual_gate / rope / qk_norm, are those of the captured graph.
+Counts per model, for modulate / residual_gate / rope / qk_norm / ... / norm, are those of the
+captured graph. ``norm``: the norms no other family fused (Sana's caption RMSNorm, QwenImage's
+txt_norm, Chroma's approximator RMSNorm, CogVideoX's norm_final, HunyuanVideo's token-refiner
+LayerNorms; Wan's cross-attention FP32LayerNorm in an fp32 model, where it has no casts and the
+modulate family does not take it).
 QwenImage differs from the 4L+1 / 4L of a per-block count: its forward discards the text stream
 of the last block (only ``hidden_states`` reaches ``norm_out``), so that block's ``txt_norm2``
 modulation and both text-stream gated residuals are dead code, which torch.compile removes:
@@ -16,42 +20,42 @@ import sgdiff
 from sgdiff import zoo
 from tests.helpers import NOT_ADMITTED, bits_equal
 
-FAMILIES = ("modulate", "residual_gate", "rope", "qk_norm", "activation", "linear_attention")
+FAMILIES = ("modulate", "residual_gate", "rope", "qk_norm", "activation", "linear_attention", "norm")
 EXPECTED = {
     # 1 double + 1 single block: 4L+S+1, 4L+S, 2L+2S, 4L+2S, S (GELU into the single block's cat)
-    "flux": (6, 5, 4, 6, 1, 0),
-    "flux2": (6, 5, 4, 6, 3, 0),  # SwiGLU: 2 double-block FFs + the single block's
+    "flux": (6, 5, 4, 6, 1, 0, 0),
+    "flux2": (6, 5, 4, 6, 3, 0, 0),  # SwiGLU: 2 double-block FFs + the single block's
     # GLUMBConv: conv_inverted + SiLU, conv_depth + its GLU; linear attention: q, k, padded v
     # and the output (cast back to bf16: an fp32 model has no cast there, see BY_DTYPE);
     # residual updates: 2 gated and the cross-attention's `attn / rescale_output_factor + x`
-    "sana": (3, 3, 0, 0, 2, 4),
-    "sd35": (9, 7, 0, 10, 0, 0),  # 2 layers, layer 0 dual attention: 4L+X, 4L-2+X, -, 4L+2X
-    "pixart": (3, 3, 0, 0, 0, 0),  # 2 gated residuals (one divided by rescale_output_factor), 1 rescaled
+    "sana": (3, 3, 0, 0, 2, 4, 1),
+    "sd35": (9, 7, 0, 10, 0, 0, 0),  # 2 layers, layer 0 dual attention: 4L+X, 4L-2+X, -, 4L+2X
+    "pixart": (3, 3, 0, 0, 0, 0, 0),  # 2 gated residuals (one divided by rescale_output_factor), 1 rescaled
     # Wan's cross-attention norm is an FP32LayerNorm: cast, LayerNorm, cast back (bf16 only)
-    "wan": (4, 2, 2, 4, 0, 0),
-    "qwenimage": (4, 2, 4, 4, 0, 0),  # see the module docstring
-    "chroma": (6, 5, 4, 6, 1, 0),  # Flux's blocks: Flux's counts
+    "wan": (4, 2, 2, 4, 0, 0, 0),
+    "qwenimage": (4, 2, 4, 4, 0, 0, 1),  # see the module docstring
+    "chroma": (6, 5, 4, 6, 1, 0, 1),  # Flux's blocks: Flux's counts
     # 1 layer: LayerNormZero modulates image and text before attention and before the FF (4) and
     # norm_out (1); gated residuals: attention and FF on both streams, but the text stream's last
     # FF residual is dead code (only the image stream reaches norm_final, no RoPE); per-head
     # LayerNorm on q and k
-    "cogvideox": (5, 3, 0, 2, 0, 0),
+    "cogvideox": (5, 3, 0, 2, 0, 0, 1),
     # 1 layer: modulated RMSNorms before attention and FF, and norm_out (2L+1); attention and FF
     # gated residuals (2L); RoPE on the self-attention's q and k; RMSNorms across heads on q and
     # k of both attentions, the self-attention's before its RoPE, then the head split
-    "ltx": (3, 2, 2, 4, 0, 0),
+    "ltx": (3, 2, 2, 4, 0, 0, 0),
     # 1 double + 1 single block + 1 token-refiner layer: modulates 4 (both streams, before attention
     # and FF) + 1 (single) + norm_out; gated residuals 4 (double) + 1 (single) + 2 (the refiner's
     # attention and FF); RoPE on the image q and k of each block; QK norms 4 (double) + 2
     # (single); the single block's GELU into its cat
-    "hunyuanvideo": (6, 7, 4, 6, 1, 0),
+    "hunyuanvideo": (6, 7, 4, 6, 1, 0, 2),
     # 1 layer: only the image stream reaches norm_out, so the last block's text stream past its
     # attention is dead code (its gated attention residual, its FF's modulate and residual):
     # modulates 2 (both streams before attention) + 1 (image FF) + norm_out; gated residuals 2
     # (image attention and FF); RoPE on the image tokens' q and k; per-head LayerNorm on q and k
-    "cogview4": (4, 2, 2, 2, 0, 0),
+    "cogview4": (4, 2, 2, 2, 0, 0, 0),
 }
-BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3), ("wan", "fp32"): (3, 2, 2, 4, 0, 0)}
+BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3, 1), ("wan", "fp32"): (3, 2, 2, 4, 0, 0, 1)}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 

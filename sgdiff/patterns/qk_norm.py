@@ -39,13 +39,14 @@ HEADS = ("per_head", "across_heads")
 @dataclasses.dataclass(frozen=True)
 class QkNormKey:
     norm: str  # one of NORMS
-    heads: str  # one of HEADS: normalized over head_dim, or over all heads before the split
+    heads: str  # one of HEADS: normalized over head_dim, or over all heads before the split;
+    # "anywhere": the norm family's (sgdiff.patterns.norm), wherever the norm stands
 
 
 def chain(key: QkNormKey):
     x_check = parts.splits_heads if key.heads == "per_head" else None
     norm = parts.rms_norm(x_check) if key.norm == "rms_norm" else parts.layer_norm(x_check=x_check)
-    return norm if key.heads == "per_head" else When(norm, parts.feeds_head_split)
+    return When(norm, parts.feeds_head_split) if key.heads == "across_heads" else norm
 
 
 def replacement(key: QkNormKey):
