@@ -383,6 +383,24 @@ def _cogview4(size, dtype, device):
     return _place(model, kwargs, dtype, device)
 
 
+def _lumina2(size, dtype, device):
+    from diffusers import Lumina2Transformer2DModel
+
+    if size == "tiny":
+        cfg = dict(sample_size=8, in_channels=4, hidden_size=32, num_layers=1, num_refiner_layers=1,
+                   num_attention_heads=2, num_kv_heads=1, multiple_of=16, axes_dim_rope=(4, 6, 6), cap_feat_dim=8)
+        latent, text = 8, 6
+    else:  # Lumina-Image 2.0 at 1024x1024: 128x128 latent, Gemma-2-2B's 2304-wide captions, 256 tokens
+        cfg, (latent, text) = dict(cap_feat_dim=2304), (128, 256)
+    model = _model(Lumina2Transformer2DModel, cfg, size)
+    c = model.config
+    g = _gen(device)
+    kwargs = dict(hidden_states=_randn(1, c.in_channels, latent, latent, g=g),
+                  encoder_hidden_states=_randn(1, text, c.cap_feat_dim, g=g), timestep=torch.full((1,), 0.5),
+                  encoder_attention_mask=torch.ones(1, text, dtype=torch.bool), return_dict=False)
+    return _place(model, kwargs, dtype, device)
+
+
 MODELS.update({
     "flux2": ModelCase("flux2", _flux2, "Flux2Transformer2DModel (tiny: 1 double + 1 single block)"),
     "sd35": ModelCase("sd35", _sd35, "SD3Transformer2DModel, SD3.5 style (tiny: 2 layers, layer 0 dual attention, "
@@ -393,6 +411,7 @@ MODELS.update({
     "cogvideox": ModelCase("cogvideox", _cogvideox, "CogVideoXTransformer3DModel (tiny: 1 layer)"),
     "ltx": ModelCase("ltx", _ltx, "LTXVideoTransformer3DModel (tiny: 1 layer)"),
     "cogview4": ModelCase("cogview4", _cogview4, "CogView4Transformer2DModel (tiny: 1 layer)"),
+    "lumina2": ModelCase("lumina2", _lumina2, "Lumina2Transformer2DModel (tiny: 1 layer, 1 refiner layer each)"),
     "hunyuanvideo": ModelCase("hunyuanvideo", _hunyuanvideo, "HunyuanVideoTransformer3DModel (tiny: 1 double + 1 "
                               "single block, 1 token-refiner layer)"),
 })
