@@ -342,3 +342,25 @@ def test_conv_kernel_refuses_what_it_cannot_do():
     assert not tconv.supported_layout(x, w[:7], b[:7], *geometry, halves=True)  # no two halves
     assert not tconv.on_cudnn(x, w, b, *geometry)  # a CPU convolution: ATen adds the bias elsewhere
     assert not tconv.can_use(x, w, b, *geometry)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_silu_of_the_widened_gate_cast_back_is_a_silu_mul(dtype):
+    """diffusers' FP32SiLU (Lumina's feed-forward): ``silu(a.float()).to(a.dtype) * b`` is one
+    site (ATen's half-precision SiLU is that fp32 arithmetic, rounded once); cast back to another
+    dtype, it is not."""
+    a, b = torch.randn(2, 5, 16).to(dtype), torch.randn(2, 5, 16).to(dtype)
+
+    def wide(a, b):
+        return F.silu(a.float()).to(a.dtype) * b
+
+    run, gm, result = rewrite(wide, (a, b), families=["activation"])
+    assert result.counts["activation"] == 1, str(result)
+    assert bits_equal(run(a, b), wide(a, b))
+
+    def elsewhere(a, b):
+        return F.silu(a.float()).to(torch.float16 if dtype == torch.bfloat16 else torch.bfloat16) * b.float()
+
+    run, gm, result = rewrite(elsewhere, (a, b), families=["activation"])
+    assert result.counts["activation"] == 0, str(result)
+    assert bits_equal(run(a, b), elsewhere(a, b))

@@ -54,6 +54,13 @@ EXPECTED = {
     # modulates 2 (both streams before attention) + 1 (image FF) + norm_out; gated residuals 2
     # (image attention and FF); RoPE on the image tokens' q and k; per-head LayerNorm on q and k
     "cogview4": (4, 2, 2, 2, 0, 0, 0),
+    # 1 layer, 1 noise-refiner layer (both modulated), 1 context-refiner layer (not): modulates:
+    # the RMSNorm * (1 + scale) before attention and FF of the 2 modulated blocks + norm_out (5);
+    # residuals: attention and FF of each block, tanh-gated or plain (6); RoPE and per-head
+    # RMSNorm on q and k of each (6, 6); the FF's FP32SiLU GLU (3); norms the modulations leave:
+    # norm2 and ffn_norm2 of the modulated blocks, all four of the context refiner's, and the
+    # caption embedder's RMSNorm (9)
+    "lumina2": (5, 6, 6, 6, 3, 0, 9),
 }
 BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3, 1), ("wan", "fp32"): (3, 2, 2, 4, 0, 0, 1)}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

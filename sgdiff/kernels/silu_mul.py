@@ -7,7 +7,9 @@ Eager chain (Flux2 ``Flux2SwiGLU``: ``silu(x[..., :h]) * x[..., h:]``; Sana ``GL
     y = y * b          # rounded to the promoted dtype
 
 ``a`` and ``b`` are the two operands as the product sees them (often two views of one
-projection). The output has ``a``'s layout (:mod:`sgdiff.kernels.layout`: contiguous for
+projection). ``wide_silu``: the SiLU taken of ``a.float()`` and cast back (diffusers' ``FP32SiLU``,
+Lumina's feed-forward): the same fp32 arithmetic as ATen's SiLU of a half-precision ``a`` and the
+same rounding, so the kernel is the same; first sight checks it against this spelling. The output has ``a``'s layout (:mod:`sgdiff.kernels.layout`: contiguous for
 slices of a linear's output, channels-last for Sana's convolution). The reference
 implementation *is* that chain.
 """
@@ -28,8 +30,13 @@ aten = torch.ops.aten
 def silu_mul_reference(
     a: torch.Tensor,
     b: torch.Tensor,
+    wide_silu: bool = False,
 ) -> torch.Tensor:
-    return in_layout_of(aten.mul.Tensor(aten.silu.default(a), b), a)
+    if wide_silu:  # diffusers' FP32SiLU (Lumina's feed-forward): silu(a.float()).to(a.dtype)
+        g = aten._to_copy.default(aten.silu.default(aten._to_copy.default(a, dtype=torch.float32)), dtype=a.dtype)
+    else:
+        g = aten.silu.default(a)
+    return in_layout_of(aten.mul.Tensor(g, b), a)
 
 
 def _sana_glu(t):
@@ -48,5 +55,5 @@ silu_mul = dispatch.define_op(OpDef(
                 lambda t: tuple(t.randn(t.B, t.S, 2 * t.F).chunk(2, dim=-1)), small=dict(S=64, F=4096),
                 chain=lambda a, b: lambda: F.silu(a) * b),
     ),
-    doc="silu(a) * b",
+    doc="silu(a) * b (wide_silu: silu(a.float()).to(a.dtype) * b)",
 ))

@@ -4,7 +4,8 @@ The eager chains::
 
     silu(a) * b                        gated (SwiGLU/GLU): Flux2 ``Flux2SwiGLU`` (two slices of one
                                        projection), Sana ``GLUMBConv`` (``x * silu(gate)`` of a
-                                       chunk), LLaMA-style ``silu(w1(x)) * w3(x)``   -> silu_mul
+                                       chunk), LLaMA-style ``silu(w1(x)) * w3(x)``, Lumina's
+                                       ``FP32SiLU``: ``silu(a.float()).to(a.dtype) * b``  -> silu_mul
     cat([head, gelu(x, "tanh")], -1)   Flux single blocks: attention output and MLP side by
                                        side before ``proj_out``      -> gelu_tanh_cat
     silu(conv(x, w, b))                Sana ``GLUMBConv.conv_inverted`` + SiLU  -> conv_silu
@@ -57,8 +58,9 @@ def _convolution() -> Op:
 
 
 def chain(key: ActivationKey):
-    if key.kind == "silu_mul":
-        return Op(aten.mul.Tensor, Op(aten.silu.default, Arg("a")), Arg("b"), commutative=True)
+    if key.kind == "silu_mul":  # the SiLU maybe of a.float(), cast back (FP32SiLU)
+        silu = parts.maybe_cast(Op(aten.silu.default, parts.maybe_upcast("a")), "silu_back")
+        return Op(aten.mul.Tensor, silu, Arg("b"), commutative=True)
     if key.kind == "gelu_tanh_cat":
         gelu = Op(aten.gelu.default, Arg("x"), approximate=Lit("tanh"))
         return Op(aten.cat.default, Items(Arg("head"), gelu), Arg("dim"))
@@ -77,7 +79,7 @@ def chain(key: ActivationKey):
 
 def replacement(key: ActivationKey):
     if key.kind == "silu_mul":
-        return lambda m: dict(a=m["a"], b=m["b"])
+        return lambda m: dict(a=m["a"], b=m["b"], wide_silu="a_upcast" in m)
     if key.kind == "gelu_tanh_cat":
         return lambda m: dict(head=m["head"], x=m["x"])
     if key.kind in ("conv_silu", "conv_silu_mul"):
@@ -108,6 +110,13 @@ def check(key: ActivationKey):
 
 
 def _silu_mul_reason(m: Match, out: torch.Tensor) -> Optional[str]:
+    a, back = tensor_meta(m["a"]), parts.cast_dtype(m, "silu_back")
+    if "a_upcast" in m:  # FP32SiLU: a half-precision a widened, its SiLU rounded back to a's dtype
+        if a is None or a.dtype not in (torch.float16, torch.bfloat16) or back != a.dtype \
+                or m["a_upcast"].kwargs.get("dtype") != torch.float32:
+            return "the SiLU of a widened a is not cast back to a's dtype"
+    elif back is not None:
+        return "the SiLU is cast to another dtype"
     for name in ("a", "b"):
         t = tensor_meta(m[name])
         if t is None or not same_shape(t.shape, out.shape):

@@ -87,7 +87,7 @@ def _silu_mul_kernel(
     tl.store(o, s.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def supported_layout(a, b) -> bool:
+def supported_layout(a, b, wide_silu=False) -> bool:
     """can_use without the device check (the interpreter runs the kernel on CPU tensors)."""
     if not (a.dtype in DTYPES and b.dtype in DTYPES and 1 <= a.dim() <= 4 and a.numel() > 0
             and rows_fit(a, 1)):
@@ -100,7 +100,7 @@ def supported_layout(a, b) -> bool:
         return False
 
 
-def can_use(a, b) -> bool:
+def can_use(a, b, wide_silu=False) -> bool:
     return a.is_cuda and supported_layout(a, b)
 
 
@@ -150,13 +150,14 @@ def _bind(a, b, a_bias, b_bias):
     return launch
 
 
-def bind(a, b):
-    """:func:`silu_mul` for inputs of this signature, its host arithmetic done."""
+def bind(a, b, wide_silu=False):
+    """:func:`silu_mul` for inputs of this signature, its host arithmetic done (``wide_silu``
+    computes what the plain SiLU does: ATen's fp32 SiLU, rounded to a's dtype)."""
     launch = _bind(a, b, None, None)
-    return lambda a, b: launch(a, b, None, None)
+    return lambda a, b, *_: launch(a, b, None, None)
 
 
-def silu_mul(a, b):
+def silu_mul(a, b, wide_silu=False):
     """Launch; the caller has checked :func:`can_use`."""
     return _bind(a, b, None, None)(a, b, None, None)
 
