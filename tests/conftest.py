@@ -45,6 +45,16 @@ def fresh_dispatch():
 
 
 @pytest.fixture
+def fresh_dynamo():
+    """torch.compile's caches reset before and after a test (each compile a first one)."""
+    import torch
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
 def example_pattern():
     """The user-defined pattern of tests/example_extension.py installed for the test."""
     from tests import example_extension as ext

@@ -40,11 +40,7 @@ def compile_with_results(model, **kw):
     return torch.compile(model, backend=backend, **kw), results
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 @pytest.mark.parametrize("fullgraph", [True, False])

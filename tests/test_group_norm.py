@@ -14,11 +14,7 @@ ON = {"families": ("group_norm",)}  # off by default (sgdiff/patterns/group_norm
 pytest.importorskip("diffusers")
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

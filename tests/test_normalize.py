@@ -16,11 +16,7 @@ from tests.capture import rewrite
 ONLY = ["normalize"]
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -14,11 +14,7 @@ from tests.capture import rewrite
 ONLY = ["pad"]
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def test_wans_vae_decoder_every_causal_convolution_a_site_and_equal():

@@ -112,7 +112,7 @@ def check(key: ActivationKey):
 def _silu_mul_reason(m: Match, out: torch.Tensor) -> Optional[str]:
     a, back = tensor_meta(m["a"]), parts.cast_dtype(m, "silu_back")
     if "a_upcast" in m:  # FP32SiLU: a half-precision a widened, its SiLU rounded back to a's dtype
-        if a is None or a.dtype not in (torch.float16, torch.bfloat16) or back != a.dtype \
+        if a is None or a.dtype not in parts.HALF or back != a.dtype \
                 or m["a_upcast"].kwargs.get("dtype") != torch.float32:
             return "the SiLU of a widened a is not cast back to a's dtype"
     elif back is not None:

@@ -24,7 +24,6 @@ from sgdiff.patterns.matcher import Arg, Lit, Match, Op, bound_arguments
 FAMILY = Family("normalize")
 
 aten = torch.ops.aten
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _chain(silu: bool):
@@ -46,7 +45,7 @@ def _per_channel(t, x) -> bool:
 
 def _reason(m: Match) -> Optional[str]:
     x, out = tensor_meta(m["x"]), tensor_meta(m.root)
-    if x is None or out is None or x.dtype not in DTYPES or x.dim() < 3:
+    if x is None or out is None or x.dtype not in parts.FLOATS or x.dim() < 3:
         return "not a float [N, C, *spatial] tensor"
     upcast, back = m.get("x_upcast"), parts.cast_dtype(m, "normalized")
     if x.dtype == torch.float32:

@@ -17,6 +17,7 @@ from typing import List, Optional
 
 import torch
 
+from sgdiff.patterns import parts
 from sgdiff.patterns.base import ChainPattern, Family, tensor_meta
 from sgdiff.patterns.matcher import Arg, Items, Match, Op
 
@@ -24,7 +25,6 @@ FAMILY = Family("pad", after=("linear_attention",))  # its cast_copy takes Sana'
 
 aten = torch.ops.aten
 RANK = 5
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _reason(m: Match) -> Optional[str]:
@@ -32,7 +32,7 @@ def _reason(m: Match) -> Optional[str]:
     b = tensor_meta(m["b"]) if "b" in m else a
     if a is None or b is None or out is None:
         return "no tensor metadata"
-    if not (a.dtype == b.dtype and a.dtype in DTYPES and a.dim() == b.dim() <= RANK):
+    if not (a.dtype == b.dtype and a.dtype in parts.FLOATS and a.dim() == b.dim() <= RANK):
         return "not tensors of one dtype (float32, float16 or bfloat16), up to 5 dims"
     if not out.is_contiguous():
         return "the output not contiguous (the op writes a contiguous one)"

@@ -14,6 +14,7 @@ aten = torch.ops.aten
 #: ops that only reshape a tensor (``reshape``, ``flatten``, ``unflatten`` trace to these)
 RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 HALF = (torch.float16, torch.bfloat16)
+FLOATS = (torch.float32, *HALF)  # the dtypes the ops read and write
 
 
 def layer_norm(x: str = "x", weight: str = "weight", bias: str = "bias", eps: str = "eps",

@@ -237,6 +237,8 @@ def _plan(x, groups):
 
 
 _ROUNDED_BY_DEVICE: dict = {}
+# the guess where no probe runs: torch 2.11's ComputeFusedParamsCUDAKernel reads them as T
+_ROUNDED_GUESS = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) < (2, 12)
 
 
 def stats_rounded(device: torch.device) -> bool:
@@ -245,8 +247,7 @@ def stats_rounded(device: torch.device) -> bool:
     them as ``T``; later builds keep them in fp32). Found once per device by running both on a
     probe against ATen; from the torch version where no probe can run (CPU, a capture) or
     neither matches (first-sight verification then decides the op)."""
-    version = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
-    guess = version < (2, 12)
+    guess = _ROUNDED_GUESS
     if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return guess
     key = device.index if device.index is not None else torch.cuda.current_device()
