@@ -4,9 +4,12 @@ one pass.
 A copy: every output element is an element of ``a`` or ``b`` or the pad value (rounded to the
 dtype on the host, as ATen's ``fill_`` rounds it), so the bits are eager's by construction.
 Up to 5 dims (fewer are read as 5 with leading ones), inputs of any strides; the output is
-contiguous (the pattern takes sites where ATen's is). A program covers ``BLOCK_R`` rows (the output's first four dims,
-flattened) and ``BLOCK_W`` elements of its last dim; each element maps back to the cat's
-coordinates (its own less the pad before it), then to ``a`` or ``b`` along the cat's dim.
+contiguous (the pattern takes sites where ATen's is). A program covers ``BLOCK_R`` rows (the
+output's first four dims, flattened) and ``BLOCK_W`` elements of its last dim. Each row maps back
+to a row of the cat (its coordinates less the pad before them) and so to a row of ``a`` or of
+``b``, once a row; an element then costs one load (two, masked, where the cat is along the last
+dim). Rows are as wide as a program allows (up to 1024 elements), so a video frame's row is one
+block and the row arithmetic is spread over many elements.
 """
 from __future__ import annotations
 
@@ -18,15 +21,19 @@ import triton.language as tl
 
 from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
-from sgdiff.kernels.triton.rows import DTYPES, cached_plan, launch_rows, row_index
+from sgdiff.kernels.triton.rows import DTYPES, cached_plan, row_index
 
 RANK = 5
+BLOCK = 4096  # elements a program
+MAX_W = 1024  # the widest block along the last dim
+WARPS = 4
 
 
 @triton.jit
-def _offsets(k0, k1, k2, k3, k4, s0, s1, s2, s3, s4):
-    """Element offsets of coordinates ``k`` in a tensor of strides ``s``, in 64 bits."""
-    return k0.to(tl.int64) * s0 + k1.to(tl.int64) * s1 + k2.to(tl.int64) * s2 + k3.to(tl.int64) * s3 + k4 * s4
+def _row_offsets(k0, k1, k2, k3, s0, s1, s2, s3):
+    """Element offsets of rows at coordinates ``k`` (the first four dims) of a tensor of strides
+    ``s``, in 64 bits."""
+    return k0.to(tl.int64) * s0 + k1.to(tl.int64) * s1 + k2.to(tl.int64) * s2 + k3.to(tl.int64) * s3
 
 
 @LeanKernel
@@ -46,36 +53,44 @@ def _cat_pad_kernel(
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     w = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
     lead, c2, c3 = row_index(rows, O2, O3)
-    k0 = (lead // O1 - P0)[:, None]
-    k1 = (lead % O1 - P1)[:, None]
-    k2 = (c2 - P2)[:, None]
-    k3 = (c3 - P3)[:, None]
-    k4 = (w - P4)[None, :].to(tl.int64)
-    inside = ((k0 >= 0) & (k0 < I0) & (k1 >= 0) & (k1 < I1) & (k2 >= 0) & (k2 < I2) & (k3 >= 0) & (k3 < I3)
-              & (k4 >= 0) & (k4 < I4))
-    # b's coordinate along DIM is the cat's less a's size there
-    if DIM == 0:
-        in_a = k0 < SPLIT
-        off_b = _offsets(k0 - SPLIT, k1, k2, k3, k4, sb0, sb1, sb2, sb3, sb4)
-    elif DIM == 1:
-        in_a = k1 < SPLIT
-        off_b = _offsets(k0, k1 - SPLIT, k2, k3, k4, sb0, sb1, sb2, sb3, sb4)
-    elif DIM == 2:
-        in_a = k2 < SPLIT
-        off_b = _offsets(k0, k1, k2 - SPLIT, k3, k4, sb0, sb1, sb2, sb3, sb4)
-    elif DIM == 3:
-        in_a = k3 < SPLIT
-        off_b = _offsets(k0, k1, k2, k3 - SPLIT, k4, sb0, sb1, sb2, sb3, sb4)
-    else:
-        in_a = k4 < SPLIT
-        off_b = _offsets(k0, k1, k2, k3, k4 - SPLIT, sb0, sb1, sb2, sb3, sb4)
-    off_a = _offsets(k0, k1, k2, k3, k4, sa0, sa1, sa2, sa3, sa4)
+    # the cat's coordinates of each output row (a vector over rows: per-row arithmetic is done
+    # once a row, not once an element)
+    k0 = lead // O1 - P0
+    k1 = lead % O1 - P1
+    k2 = c2 - P2
+    k3 = c3 - P3
+    k4 = w - P4
+    row_inside = (rows < n_rows) & (k0 >= 0) & (k0 < I0) & (k1 >= 0) & (k1 < I1) & (k2 >= 0) & (k2 < I2) \
+        & (k3 >= 0) & (k3 < I3)
+    inside = row_inside[:, None] & ((k4 >= 0) & (k4 < I4))[None, :]
     out_ok = (rows < n_rows)[:, None] & (w < O4)[None, :]
-    grid_dependency_wait()
-    from_a = tl.load(a_ptr + off_a, mask=out_ok & inside & in_a, other=0.0)
-    from_b = tl.load(b_ptr + off_b, mask=out_ok & inside & (~in_a), other=0.0)
     fill = tl.full([BLOCK_R, BLOCK_W], value, out_ptr.dtype.element_ty)  # exact: the host rounded it
-    y = tl.where(inside, tl.where(in_a, from_a, from_b), fill)
+    grid_dependency_wait()
+    if DIM == 4:  # the cat along the last dim: a or b per element, two masked loads
+        in_a = (k4 < SPLIT)[None, :]
+        col = k4.to(tl.int64)[None, :]
+        from_a = tl.load(a_ptr + (_row_offsets(k0, k1, k2, k3, sa0, sa1, sa2, sa3)[:, None] + col * sa4),
+                         mask=inside & in_a, other=0.0)
+        from_b = tl.load(b_ptr + (_row_offsets(k0, k1, k2, k3, sb0, sb1, sb2, sb3)[:, None] + (col - SPLIT) * sb4),
+                         mask=inside & (~in_a), other=0.0)
+        y = tl.where(inside, tl.where(in_a, from_a, from_b), fill)
+    else:  # a or b per row: one pointer a row, one load an element
+        if DIM == 0:
+            in_a = k0 < SPLIT
+            off_b = _row_offsets(k0 - SPLIT, k1, k2, k3, sb0, sb1, sb2, sb3)
+        elif DIM == 1:
+            in_a = k1 < SPLIT
+            off_b = _row_offsets(k0, k1 - SPLIT, k2, k3, sb0, sb1, sb2, sb3)
+        elif DIM == 2:
+            in_a = k2 < SPLIT
+            off_b = _row_offsets(k0, k1, k2 - SPLIT, k3, sb0, sb1, sb2, sb3)
+        else:
+            in_a = k3 < SPLIT
+            off_b = _row_offsets(k0, k1, k2, k3 - SPLIT, sb0, sb1, sb2, sb3)
+        row = tl.where(in_a, a_ptr + _row_offsets(k0, k1, k2, k3, sa0, sa1, sa2, sa3), b_ptr + off_b)
+        step = tl.where(in_a, sa4, sb4).to(tl.int64)
+        y = tl.load(row[:, None] + k4.to(tl.int64)[None, :] * step[:, None], mask=inside, other=0.0)
+        y = tl.where(inside, y, fill)
     o = out_ptr + rows.to(tl.int64)[:, None] * O4 + w[None, :]
     tl.store(o, y, mask=out_ok)
 
@@ -126,7 +141,9 @@ def can_use(a, b, dim, pad, value) -> bool:
 def _plan(a, b, dim, pad):
     cat, before, out, dim5 = _geometry(a, b, dim, tuple(pad))
     n_rows = out[0] * out[1] * out[2] * out[3]
-    grid, block_r, block_w = launch_rows(n_rows, out[4])
+    block_w = min(triton.next_power_of_2(out[4]), MAX_W)  # a frame's row in one block, if it is
+    block_r = max(1, min(triton.next_power_of_2(n_rows), BLOCK // block_w))  # narrower than MAX_W
+    grid = (triton.cdiv(n_rows, block_r), triton.cdiv(out[4], block_w))
     lead = (0,) * (RANK - a.dim())  # leading dims of size 1: any stride
     b_strides = a.stride() if b is None else b.stride()  # without b, every element is a's
     ints = (n_rows, *out[1:], *before, *cat, *lead, *a.stride(), *lead, *b_strides, a.shape[dim % a.dim()])
@@ -136,7 +153,7 @@ def _plan(a, b, dim, pad):
 def bind(a, b, dim, pad, value):
     """:func:`cat_pad` for inputs of this signature, its host arithmetic done."""
     out_shape, grid, ints, blocks = _plan(a, b, dim, tuple(pad))
-    kernel = _cat_pad_kernel.bind(grid, **blocks, num_warps=4)
+    kernel = _cat_pad_kernel.bind(grid, **blocks, num_warps=WARPS)
     fill = float(torch.tensor(value, dtype=a.dtype))  # ATen's fill_ rounds the value to the dtype
 
     def launch(a, b, *_):
