@@ -8,8 +8,10 @@ cached last frames of the previous chunk along time, then pads every side)::
 
 Three passes over the data for what is one copy; the op reads ``a`` and ``b`` once and writes
 the padded output once. Without ``b`` it is the pad alone (the first chunk, with no cache yet),
-where ATen writes the output twice (the fill, then the copy). Nothing rounds but the pad value, to the dtype, as ``fill_`` does. The
-reference implementation *is* the chain.
+where ATen writes the output twice (the fill, then the copy). Nothing rounds but the pad value,
+to the dtype, as ``fill_`` does. The reference implementation *is* the chain. A tuned op: on
+small frames the chain's three launches beat the one pass (latency, not bytes), so first sight
+keeps whichever is faster at each signature.
 """
 from __future__ import annotations
 
@@ -69,4 +71,5 @@ cat_pad = dispatch.define_op(OpDef(
                 small=dict(C=4, H=6, W=10), chain=_chain, moved=_moved),
     ),
     doc="constant_pad_nd(cat([a, b], dim) if b is given else a, pad, value)",
+    tuned=True,  # the chain wins on small frames (H200: 42 against 57 us at 384x60x104)
 ))
