@@ -318,3 +318,24 @@ def test_soak_counts_recompiles_and_checks_every_output():
     case = soak.run(calls=10, sides=(6, 8), device="cpu")
     assert case["unequal"] == 0 and case["graphs"] == 2 and case["recompiles_after_warm_up"] == 0
     assert len(case["cycles"]) == 5
+
+
+def test_small_models_gives_each_compiled_variant_a_recompile_budget(monkeypatch):
+    """The variants compile the same code and dynamo's recompile limit counts them together:
+    run_case raises it to the default for each compiled variant, and only while it runs."""
+    from bench import small_models
+
+    seen = []
+
+    def target(x):
+        seen.append(torch._dynamo.config.recompile_limit)
+        return (x + 1,)
+
+    x = torch.ones(3)
+    monkeypatch.setattr(small_models, "build", lambda case, device, dtype: ((lambda fn: fn(x)[0]), target))
+    before = torch._dynamo.config.recompile_limit
+    row = small_models.run_case("stand-in", ["eager", "sgdiff_default", "sgdiff_no_cudagraphs"],
+                                torch.device("cpu"), torch.float32, calls=1, rounds=1)
+    assert row["equal"] is True
+    assert max(seen) == max(before, 16)  # eager's calls run inside run_case, under the raised limit
+    assert torch._dynamo.config.recompile_limit == before
