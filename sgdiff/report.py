@@ -22,8 +22,9 @@ class Report:
     skipped_where: Dict[Tuple[str, str, str], str] = dataclasses.field(default_factory=dict)
     graph_breaks: List[str] = dataclasses.field(default_factory=list)  # torch.compile's reasons
     #: what first sight chose where an op has implementations of the same bits to choose from
-    #: (the gemm family's: cuBLAS and the chain, the fused GEMM's configurations), for the
-    #: signatures first met during the report's run: (op, input shapes, chosen, {candidate: µs})
+    #: (the gemm family's: cuBLAS and the chain, the fused GEMM's configurations; cat_pad's: the
+    #: chain and the one-pass kernel), for the signatures first met during the report's run:
+    #: (op, input shapes, chosen, {candidate: µs})
     choices: List[Tuple[str, Tuple[Tuple[int, ...], ...], str, Dict[str, float]]] = dataclasses.field(
         default_factory=list)
 
@@ -63,8 +64,8 @@ class Report:
                 lines.append(f"    {family:<18}{op:<24}{reason}" + (f" (x{n})" if n > 1 else "")
                              + (f"; first at {where}" if where else ""))
         if self.choices:
-            lines.append("  chosen at first sight (reference: cuBLAS and the eager chain; unfused: cuBLAS and "
-                         "sgdiff's chain kernel; µs of each candidate):")
+            lines.append("  chosen at first sight (reference: the eager chain, a GEMM's on cuBLAS; unfused: "
+                         "cuBLAS and sgdiff's chain kernel; µs of each candidate):")
             for op, shapes, chosen, times in self.choices:
                 shown = " x ".join("[" + ", ".join(map(str, s)) + "]" for s in shapes)
                 lines.append(f"    {op:<24}{shown}: {chosen}  ("
