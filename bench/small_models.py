@@ -67,12 +67,12 @@ def run_case(case: str, variants, device: torch.device, dtype, calls: int, round
     # The variants compile the same code, and dynamo's recompile limit counts every backend's
     # entries together: where a model's graph breaks make it compile a frame once per shape
     # (Wan's decode under torch 2.11, cat-pad-wan-2026-12-04.md), a variant compiled second
-    # would run those frames eagerly. Each compiled variant gets the default budget of its own
+    # would run those frames eagerly. Each compiled variant gets the budget a lone process has
     # (the first may then compile a frame a lone process leaves eager: Wan's decode with a limit
     # of 64 ran in 1645 ms against 1644 with the default 8).
     compiled = sum(VARIANTS[v] is not None for v in variants)
-    limit = max(torch._dynamo.config.recompile_limit, 8 * compiled)
-    with torch._dynamo.config.patch(recompile_limit=limit):
+    budget = torch._dynamo.config.recompile_limit
+    with torch._dynamo.config.patch(recompile_limit=budget * max(compiled, 1)):
         return _run_case(row, call, target, variants, device, calls, rounds, profiled)
 
 

@@ -1,6 +1,7 @@
 """VAE decodes on CUDA through the default call: Flux's AutoencoderKL and Wan 2.1's
 AutoencoderKLWan at their real configs (small latents), bitwise equal to eager on every call
-(warm-up, capture, replays), each VAE family's Triton kernel verified (tuned ops: bit-exact at first sight, so timed) and none disabled."""
+(warm-up, capture, replays), each VAE family's Triton kernel verified (a tuned op's: bit-exact at
+first sight, so among the candidates timed) and none disabled."""
 import pytest
 import torch
 
@@ -27,7 +28,8 @@ def test_decode_is_equal_to_eager_with_the_vae_kernels(name, latent, ops):
         for _ in range(4):
             assert torch.equal(compiled(z, return_dict=False)[0], want)
     assert not dispatch.disabled(), dispatch.disabled()
-    checked = {key[0] for key in dispatch._verified}  # and tuned ops whose kernel matched at first
-    checked |= {op for (op, _), (_, timed) in dispatch.tuned_choices().items()  # sight (it is timed)
+    checked = {key[0] for key in dispatch._verified}
+    # a tuned op's kernel that matched at first sight is among the candidates timed there
+    checked |= {op for (op, _), (_, timed) in dispatch.tuned_choices().items()
                 if any(backend == "triton" for backend, _, _ in timed)}
     assert ops <= checked, (dispatch._verified, dispatch.tuned_choices())

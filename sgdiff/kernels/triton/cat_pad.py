@@ -65,12 +65,12 @@ def _cat_pad_kernel(
     inside = row_inside[:, None] & ((k4 >= 0) & (k4 < I4))[None, :]
     out_ok = (rows < n_rows)[:, None] & (w < O4)[None, :]
     fill = tl.full([BLOCK_R, BLOCK_W], value, out_ptr.dtype.element_ty)  # exact: the host rounded it
+    off_a = _row_offsets(k0, k1, k2, k3, sa0, sa1, sa2, sa3)
     grid_dependency_wait()
     if DIM == 4:  # the cat along the last dim: a or b per element, two masked loads
         in_a = (k4 < SPLIT)[None, :]
         col = k4.to(tl.int64)[None, :]
-        from_a = tl.load(a_ptr + (_row_offsets(k0, k1, k2, k3, sa0, sa1, sa2, sa3)[:, None] + col * sa4),
-                         mask=inside & in_a, other=0.0)
+        from_a = tl.load(a_ptr + (off_a[:, None] + col * sa4), mask=inside & in_a, other=0.0)
         from_b = tl.load(b_ptr + (_row_offsets(k0, k1, k2, k3, sb0, sb1, sb2, sb3)[:, None] + (col - SPLIT) * sb4),
                          mask=inside & (~in_a), other=0.0)
         y = tl.where(inside, tl.where(in_a, from_a, from_b), fill)
@@ -87,7 +87,7 @@ def _cat_pad_kernel(
         else:
             in_a = k3 < SPLIT
             off_b = _row_offsets(k0, k1, k2, k3 - SPLIT, sb0, sb1, sb2, sb3)
-        row = tl.where(in_a, a_ptr + _row_offsets(k0, k1, k2, k3, sa0, sa1, sa2, sa3), b_ptr + off_b)
+        row = tl.where(in_a, a_ptr + off_a, b_ptr + off_b)
         step = tl.where(in_a, sa4, sb4).to(tl.int64)
         y = tl.load(row[:, None] + k4.to(tl.int64)[None, :] * step[:, None], mask=inside, other=0.0)
         y = tl.where(inside, y, fill)
