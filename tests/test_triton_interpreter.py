@@ -51,6 +51,11 @@ EXPECTED = {
     # the GEMM's every configuration: plain 3 shapes x 2 biases, plain-gated residual 3 shapes x 2 gate
     # paths, the cat operand with an fp32 gate, 3 activations x 2 gate functions within a tolerance
     "test_gemm_interp.py": 3 * 2 + 3 * 2 + 1 + 3 * 2,
+    # GroupNorm: 5 fp32 orders, 2 dtypes, the plan, the refusals; the pre-biased norm 3 geometries,
+    # the flagged division
+    "test_group_norm_interp.py": 5 + 2 + 1 + 1 + 3 + 1,
+    # conv_residual's epilogue: 3 geometries x 2 dtypes, the refusals
+    "test_conv_residual_interp.py": 3 * 2 + 1,
 }
 
 

@@ -61,19 +61,23 @@ def apply_family(gm: fx.GraphModule, family: str, patterns: Sequence[ChainPatter
     for node in reversed(list(gm.graph.nodes)):
         if node.op != "call_function" or node in claimed:
             continue
+        # a root is one site, however many of the family's variants fit it (a larger variant's
+        # skip is still reported where a smaller one takes the site)
+        counted = False
         for pattern in patterns:
             match, reason = _first_fit(pattern, node, claimed)
             if match is None:
                 continue
-            result.found_count += 1
             contract = registry.op_def(pattern.op).contract
             if reason is None and not tier.admits(contract):
                 reason = _not_admitted(contract, tier)
             elif reason is not None:
                 guard_failed = True
             if reason is not None and node in inside and reason == OVERLAP:
-                result.found_count -= 1  # a view inside a site taken whole: not a site of its own
-                continue
+                continue  # a view inside a site taken whole: not a site of its own
+            if not counted:
+                result.found_count += 1
+                counted = True
             if reason is not None:
                 result.skipped.append(Skip(family, pattern.op, reason, node.name, source_of(node)))
                 log.debug("sgdiff: %s site at %s skipped: %s", family, node.name, reason)

@@ -49,14 +49,6 @@ class ActivationKey:
 KINDS = ("silu_mul", "gelu_tanh_cat", "conv_silu", "conv_silu_mul", "linear_gelu_tanh")
 
 
-def _convolution() -> Op:
-    """``F.conv2d(x, w, b, ...)``: ``aten.convolution`` with ``transposed=False`` and a bias (without
-    one there is nothing to fold, and the GLU stays a plain silu_mul)."""
-    return Op(aten.convolution.default, Arg("x"), Arg("weight"), Arg("bias", check=lambda b: isinstance(b, fx.Node)),
-              Arg("stride"), Arg("padding"),
-              Arg("dilation"), Lit(False), Arg("output_padding"), Arg("groups"), name="conv")
-
-
 def chain(key: ActivationKey):
     if key.kind == "silu_mul":  # the SiLU maybe of a.float(), cast back (FP32SiLU)
         silu = parts.maybe_cast(Op(aten.silu.default, parts.maybe_upcast("a")), "silu_back")
@@ -65,9 +57,9 @@ def chain(key: ActivationKey):
         gelu = Op(aten.gelu.default, Arg("x"), approximate=Lit("tanh"))
         return Op(aten.cat.default, Items(Arg("head"), gelu), Arg("dim"))
     if key.kind == "conv_silu":
-        return Op(aten.silu.default, _convolution())
+        return Op(aten.silu.default, parts.biased_convolution())
     if key.kind == "conv_silu_mul":  # chunk(2, dim=1) traces to split(y, C // 2, 1)
-        halves = Op(aten.split.Tensor, _convolution(), Arg("split_size"), Lit(1), name="split")
+        halves = Op(aten.split.Tensor, parts.biased_convolution(), Arg("split_size"), Lit(1), name="split")
         return Op(aten.mul.Tensor, getitem(halves, 0), Op(aten.silu.default, getitem(halves, 1, name="gate")),
                   commutative=True)
     x = Views(Arg("x"), "x_views")
@@ -136,14 +128,13 @@ def _cat_reason(m: Match, out: torch.Tensor) -> Optional[str]:
 
 
 def _conv_reason(m: Match, out: torch.Tensor) -> Optional[str]:
-    x, weight, bias = tensor_meta(m["x"]), tensor_meta(m["weight"]), tensor_meta(m["bias"])
-    if x is None or weight is None or x.dim() != 4 or weight.dim() != 4 or bias.dim() != 1:
-        return "not a 2-D convolution with a 1-D bias"
-    if not x.dtype == weight.dtype == bias.dtype == out.dtype:
-        return "the convolution mixes dtypes"
-    if any(not isinstance(p, int) or p != 0 for p in m["output_padding"]):
-        return "output padding"
-    if "split_size" in m and not (isinstance(m["split_size"], int) and 2 * m["split_size"] == weight.shape[0]):
+    reason = parts.convolution_reason(m)
+    if reason:
+        return reason
+    if tensor_meta(m["x"]).dim() != 4:
+        return "a 3-D convolution (the activation kernels take 2-D ones)"
+    if "split_size" in m and not (isinstance(m["split_size"], int)
+                                  and 2 * m["split_size"] == tensor_meta(m["weight"]).shape[0]):
         return "the convolution's channels are not split in two halves"
     return None
 

@@ -1,4 +1,4 @@
-"""Sub-chains that several families share: norms, `1 + scale`, casts."""
+"""Sub-chains that several families share: norms, `1 + scale`, casts, biased convolutions."""
 from __future__ import annotations
 
 from typing import Any, Callable, Optional, Tuple
@@ -119,6 +119,39 @@ def _sole_cast(node: Any) -> bool:
 
 def is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# --- biased convolutions -------------------------------------------------------------------
+
+#: the names a convolution inside another op's chain binds (the op's arguments of the same names)
+CONV_NAMES = dict(x="conv_x", weight="conv_weight", bias="conv_bias", groups="conv_groups")
+
+
+def biased_convolution(x: str = "x", weight: str = "weight", bias: str = "bias", groups: str = "groups") -> Op:
+    """``F.conv2d``/``F.conv3d(x, w, b, ...)``: ``aten.convolution`` with ``transposed=False`` and a
+    bias (without one there is no bias add to fold), bound as ``conv``."""
+    return Op(aten.convolution.default, Arg(x), Arg(weight), Arg(bias, check=lambda b: isinstance(b, fx.Node)),
+              Arg("stride"), Arg("padding"), Arg("dilation"), Lit(False), Arg("output_padding"), Arg(groups),
+              name="conv")
+
+
+def convolution_reason(m: Match, x: str = "x", weight: str = "weight", bias: str = "bias") -> Optional[str]:
+    """Why the bound convolution is not a 2-D or 3-D one of one dtype with a 1-D bias, or None."""
+    x, weight, bias, out = (tensor_meta(m[n]) for n in (x, weight, bias, "conv"))
+    if x is None or weight is None or bias is None or out is None or x.dim() not in (4, 5) \
+            or weight.dim() != x.dim() or bias.dim() != 1:
+        return "not a 2-D or 3-D convolution with a 1-D bias"
+    if not x.dtype == weight.dtype == bias.dtype == out.dtype:
+        return "the convolution mixes dtypes"
+    if any(not isinstance(p, int) or p != 0 for p in m["output_padding"]):
+        return "output padding"
+    return None
+
+
+def convolution_args(m: Match) -> dict:
+    """The op arguments of a convolution bound with :data:`CONV_NAMES`."""
+    return dict(x=m["conv_x"], conv_weight=m["conv_weight"], conv_bias=m["conv_bias"], stride=m["stride"],
+                padding=m["padding"], dilation=m["dilation"], conv_groups=m["conv_groups"])
 
 
 # --- RMSNorm --------------------------------------------------------------------------------

@@ -3,10 +3,13 @@ dtypes, groups and batch, and a VAE decode through sgdiff equal to eager with th
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 from hypothesis import given, settings, strategies as st
 
 from sgdiff.kernels import dispatch
 from sgdiff.kernels.triton import group_norm as gk
+from sgdiff.kernels.triton.cuda_math import count_reciprocal
 
 pytestmark = pytest.mark.gpu
 
@@ -53,3 +56,32 @@ def test_the_statistics_rounding_found_is_atens_and_the_other_is_not(dtype):
     found = gk.stats_rounded(x.device)
     assert torch.equal(gk.bind(x, weight, bias, 32, 1e-6, round_stats=found)(x, weight, bias), want)
     assert not torch.equal(gk.bind(x, weight, bias, 32, 1e-6, round_stats=not found)(x, weight, bias), want)
+
+
+@triton.jit
+def _divisions(delta_ptr, out_ptr, n_lo, N: tl.constexpr, BLOCK: tl.constexpr):
+    """Every delta of a block divided by each count n_lo .. n_lo + N - 1: the statistics' fast
+    division and div.rn, their bits' difference stored (0: equal)."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    delta = tl.load(delta_ptr + i)
+    differ = tl.zeros([BLOCK], tl.int32)
+    for k in range(N):
+        n = tl.full([BLOCK], 0.0, tl.float32) + (n_lo + k).to(tl.float32)
+        fast = gk.div_count(delta, n, count_reciprocal(n))
+        differ += (fast.to(tl.int32, bitcast=True) != tl.math.div_rn(delta, n).to(tl.int32, bitcast=True)).to(tl.int32)
+    tl.store(out_ptr + i, differ)
+
+
+@pytest.mark.parametrize("n_lo", [1, 4093, 65000, 2 ** 24 - 4096])
+def test_the_fast_division_is_ieee_division_in_the_range_it_is_not_flagged(n_lo):
+    """2**22 deltas (every exponent from 2**-90 to 2**126, random mantissas, both signs, and the
+    bf16 values' differences a VAE map makes) against 4096 counts each: no bit differs."""
+    g = torch.Generator(device="cuda").manual_seed(n_lo)
+    mantissa = torch.rand(2 ** 22, device="cuda", generator=g) + 1.0
+    exponent = torch.randint(-90, 126, (2 ** 22,), device="cuda", generator=g).float()
+    sign = torch.randint(0, 2, (2 ** 22,), device="cuda", generator=g).float() * 2 - 1
+    delta = sign * mantissa * torch.exp2(exponent)
+    delta[: 2 ** 20] = (torch.randn(2 ** 20, device="cuda", generator=g) * 3).bfloat16().float() - 0.3712
+    differ = torch.empty(2 ** 22, dtype=torch.int32, device="cuda")
+    _divisions[(2 ** 22 // 1024,)](delta, differ, n_lo, N=4096, BLOCK=1024)
+    assert int(differ.sum()) == 0

@@ -13,8 +13,8 @@ pytest.importorskip("diffusers")
 
 
 @pytest.mark.parametrize("name,latent,ops", [
-    ("flux", (1, 16, 32, 32), {"group_norm"}),
-    ("wan", (1, 16, 3, 16, 24), {"cat_pad", "channel_normalize"}),
+    ("flux", (1, 16, 32, 32), {"group_norm", "conv_group_norm", "conv_residual"}),
+    ("wan", (1, 16, 3, 16, 24), {"cat_pad", "channel_normalize", "conv_residual"}),
 ])
 def test_decode_is_equal_to_eager_with_the_vae_kernels(name, latent, ops):
     dispatch.reset()

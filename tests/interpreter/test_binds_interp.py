@@ -2,14 +2,15 @@
 bound to one signature, called again with other tensors of that geometry, gives what the
 implementation's own call gives on them (it reads the call's tensors, not the bind's, and
 writes a fresh output each call). The convolution epilogues bind on a convolution's output on
-the GPU only (whether cuDNN runs it): their own tests in tests/interpreter/test_rowwise_interp.py."""
+the GPU only (whether cuDNN runs it): their own tests in tests/interpreter/test_rowwise_interp.py,
+test_group_norm_interp.py and test_conv_residual_interp.py."""
 import pytest
 import torch
 
 from sgdiff.kernels import registry
 
 pytestmark = pytest.mark.interpreter
-EPILOGUES = ("conv_silu", "conv_silu_mul")
+EPILOGUES = ("conv_silu", "conv_silu_mul", "conv_group_norm", "conv_residual")
 CAP, TOKENS = 128, 24  # sizes at most 128, 24 tokens: the interpreter runs each program on the host
 
 

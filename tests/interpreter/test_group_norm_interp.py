@@ -104,3 +104,35 @@ def test_what_the_kernels_take():
     assert not gk.supported_layout(torch.randn(1, 64, 1), w, w, 32, 1e-6)  # HxW = 1: ATen's 1-d path
     assert not gk.supported_layout(x.transpose(2, 3), w, w, 32, 1e-6)
     assert not gk.supported_layout(x, w.double(), w, 32, 1e-6)
+
+
+PRE_BIAS_CASES = [  # (shape, groups): whole batches (L >= 16 x 512) crossing at most one channel boundary
+    ((1, 2, 80, 128), 1), ((1, 4, 48, 48), 1), ((2, 16, 4, 6), 8),  # (HW >= 16 x 512), more; a tail alone
+]
+
+
+@pytest.mark.parametrize("shape,groups", PRE_BIAS_CASES, ids=ids)
+def test_a_convolutions_bias_added_on_read_is_the_biased_maps_norm(shape, groups):
+    """sgdiff::conv_group_norm's kernels on the bias-free map and the bias: the norm of the
+    biased map (fp32: the bias add rounds to fp32 either way), bit for bit, with the SiLU."""
+    torch.manual_seed(2)
+    y = torch.randn(*shape) * 2
+    conv_bias, weight, bias = torch.randn(shape[1]), torch.randn(shape[1]) + 1, torch.randn(shape[1])
+    biased = y + conv_bias[:, None, None]
+    got = gk._bind_pre_biased(y, conv_bias, weight, bias, groups, 1e-6, True)(y, conv_bias, weight, bias)
+    want = gk.bind(biased, weight, bias, groups, 1e-6, True)(biased, weight, bias)
+    assert torch.equal(got, want), (got - want).abs().max()
+    got = gk._bind_pre_biased(y, conv_bias, weight, bias, groups, 1e-6)(y, conv_bias, weight, bias)
+    assert torch.equal(got, aten_group_norm_fp32(biased, weight, bias, groups, 1e-6))
+
+
+def test_a_group_whose_division_is_flagged_is_folded_again_with_ieee_division():
+    """Values so small that ``delta / n`` falls below fp32's normal range: the fast division is
+    flagged and the group's fold redone; the bits stay ATen's order's (torch's division)."""
+    torch.manual_seed(3)
+    x = torch.randn(1, 4, 64, 64)  # two groups of 8192: a whole batch each, folded fast first
+    x[0, :2] *= 2.0 ** -120  # the first group's values: about 1e-36
+    weight, bias = torch.randn(4) + 1, torch.randn(4)
+    got = gk.group_norm(x, weight, bias, 2, 1e-6)
+    want = aten_group_norm_fp32(x, weight, bias, 2, 1e-6)
+    assert torch.equal(got, want), (got - want).abs().max()

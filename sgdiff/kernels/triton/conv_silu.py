@@ -1,36 +1,26 @@
 """Triton sgdiff::conv_silu and sgdiff::conv_silu_mul, bitwise equal to eager on CUDA.
 
-The convolution runs as eager runs it, on cuDNN, without its bias; the bias add (ATen's
-``output.add_(bias)`` rounding) and the activation then take one pass of the silu_mul kernel
-(:mod:`sgdiff.kernels.triton.silu_mul`) instead of two or three. Only where ATen would pick
-cuDNN for the biased convolution, since its other CUDA paths (depthwise kernels) add the bias
-inside the convolution, before rounding.
+The convolution runs as eager runs it, on cuDNN, without its bias
+(:mod:`sgdiff.kernels.triton.conv_bias`); the bias add (ATen's ``output.add_(bias)`` rounding)
+and the activation then take one pass of the silu_mul kernel
+(:mod:`sgdiff.kernels.triton.silu_mul`) instead of two or three.
 """
 from __future__ import annotations
 
 import functools
 
-
-from sgdiff import _compat
-from sgdiff.kernels.conv_silu import conv_silu_reference, convolution
+from sgdiff.kernels.conv_silu import conv_silu_reference
 from sgdiff.kernels.conv_silu_mul import conv_silu_mul_reference
 from sgdiff.kernels.registry import Impl
-from sgdiff.kernels.triton.rows import DTYPES
+from sgdiff.kernels.triton.conv_bias import conv_epilogue_bind, on_cudnn, supported_conv
 from sgdiff.kernels.triton.silu_mul import bias_silu_bind, bias_silu_mul_bind
 
 
 def supported_layout(x, weight, bias, stride, padding, dilation, groups, halves: bool = False) -> bool:
     """Everything but the device and the backend: a biased 2-D convolution in one float dtype."""
-    if not (x.dim() == 4 and weight.dim() == 4 and bias is not None and bias.dim() == 1
-            and x.dtype in DTYPES and weight.dtype == bias.dtype == x.dtype
-            and bias.shape[0] == weight.shape[0] and x.numel() > 0):
+    if not (x.dim() == 4 and supported_conv(x, weight, bias, stride, padding, dilation, groups)):
         return False
     return not halves or weight.shape[0] % 2 == 0
-
-
-def on_cudnn(x, weight, bias, stride, padding, dilation, groups) -> bool:
-    """Whether ATen runs this convolution on cuDNN (and so adds the bias afterwards)."""
-    return _compat.convolution_on_cudnn(x, weight, bias, stride, padding, dilation, groups)
 
 
 def can_use(x, weight, bias, stride, padding, dilation, groups, halves: bool = False) -> bool:
@@ -38,32 +28,14 @@ def can_use(x, weight, bias, stride, padding, dilation, groups, halves: bool = F
             and on_cudnn(x, weight, bias, stride, padding, dilation, groups))
 
 
-def _conv_epilogue_bind(reference, bind_epilogue):
-    """A launch of cuDNN's bias-free convolution and then the epilogue, the epilogue bound at
-    the first call (it needs the convolution's output, whose geometry the signature fixes).
-    (Whether cuDNN is enabled is a process setting, not part of the input: with it off, the
-    chain runs.)"""
-    epilogue = []
-
-    def launch(x, weight, bias, stride, padding, dilation, groups):
-        if not _compat.cudnn_enabled():
-            return reference(x, weight, bias, stride, padding, dilation, groups)
-        y = convolution(x, weight, None, stride, padding, dilation, groups)
-        if not epilogue:
-            epilogue.append(bind_epilogue(y, bias))
-        return epilogue[0](y, bias)
-
-    return launch
-
-
 def conv_silu_bind(*args):
     """:func:`conv_silu` for inputs of this signature."""
-    return _conv_epilogue_bind(conv_silu_reference, bias_silu_bind)
+    return conv_epilogue_bind(conv_silu_reference, bias_silu_bind)
 
 
 def conv_silu_mul_bind(*args):
     """:func:`conv_silu_mul` for inputs of this signature."""
-    return _conv_epilogue_bind(conv_silu_mul_reference, bias_silu_mul_bind)
+    return conv_epilogue_bind(conv_silu_mul_reference, bias_silu_mul_bind)
 
 
 def conv_silu(x, weight, bias, stride, padding, dilation, groups):

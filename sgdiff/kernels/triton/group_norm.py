@@ -28,17 +28,36 @@ Here step 1 runs on ``N * G * SPLIT`` programs, each holding ``T / SPLIT`` of AT
 (each thread's serial fold is unchanged, only spread over more SMs), and folds its warps'
 states as step 2 does; a second kernel folds the warps' states of a group (step 3) and writes
 ``a`` and ``b``; a third applies them, and the SiLU after the norm (ATen's, of the rounded
-output) where the op has one. The trees are written as halvings of explicit tensors
+output) where the op has one.
+
+The serial fold is what the statistics wait on (a group's thread folds ``L / T`` elements one
+after another: 16384 at a 1024² map of 256 channels), so its step is kept short. Where every
+lane of a batch is active, a thread's count before each element is known, and ``delta / n``
+is taken as ``div.rn``'s own fast path computes it: ``q0 = delta * r`` with ``r = 1 / n``
+correctly rounded (:func:`~sgdiff.kernels.triton.cuda_math.count_reciprocal`, off the serial
+path), ``q = fma(fma(-q0, n, delta), r, q0)`` (Markstein's theorem: the correctly rounded
+quotient wherever nothing underflows or overflows), without ``div.rn``'s range check and
+slow-path branch. A thread flags any ``delta`` outside ``[2**-90, 2**126]`` (other than 0:
+inf, NaN, or a quotient that could fall below the normal range); a program with a flag
+folds its elements again with ``div.rn``.
+
+``pre_bias`` (sgdiff::conv_group_norm): ``x`` is a bias-free convolution's output and ATen's
+``x.add_(bias)`` (an fp32 sum rounded to ``x``'s dtype) is taken as each element is read, by
+the statistics and by the apply, so the biased map is never written. The trees are written as halvings of explicit tensors
 (:func:`sgdiff.kernels.triton.rows.halves`), so their order does not depend on Triton's layout.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
 import triton.language as tl
 
+from sgdiff.kernels.conv_group_norm import conv_group_norm_reference
 from sgdiff.kernels.registry import Impl
-from sgdiff.kernels.triton.cuda_math import INTERPRET_C, rsqrtf, silu_rounded
+from sgdiff.kernels.triton.conv_bias import conv_epilogue_bind, on_cudnn, supported_conv
+from sgdiff.kernels.triton.cuda_math import INTERPRET_C, count_reciprocal, rsqrtf, silu_rounded
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan, halves
 
@@ -97,14 +116,93 @@ def _fold_columns(mean, m2, n, x, active, W: tl.constexpr):
         return _fold_columns(mean, m2, n, x_hi, a_hi, W // 2)
 
 
+TINY = tl.constexpr(2.0 ** -90)  # |delta| below this (but 0), or above HUGE: div.rn's own path
+HUGE = tl.constexpr(2.0 ** 126)
+
+
+@triton.jit
+def div_count(delta, n, r):
+    """``delta / n`` for a count ``n`` given ``r = 1 / n`` correctly rounded: div.rn's fast path
+    (see the module's docstring; exact where :func:`_welford_step_known` does not flag)."""
+    q0 = delta * r
+    return tl.fma(tl.fma(q0 * -1.0, n, delta), r, q0)
+
+
+@triton.jit
+def _welford_step_known(mean, m2, unsafe, x, n1, r):
+    """:func:`_welford_step` of an active lane whose count becomes ``n1``, ``r`` = 1 / n1
+    correctly rounded: the division as div.rn's fast path takes it (see the module's
+    docstring), ``unsafe`` flagging a ``delta`` outside the range where that is exact."""
+    delta = x - mean
+    new_mean = mean + div_count(delta, n1, r)
+    a = tl.abs(delta)
+    unsafe = unsafe | ((a < TINY) & (a != 0.0)) | (a > HUGE) | (a != a)
+    return new_mean, tl.fma(delta, x - new_mean, m2), unsafe
+
+
+@triton.jit
+def _fold_columns_known(mean, m2, unsafe, x, count, W: tl.constexpr):
+    """:func:`_fold_columns` of [R, W] elements all active, each lane having folded ``count``
+    (fp32, [R]) before column 0."""
+    if W == 1:
+        n1 = count + 1.0
+        return _welford_step_known(mean, m2, unsafe, tl.reshape(x, [x.shape[0]]), n1, count_reciprocal(n1))
+    else:
+        x_lo, x_hi = halves(x)
+        mean, m2, unsafe = _fold_columns_known(mean, m2, unsafe, x_lo, count, W // 2)
+        return _fold_columns_known(mean, m2, unsafe, x_hi, count + W // 2, W // 2)
+
+
+@triton.jit
+def _values(x, idx, pb, HW, PRE_BIAS: tl.constexpr):
+    """Elements ``x`` (index ``idx`` in their group) in fp32, the convolution's bias of their
+    channel (``pb``: the group's first) added and rounded to x's dtype first where PRE_BIAS."""
+    v = x.to(tl.float32)
+    if PRE_BIAS:
+        v = (v + tl.load(pb + idx // HW).to(tl.float32)).to(x.dtype).to(tl.float32)
+    return v
+
+
+@triton.jit
+def _values_span(x, idx, lo, pb, HW, L, PRE_BIAS: tl.constexpr):
+    """:func:`_values` for a batch whose indices (from ``lo`` up) cross at most one channel
+    boundary (HW at least the batch's span): two bias loads, no division an element."""
+    v = x.to(tl.float32)
+    if PRE_BIAS:
+        c0 = lo // HW
+        bound = (c0 + 1) * HW
+        b0 = tl.load(pb + c0).to(tl.float32)
+        b1 = tl.load(pb + c0 + 1, mask=bound < L, other=0.0).to(tl.float32)
+        v = (v + tl.where(idx >= bound, b1, b0)).to(x.dtype).to(tl.float32)
+    return v
+
+
+@triton.jit
+def _fold_exact(base, pb, step, L, HW, THREADS: tl.constexpr, LANES: tl.constexpr, BATCH: tl.constexpr,
+                PRE_BIAS: tl.constexpr):
+    """A program's lanes' states over their whole group with div.rn at every step (the path for
+    a group where the fast division was flagged)."""
+    mean = tl.zeros([LANES], tl.float32)
+    m2 = tl.zeros([LANES], tl.float32)
+    n = tl.zeros([LANES], tl.float32)
+    for start in range(0, L, BATCH * THREADS):
+        idx = start + step
+        x = tl.load(base + idx, mask=idx < L, other=0.0)
+        mean, m2, n = _fold_columns(mean, m2, n, _values(x, idx, pb, HW, PRE_BIAS), idx < L, BATCH)
+    return mean, m2, n
+
+
 @LeanKernel
 @triton.jit
 def _moments_kernel(
-    x_ptr, part_ptr,  # part: [N * G, WARPS_PER_GROUP, 3] fp32 (mean, m2, n) per ATen warp
-    L,  # elements in a group
+    x_ptr, pb_ptr, part_ptr,  # pb: the convolution's bias [C] (PRE_BIAS); part: [N * G, WARPS_PER_GROUP, 3]
+    L,  # elements in a group                                  fp32 (mean, m2, n) per ATen warp
+    HW, G,  # elements a channel, groups
     THREADS: tl.constexpr,  # ATen's threads a group: 512 or 32
     LANES: tl.constexpr,  # of them, this program's
     WIDE: tl.constexpr,
+    PRE_BIAS: tl.constexpr,
+    SPAN: tl.constexpr,  # HW >= BATCH * THREADS: a batch crosses at most one channel boundary
     BATCH: tl.constexpr = 16,  # a thread's elements a load
 ):
     row = tl.program_id(0)
@@ -113,22 +211,35 @@ def _moments_kernel(
         row = row.to(tl.int64)
     lane = part * LANES + tl.arange(0, LANES)
     base = x_ptr + row * L
+    pb = pb_ptr + (row % G) * (L // HW)
     mean = tl.zeros([LANES], tl.float32)
     m2 = tl.zeros([LANES], tl.float32)
-    n = tl.zeros([LANES], tl.float32)
+    count = tl.zeros([LANES], tl.float32)
+    unsafe = tl.zeros([LANES], tl.int1)
     grid_dependency_wait()
-    # sixteen of a thread's elements a batch, loaded two batches ahead of the serial fold: the
-    # statistics are bound by the latency of their loads (ATen's loop keeps 16 warps an SM
-    # waiting on memory; these programs hold fewer), so each thread keeps 32 elements in flight
+    # BATCH of a thread's elements a load, loaded two batches ahead of the serial fold (ATen's
+    # loop keeps 16 warps an SM waiting on memory; these programs hold fewer)
     step = lane[:, None] + tl.arange(0, BATCH)[None, :] * THREADS
     batch = BATCH * THREADS
+    whole = L // batch * batch  # elements in batches where every lane is active
     xa = tl.load(base + step, mask=step < L, other=0.0)
     xb = tl.load(base + batch + step, mask=batch + step < L, other=0.0)
-    for start in range(0, L, batch):
+    for start in range(0, whole, batch):
         ahead = start + 2 * batch + step
         xc = tl.load(base + ahead, mask=ahead < L, other=0.0)
-        mean, m2, n = _fold_columns(mean, m2, n, xa.to(tl.float32), start + step < L, BATCH)
+        if SPAN:
+            v = _values_span(xa, start + step, start + part * LANES, pb, HW, L, PRE_BIAS)
+        else:
+            v = _values(xa, start + step, pb, HW, PRE_BIAS)
+        mean, m2, unsafe = _fold_columns_known(mean, m2, unsafe, v, count, BATCH)
+        count += BATCH
         xa, xb = xb, xc
+    n = count
+    if whole < L:  # the last batch, some lanes idle at some columns
+        idx = whole + step
+        mean, m2, n = _fold_columns(mean, m2, n, _values(xa, idx, pb, HW, PRE_BIAS), idx < L, BATCH)
+    if tl.max(unsafe.to(tl.int32), 0) > 0:
+        mean, m2, n = _fold_exact(base, pb, step, L, HW, THREADS, LANES, BATCH, PRE_BIAS)
     mean, m2, n = _fold(tl.reshape(mean, [LANES // 32, 32]), tl.reshape(m2, [LANES // 32, 32]),
                         tl.reshape(n, [LANES // 32, 32]), 5)
     warp = part * (LANES // 32) + tl.arange(0, LANES // 32)
@@ -179,26 +290,30 @@ def _fused_params_kernel(
 @LeanKernel
 @triton.jit
 def _apply_kernel(
-    x_ptr, a_ptr, bias_ptr, out_ptr,
-    HW, total,
+    x_ptr, pb_ptr, a_ptr, bias_ptr, out_ptr,
+    HW, C,
     SILU: tl.constexpr,
+    PRE_BIAS: tl.constexpr,
     BLOCK: tl.constexpr,
     WIDE: tl.constexpr,
 ):
-    start = tl.program_id(0)
+    nc = tl.program_id(0)  # n * C + c: one channel's HW elements, BLOCK of them a program
+    start = tl.program_id(1) * BLOCK
     if WIDE:
-        start = start.to(tl.int64)
-    i = start * BLOCK + tl.arange(0, BLOCK)
-    inside = i < total
-    nc = i // HW
+        row = nc.to(tl.int64) * HW
+    else:
+        row = nc * HW
+    j = start + tl.arange(0, BLOCK)
+    inside = j < HW
     grid_dependency_wait()
-    x = tl.load(x_ptr + i, mask=inside, other=0.0).to(tl.float32)
-    a = tl.load(a_ptr + nc, mask=inside, other=0.0)
-    b = tl.load(bias_ptr + nc, mask=inside, other=0.0)
-    y = tl.fma(a, x, b).to(out_ptr.dtype.element_ty)
+    x = tl.load(x_ptr + row + j, mask=inside, other=0.0)
+    v = x.to(tl.float32)
+    if PRE_BIAS:
+        v = (v + tl.load(pb_ptr + nc % C).to(tl.float32)).to(x.dtype).to(tl.float32)
+    y = tl.fma(tl.load(a_ptr + nc), v, tl.load(bias_ptr + nc)).to(out_ptr.dtype.element_ty)
     if SILU:
         y = silu_rounded(y.to(tl.float32), out_ptr.dtype.element_ty, INTERPRET_C)
-    tl.store(out_ptr + i, y, mask=inside)
+    tl.store(out_ptr + row + j, y, mask=inside)
 
 
 def supported_layout(x, weight, bias, groups, eps, silu=False) -> bool:
@@ -206,18 +321,42 @@ def supported_layout(x, weight, bias, groups, eps, silu=False) -> bool:
     spatial extent (ATen's 1-d path, HxW = 1, writes another formula), C a multiple of the
     groups, the affine's weight and bias both given in x's dtype (ATen writes other formulas
     without them)."""
-    if not (x.dim() >= 3 and x.dtype in DTYPES and x.is_contiguous() and x.numel() > 0):
+    return x.dim() >= 3 and x.is_contiguous() and _fits(tuple(x.shape), x.dtype, weight, bias, groups)
+
+
+def _fits(shape, dtype, weight, bias, groups) -> bool:
+    """supported_layout's conditions on a contiguous input of this shape and dtype."""
+    n, c, numel = shape[0], shape[1], math.prod(shape)
+    if not (dtype in DTYPES and numel > 0 and isinstance(groups, int) and groups > 0 and c % groups == 0):
         return False
-    n, c = x.shape[0], x.shape[1]
-    if not (isinstance(groups, int) and groups > 0 and c % groups == 0 and x.numel() // (n * c) > 1):
-        return False
-    return (weight is not None and bias is not None and weight.dtype == bias.dtype == x.dtype
+    hw = numel // (n * c)
+    return (hw > 1 and weight is not None and bias is not None and weight.dtype == bias.dtype == dtype
             and weight.shape == bias.shape == (c,) and weight.is_contiguous() and bias.is_contiguous()
-            and x.numel() // n // groups < 2 ** 24)  # a thread's count held exactly in fp32
+            and numel // n // groups < 2 ** 24  # a thread's count held exactly in fp32
+            and triton.cdiv(hw, APPLY_BLOCK) < 2 ** 16)  # the apply's grid
 
 
 def can_use(x, weight, bias, groups, eps, silu=False) -> bool:
     return x.is_cuda and supported_layout(x, weight, bias, groups, eps, silu)
+
+
+def conv_supported_layout(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups, weight, bias, groups,
+                          eps, silu=False) -> bool:
+    """sgdiff::conv_group_norm's inputs but the device and the backend: a biased 2-D or 3-D
+    convolution of contiguous operands (its output then contiguous) whose output the norm takes."""
+    if not (supported_conv(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups)
+            and x.is_contiguous() and conv_weight.is_contiguous()):
+        return False
+    spatial = [(size + 2 * p - d * (k - 1) - 1) // s + 1 for size, k, s, p, d in
+               zip(x.shape[2:], conv_weight.shape[2:], stride, padding, dilation)]
+    return _fits((x.shape[0], conv_weight.shape[0], *spatial), x.dtype, weight, bias, groups)
+
+
+def conv_can_use(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups, weight, bias, groups, eps,
+                 silu=False) -> bool:
+    return (x.is_cuda and conv_supported_layout(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups,
+                                                weight, bias, groups, eps, silu)
+            and on_cudnn(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups))
 
 
 SM_COUNT = 132  # programs enough for every SM of an H200 twice over (fewer SMs: more waves)
@@ -261,36 +400,47 @@ def stats_rounded(device: torch.device) -> bool:
     return _ROUNDED_BY_DEVICE[key]
 
 
-def bind(x, weight, bias, groups, eps, silu=False, round_stats=None):
-    """:func:`group_norm` for inputs of this signature, its host arithmetic done."""
+MOMENTS_BATCH = 16
+
+
+def _launcher(x, weight, bias, groups, eps, silu, round_stats, pre_bias):
+    """``launch(x, weight, bias, pb)`` for inputs of this signature, its host arithmetic done."""
     groups = int(groups)
     if round_stats is None:
         round_stats = stats_rounded(x.device)
     p = _plan(x, groups)
     warps = p["threads"] // WARP
     moments = _moments_kernel.bind((p["rows"], p["split"]), THREADS=p["threads"], LANES=p["lanes"], WIDE=p["wide"],
-                                   num_warps=max(1, p["lanes"] // WARP), enable_fp_fusion=False)
+                                   PRE_BIAS=pre_bias, SPAN=p["hw"] >= MOMENTS_BATCH * p["threads"],
+                                   BATCH=MOMENTS_BATCH, num_warps=max(1, p["lanes"] // WARP), enable_fp_fusion=False)
     params = _fused_params_kernel.bind((p["rows"],), WARPS=warps, WARP_LEVELS=warps.bit_length() - 1,
                                        BLOCK_D=triton.next_power_of_2(p["d"]), ROUND_STATS=bool(round_stats),
                                        num_warps=1, enable_fp_fusion=False)
-    total = x.numel()
-    apply = _apply_kernel.bind((triton.cdiv(total, APPLY_BLOCK),), SILU=bool(silu), BLOCK=APPLY_BLOCK,
-                               WIDE=p["wide"], num_warps=8, enable_fp_fusion=False)
-    eps_t = float(torch.tensor(eps, dtype=x.dtype).float())  # ATen passes eps as the input's dtype
-    shape, dtype, rows, length, hw, d = x.shape, x.dtype, p["rows"], p["length"], p["hw"], p["d"]
+    block = min(APPLY_BLOCK, triton.next_power_of_2(p["hw"]))
     channels = x.shape[0] * x.shape[1]
+    apply = _apply_kernel.bind((channels, triton.cdiv(p["hw"], block)), SILU=bool(silu), PRE_BIAS=pre_bias,
+                               BLOCK=block, WIDE=p["wide"], num_warps=max(1, min(8, block // 256)),
+                               enable_fp_fusion=False)
+    eps_t = float(torch.tensor(eps, dtype=x.dtype).float())  # ATen passes eps as the input's dtype
+    shape, dtype, rows, length, hw, d, c = x.shape, x.dtype, p["rows"], p["length"], p["hw"], p["d"], x.shape[1]
 
-    def launch(x, weight, bias, *_):
+    def launch(x, weight, bias, pb):
         part = torch.empty((rows, warps, 3), dtype=torch.float32, device=x.device)
         a = torch.empty(channels, dtype=torch.float32, device=x.device)
         b = torch.empty(channels, dtype=torch.float32, device=x.device)
         out = torch.empty(shape, dtype=dtype, device=x.device)
-        moments(x, part, length)
+        moments(x, pb, part, length, hw, groups)
         params(part, weight, bias, a, b, eps_t, groups, d)
-        apply(x, a, b, out, hw, total)
+        apply(x, pb, a, b, out, hw, c)
         return out
 
     return launch
+
+
+def bind(x, weight, bias, groups, eps, silu=False, round_stats=None):
+    """:func:`group_norm` for inputs of this signature, its host arithmetic done."""
+    launch = _launcher(x, weight, bias, groups, eps, silu, round_stats, pre_bias=False)
+    return lambda x, weight, bias, *_: launch(x, weight, bias, x)
 
 
 def group_norm(x, weight, bias, groups, eps, silu=False):
@@ -298,4 +448,22 @@ def group_norm(x, weight, bias, groups, eps, silu=False):
     return bind(x, weight, bias, groups, eps, silu)(x, weight, bias)
 
 
+def _bind_pre_biased(y, conv_bias, weight, bias, groups, eps, silu=False):
+    """The norm of a bias-free convolution's output ``y``, its bias added on read."""
+    launch = _launcher(y, weight, bias, groups, eps, silu, None, pre_bias=True)
+    return lambda y, conv_bias, weight, bias, *_: launch(y, weight, bias, conv_bias)
+
+
+def conv_group_norm_bind(*args):
+    """:func:`conv_group_norm` for inputs of this signature."""
+    return conv_epilogue_bind(conv_group_norm_reference, _bind_pre_biased)
+
+
+def conv_group_norm(*args):
+    """Launch; the caller has checked :func:`conv_can_use`."""
+    return conv_group_norm_bind(*args)(*args)
+
+
 GROUP_NORM = Impl(run=group_norm, supports=supported_layout, bind=bind)
+# (whether ATen would run the convolution on cuDNN needs the device: supports checks it)
+CONV_GROUP_NORM = Impl(run=conv_group_norm, supports=conv_can_use, bind=conv_group_norm_bind)

@@ -1,0 +1,102 @@
+"""Triton sgdiff::conv_residual, bitwise equal to eager on CUDA.
+
+The convolution runs as eager runs it, on cuDNN, without its bias
+(:mod:`sgdiff.kernels.triton.conv_bias`); one pass then adds the bias (``add_``'s rounding),
+the residual (the sum's) and multiplies by the divisor's reciprocal (ATen's division by a CPU
+scalar), writing over the convolution's output, which nothing else reads. A program takes
+``BLOCK`` elements of one channel's row, so the channel's bias is one load.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sgdiff.kernels.conv_residual import conv_residual_reference
+from sgdiff.kernels.registry import Impl
+from sgdiff.kernels.triton.conv_bias import conv_epilogue_bind, on_cudnn, supported_conv
+from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
+from sgdiff.kernels.triton.residual_gate import divides, reciprocal
+
+BLOCK = 2048
+
+
+@LeanKernel
+@triton.jit
+def _bias_residual_kernel(
+    y_ptr, b_ptr, r_ptr,  # y: [N * C, S], written in place
+    S, C, inv,
+    DIVIDE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    WIDE: tl.constexpr,
+):
+    nc = tl.program_id(0)
+    if WIDE:
+        row = nc.to(tl.int64) * S
+    else:
+        row = nc * S
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = j < S
+    grid_dependency_wait()
+    y = tl.load(y_ptr + row + j, mask=inside, other=0.0)
+    h = (y.to(tl.float32) + tl.load(b_ptr + nc % C).to(tl.float32)).to(y.dtype)
+    s = (tl.load(r_ptr + row + j, mask=inside, other=0.0).to(tl.float32) + h.to(tl.float32)).to(y.dtype)
+    if DIVIDE:
+        s = (s.to(tl.float32) * inv).to(y.dtype)
+    tl.store(y_ptr + row + j, s, mask=inside)
+
+
+def _output_shape(x, weight, stride, padding, dilation):
+    spatial = [(size + 2 * p - d * (k - 1) - 1) // s + 1 for size, k, s, p, d in
+               zip(x.shape[2:], weight.shape[2:], stride, padding, dilation)]
+    return (x.shape[0], weight.shape[0], *spatial)
+
+
+def supported_layout(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups, residual, divisor=None,
+                     conv_first=False) -> bool:
+    """Everything but the device and the backend: a biased 2-D or 3-D convolution of contiguous
+    operands (its output then contiguous), a contiguous residual of the output's shape and
+    dtype (the sum neither broadcasts nor promotes), a finite divisor or none."""
+    if not (supported_conv(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups)
+            and x.is_contiguous() and conv_weight.is_contiguous()):
+        return False
+    shape = _output_shape(x, conv_weight, stride, padding, dilation)
+    return (isinstance(residual, torch.Tensor) and tuple(residual.shape) == shape and residual.dtype == x.dtype
+            and residual.is_contiguous() and (divisor is None or isinstance(divisor, (int, float)))
+            and triton.cdiv(residual.numel() // max(shape[0] * shape[1], 1), BLOCK) < 2 ** 16)
+
+
+def can_use(*args) -> bool:
+    return args[0].is_cuda and supported_layout(*args) and on_cudnn(*args[:7])
+
+
+def bind_epilogue(y, conv_bias, residual, divisor=None, conv_first=False):
+    """The pass over the bias-free convolution's output ``y``: ``epilogue(y, conv_bias, residual, ...)``."""
+    rows = y.shape[0] * y.shape[1]
+    s = y.numel() // rows
+    inv = reciprocal(divisor) if divisor is not None else 1.0
+    block = min(BLOCK, triton.next_power_of_2(s))
+    kernel = _bias_residual_kernel.bind((rows, triton.cdiv(s, block)), DIVIDE=divides(inv), BLOCK=block,
+                                        WIDE=y.numel() >= 2 ** 31, num_warps=max(1, min(8, block // 256)),
+                                        enable_fp_fusion=False)
+    c = y.shape[1]
+
+    def epilogue(y, conv_bias, residual, *_):
+        kernel(y, conv_bias, residual, s, c, inv)
+        return y
+
+    return epilogue
+
+
+def conv_residual_bind(*args):
+    """:func:`conv_residual` for inputs of this signature."""
+    return conv_epilogue_bind(conv_residual_reference, bind_epilogue)
+
+
+def conv_residual(*args):
+    """Launch; the caller has checked :func:`can_use`."""
+    return conv_residual_bind(*args)(*args)
+
+
+# (whether ATen would run the convolution on cuDNN needs the device: supports checks it)
+CONV_RESIDUAL = Impl(run=conv_residual, supports=can_use, bind=conv_residual_bind)
