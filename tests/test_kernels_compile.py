@@ -127,7 +127,8 @@ def _r(*shape, dtype=torch.bfloat16):
     return torch.randn(*shape).to(dtype)
 
 
-EPILOGUES = {"conv_silu", "conv_silu_mul"}  # whether cuDNN runs the convolution needs a GPU: cases below
+EPILOGUES = {"conv_silu", "conv_silu_mul", "conv_group_norm", "conv_residual"}  # whether cuDNN runs the
+# convolution needs a GPU: their epilogues on a bias-free output below
 
 
 def _triton_ops():
@@ -159,12 +160,27 @@ def test_launch_compiles_for_sm90(monkeypatch, op, example):
         assert_waits_before_memory(kernel, compiled)
 
 
-@pytest.mark.parametrize("halves", [False, True])
-def test_conv_epilogue_compiles_for_sm90(monkeypatch, halves):
-    from sgdiff.kernels.triton import silu_mul as sm
-    y, bias = _r(2, 2 * 64 if halves else 64, 16, 16).to(memory_format=torch.channels_last), _r(2 * 64 if halves else 64)
-    bind = sm.bias_silu_mul_bind if halves else sm.bias_silu_bind
-    launches = recorded_launches(monkeypatch, lambda: bind(y, bias)(y, bias))
+def _conv_epilogue(kind):
+    """A convolution epilogue's launch on a bias-free output ``y`` (and what else it reads)."""
+    from sgdiff.kernels.triton import conv_residual as cr, group_norm as gn, silu_mul as sm
+
+    channels = 128 if kind == "silu_mul" else 64
+    y, bias = _r(2, channels, 16, 16), _r(channels)
+    if kind in ("silu", "silu_mul"):
+        y = y.to(memory_format=torch.channels_last)
+        bind = sm.bias_silu_mul_bind if kind == "silu_mul" else sm.bias_silu_bind
+        return lambda: bind(y, bias)(y, bias)
+    if kind.startswith("group_norm"):  # a map whose batches cross one channel boundary at most, and not
+        y = _r(1, 32, 64, 128) if kind == "group_norm_span" else y
+        w, b = _r(y.shape[1]), _r(y.shape[1])
+        return lambda: gn._bind_pre_biased(y, bias[:y.shape[1]], w, b, 32, 1e-6, True)(y, bias[:y.shape[1]], w, b)
+    r = _r(*y.shape)
+    return lambda: cr.bind_epilogue(y, bias, r, 2.0)(y, bias, r)
+
+
+@pytest.mark.parametrize("kind", ["silu", "silu_mul", "group_norm", "group_norm_span", "residual"])
+def test_conv_epilogue_compiles_for_sm90(monkeypatch, kind):
+    launches = recorded_launches(monkeypatch, _conv_epilogue(kind))
     assert launches
     for kernel, largs, kwargs in launches:
         compiled = compile_launch(kernel, largs, kwargs)
