@@ -57,6 +57,14 @@ def _wan(t):
     return x, norm, 1e-12, t.C ** 0.5, gamma, None, 0.0, True
 
 
+def _wan_frame_major(t):
+    """:func:`_wan` on the map a spatial upsampling leaves: ``[b, t, c, h, w]`` viewed as
+    ``[b, c, t, h, w]`` (its norm, as eager computes it, in the same layout)."""
+    x = t.randn(1, t.T, t.C, t.H, t.W).transpose(1, 2)
+    norm = torch.linalg.vector_norm(x.float(), 2, [1], True)
+    return x, norm, 1e-12, t.C ** 0.5, t.randn(t.C, 1, 1, 1, scale=0.1, shift=1.0), None, 0.0, True
+
+
 def _chain(x, norm, eps, scale, gamma, bias, bias_value, silu):
     def run():
         y = F.normalize(x.float(), dim=1).to(x.dtype) * scale * gamma + (bias if bias is not None else bias_value)
@@ -76,6 +84,9 @@ channel_normalize = dispatch.define_op(OpDef(
                 small=dict(C=4, T=2, H=6, W=10), chain=_chain, moved=_moved),
         Example("Wan 2.1 VAE decoder, first stage: RMS norm + SiLU", dict(C=384, T=1, H=60, W=104), _wan,
                 small=dict(C=8, T=1, H=6, W=10), chain=_chain, moved=_moved),
+        Example("Wan 2.1 VAE decoder after a spatial upsampling: RMS norm + SiLU of a frame-major map",
+                dict(C=192, T=4, H=480, W=832), _wan_frame_major, small=dict(C=4, T=2, H=6, W=10), chain=_chain,
+                moved=_moved),
     ),
     doc="silu?((F.normalize(x.float(), dim=1, eps).to(x.dtype) * scale * gamma + bias)), the norm given",
 ))

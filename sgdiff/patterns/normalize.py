@@ -63,8 +63,9 @@ def _reason(m: Match) -> Optional[str]:
     bias = m["bias"]
     if not (parts.is_number(bias) or (isinstance(bias, fx.Node) and _per_channel(tensor_meta(bias), x))):
         return "the bias is neither a number nor one value a channel"
-    if not (out.dtype == x.dtype and out.shape == x.shape and out.is_contiguous()):
-        return "the output is not a contiguous tensor of the input's shape and dtype"
+    if not (out.dtype == x.dtype and out.shape == x.shape
+            and all(n == 1 or a == b for n, a, b in zip(x.shape, x.stride(), out.stride()))):
+        return "the output is not laid out as the input (shape, strides and dtype)"
     return None
 
 

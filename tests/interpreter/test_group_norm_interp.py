@@ -16,6 +16,13 @@ from tests.interpreter.common import check, ids
 pytestmark = pytest.mark.interpreter
 
 
+@pytest.fixture(autouse=True)
+def small_batches(monkeypatch):
+    """Loads of 16 of a thread's elements (the GPU's are larger): the same code paths, whole
+    batches in groups small enough for the interpreter."""
+    monkeypatch.setattr(gk, "MOMENTS_BATCH", 16)
+
+
 def _fma(a, b, c):
     """fp32 fma (the product exact in fp64, one rounding of the sum but for a rare double one)."""
     return (a.double() * b.double() + c.double()).float()

@@ -203,7 +203,7 @@ def _moments_kernel(
     WIDE: tl.constexpr,
     PRE_BIAS: tl.constexpr,
     SPAN: tl.constexpr,  # HW >= BATCH * THREADS: a batch crosses at most one channel boundary
-    BATCH: tl.constexpr = 16,  # a thread's elements a load
+    BATCH: tl.constexpr,  # a thread's elements a load (MOMENTS_BATCH)
 ):
     row = tl.program_id(0)
     part = tl.program_id(1)
@@ -400,7 +400,10 @@ def stats_rounded(device: torch.device) -> bool:
     return _ROUNDED_BY_DEVICE[key]
 
 
-MOMENTS_BATCH = 16
+# A thread's elements a load, two loads ahead of its fold: the statistics wait on memory until
+# enough is in flight (at a Flux VAE map of 128 x 1024², GroupNorm + SiLU took 491 µs with 16,
+# 417 with 32, 378 with 64 on the H200; bench/results/runs/group-norm-batch-2026-12-04.md).
+MOMENTS_BATCH = 64
 
 
 def _launcher(x, weight, bias, groups, eps, silu, round_stats, pre_bias):
