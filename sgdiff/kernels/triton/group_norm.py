@@ -28,7 +28,8 @@ Here step 1 runs on ``N * G * SPLIT`` programs, each holding ``T / SPLIT`` of AT
 (each thread's serial fold is unchanged, only spread over more SMs), and folds its warps'
 states as step 2 does; a second kernel folds the warps' states of a group (step 3) and writes
 ``a`` and ``b``; a third applies them, and the SiLU after the norm (ATen's, of the rounded
-output) where the op has one.
+output) where the op has one. The trees are written as halvings of explicit tensors
+(:func:`sgdiff.kernels.triton.rows.halves`), so their order does not depend on Triton's layout.
 
 The serial fold is what the statistics wait on (a group's thread folds ``L / T`` elements one
 after another: 16384 at a 1024² map of 256 channels), so its step is kept short. Where every
@@ -43,8 +44,7 @@ folds its elements again with ``div.rn``.
 
 ``pre_bias`` (sgdiff::conv_group_norm): ``x`` is a bias-free convolution's output and ATen's
 ``x.add_(bias)`` (an fp32 sum rounded to ``x``'s dtype) is taken as each element is read, by
-the statistics and by the apply, so the biased map is never written. The trees are written as halvings of explicit tensors
-(:func:`sgdiff.kernels.triton.rows.halves`), so their order does not depend on Triton's layout.
+the statistics and by the apply, so the biased map is never written.
 """
 from __future__ import annotations
 
