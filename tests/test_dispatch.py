@@ -1,5 +1,7 @@
 """Runtime choice of an implementation: first-sight verification, settled choices per
 signature, fallbacks. CPU "kernels" registered for the test stand in for Triton ones."""
+import logging
+
 import pytest
 import torch
 
@@ -72,11 +74,14 @@ def test_a_signature_is_verified_once_then_settled(cpu_kernel):
     assert len([k for k in dispatch._verified if k[1] == "fake"]) == 2
 
 
-def test_inputs_the_kernel_refuses_run_the_reference(cpu_kernel):
+def test_inputs_the_kernel_refuses_run_the_reference(cpu_kernel, caplog):
     r, g, u = torch.randn(4, 8), torch.randn(1, 8), torch.randn(4, 8)
-    for _ in range(2):
-        assert torch.equal(dispatch.run("residual_gate", r, g, u, "plain", True), r + g * u)
+    with caplog.at_level(logging.INFO, logger="sgdiff"):
+        for _ in range(2):
+            assert torch.equal(dispatch.run("residual_gate", r, g, u, "plain", True), r + g * u)
     assert calls["kernel"] == 0 and calls["can_use"] == 1  # the refusal is settled too
+    said = [m for m in caplog.messages if "runs its eager chain" in m]
+    assert len(said) == 1 and "residual_gate" in said[0] and "the fake implementation" in said[0], said
 
 
 def test_a_wrong_kernel_is_caught_and_disabled_alone(cpu_kernel, caplog):

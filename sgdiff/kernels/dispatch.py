@@ -245,12 +245,17 @@ def run(op: str, *args):
 
 def _choose_and_run(op: str, plan: list, sig: tuple, key: tuple, args: tuple):
     x = args[0]
+    refused = []
     for spec, impl in plan:
         if spec.backend == "reference":
+            if refused:  # a rewritten site that runs its chain: said once per signature
+                log.info("sgdiff: %s runs its eager chain on signature %s: the %s implementation does not take "
+                         "these inputs", op, sig, " and ".join(refused))
             _chosen[key] = (spec, impl.run, impl)
             return impl.run(*args)
         try:
             if impl.supports is not None and not impl.supports(*args):
+                refused.append(spec.backend)
                 continue
             if spec.contract is Contract.BITEXACT:
                 if not _verify.get():
