@@ -178,17 +178,15 @@ def _values_span(x, idx, lo, pb, HW, L, PRE_BIAS: tl.constexpr):
 
 
 @triton.jit
-def _fold_exact(base, pb, step, L, HW, THREADS: tl.constexpr, LANES: tl.constexpr, BATCH: tl.constexpr,
-                PRE_BIAS: tl.constexpr):
-    """A program's lanes' states over their whole group with div.rn at every step (the path for
-    a group where the fast division was flagged)."""
-    mean = tl.zeros([LANES], tl.float32)
-    m2 = tl.zeros([LANES], tl.float32)
-    n = tl.zeros([LANES], tl.float32)
-    for start in range(0, L, BATCH * THREADS):
+def _fold_from(mean, m2, n, base, pb, lane, first, L, HW, THREADS: tl.constexpr, PRE_BIAS: tl.constexpr):
+    """Each lane's state folded on over its elements from ``first`` (a multiple of THREADS) to the
+    group's end with div.rn at every step, 16 a load, lanes past the end idle: a group's last,
+    partial batch, or the whole group again where the fast division was flagged."""
+    step = lane[:, None] + tl.arange(0, 16)[None, :] * THREADS
+    for start in range(first, L, 16 * THREADS):
         idx = start + step
         x = tl.load(base + idx, mask=idx < L, other=0.0)
-        mean, m2, n = _fold_columns(mean, m2, n, _values(x, idx, pb, HW, PRE_BIAS), idx < L, BATCH)
+        mean, m2, n = _fold_columns(mean, m2, n, _values(x, idx, pb, HW, PRE_BIAS), idx < L, 16)
     return mean, m2, n
 
 
@@ -234,12 +232,10 @@ def _moments_kernel(
         mean, m2, unsafe = _fold_columns_known(mean, m2, unsafe, v, count, BATCH)
         count += BATCH
         xa, xb = xb, xc
-    n = count
-    if whole < L:  # the last batch, some lanes idle at some columns
-        idx = whole + step
-        mean, m2, n = _fold_columns(mean, m2, n, _values(xa, idx, pb, HW, PRE_BIAS), idx < L, BATCH)
+    mean, m2, n = _fold_from(mean, m2, count, base, pb, lane, whole, L, HW, THREADS, PRE_BIAS)
     if tl.max(unsafe.to(tl.int32), 0) > 0:
-        mean, m2, n = _fold_exact(base, pb, step, L, HW, THREADS, LANES, BATCH, PRE_BIAS)
+        zero = tl.zeros([LANES], tl.float32)
+        mean, m2, n = _fold_from(zero, zero, zero, base, pb, lane, 0, L, HW, THREADS, PRE_BIAS)
     mean, m2, n = _fold(tl.reshape(mean, [LANES // 32, 32]), tl.reshape(m2, [LANES // 32, 32]),
                         tl.reshape(n, [LANES // 32, 32]), 5)
     warp = part * (LANES // 32) + tl.arange(0, LANES // 32)
