@@ -22,6 +22,17 @@ def supported_conv(x, weight, bias, stride, padding, dilation, groups) -> bool:
             and bias.shape[0] == weight.shape[0] and x.numel() > 0)
 
 
+def contiguous_output_shape(x, weight, bias, stride, padding, dilation, groups):
+    """The output shape of a supported convolution (:func:`supported_conv`) of contiguous
+    operands, whose output cuDNN then writes contiguous; None for any other."""
+    if not (supported_conv(x, weight, bias, stride, padding, dilation, groups)
+            and x.is_contiguous() and weight.is_contiguous()):
+        return None
+    spatial = [(size + 2 * p - d * (k - 1) - 1) // s + 1 for size, k, s, p, d in
+               zip(x.shape[2:], weight.shape[2:], stride, padding, dilation)]
+    return (x.shape[0], weight.shape[0], *spatial)
+
+
 def on_cudnn(x, weight, bias, stride, padding, dilation, groups) -> bool:
     """Whether ATen runs this convolution on cuDNN (and so adds the bias afterwards)."""
     return _compat.convolution_on_cudnn(x, weight, bias, stride, padding, dilation, groups)

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from sgdiff.kernels.conv_residual import conv_residual_reference
 from sgdiff.kernels.registry import Impl
-from sgdiff.kernels.triton.conv_bias import conv_epilogue_bind, on_cudnn, supported_conv
+from sgdiff.kernels.triton.conv_bias import conv_epilogue_bind, contiguous_output_shape, on_cudnn
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.residual_gate import divides, reciprocal
 
@@ -46,22 +46,13 @@ def _bias_residual_kernel(
     tl.store(y_ptr + row + j, s, mask=inside)
 
 
-def _output_shape(x, weight, stride, padding, dilation):
-    spatial = [(size + 2 * p - d * (k - 1) - 1) // s + 1 for size, k, s, p, d in
-               zip(x.shape[2:], weight.shape[2:], stride, padding, dilation)]
-    return (x.shape[0], weight.shape[0], *spatial)
-
-
 def supported_layout(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups, residual, divisor=None,
                      conv_first=False) -> bool:
     """Everything but the device and the backend: a biased 2-D or 3-D convolution of contiguous
     operands (its output then contiguous), a contiguous residual of the output's shape and
     dtype (the sum neither broadcasts nor promotes), a finite divisor or none."""
-    if not (supported_conv(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups)
-            and x.is_contiguous() and conv_weight.is_contiguous()):
-        return False
-    shape = _output_shape(x, conv_weight, stride, padding, dilation)
-    return (isinstance(residual, torch.Tensor) and tuple(residual.shape) == shape and residual.dtype == x.dtype
+    shape = contiguous_output_shape(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups)
+    return (shape is not None and isinstance(residual, torch.Tensor) and tuple(residual.shape) == shape and residual.dtype == x.dtype
             and residual.is_contiguous() and (divisor is None or isinstance(divisor, (int, float)))
             and triton.cdiv(residual.numel() // max(shape[0] * shape[1], 1), BLOCK) < 2 ** 16)
 

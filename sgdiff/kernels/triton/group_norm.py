@@ -56,7 +56,7 @@ import triton.language as tl
 
 from sgdiff.kernels.conv_group_norm import conv_group_norm_reference
 from sgdiff.kernels.registry import Impl
-from sgdiff.kernels.triton.conv_bias import conv_epilogue_bind, on_cudnn, supported_conv
+from sgdiff.kernels.triton.conv_bias import conv_epilogue_bind, contiguous_output_shape, on_cudnn
 from sgdiff.kernels.triton.cuda_math import INTERPRET_C, count_reciprocal, rsqrtf, silu_rounded
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan, halves
@@ -340,12 +340,8 @@ def conv_supported_layout(x, conv_weight, conv_bias, stride, padding, dilation, 
                           eps, silu=False) -> bool:
     """sgdiff::conv_group_norm's inputs but the device and the backend: a biased 2-D or 3-D
     convolution of contiguous operands (its output then contiguous) whose output the norm takes."""
-    if not (supported_conv(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups)
-            and x.is_contiguous() and conv_weight.is_contiguous()):
-        return False
-    spatial = [(size + 2 * p - d * (k - 1) - 1) // s + 1 for size, k, s, p, d in
-               zip(x.shape[2:], conv_weight.shape[2:], stride, padding, dilation)]
-    return _fits((x.shape[0], conv_weight.shape[0], *spatial), x.dtype, weight, bias, groups)
+    shape = contiguous_output_shape(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups)
+    return shape is not None and _fits(shape, x.dtype, weight, bias, groups)
 
 
 def conv_can_use(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups, weight, bias, groups, eps,
