@@ -90,6 +90,11 @@ def _run_case(row: dict, call, target, variants, device: torch.device, calls: in
             out = call(fn)
             sync()
             row[f"{variant}_first_call_s"] = round(time.perf_counter() - t0, 3)
+            if device.type == "cuda":  # a call's peak, the model and one output (two, past eager's) held
+                torch.cuda.reset_peak_memory_stats()
+                call(fn)
+                sync()
+                row[f"{variant}_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
             outs = [out] + [call(fn) for _ in range(3)]  # past warm-up and capture
             if variant == "eager":
                 want = out
@@ -124,14 +129,17 @@ def write_report(result: dict, out: pathlib.Path) -> None:
              "and inputs with two blocks. "
              "ms: wall time of a call up to its last kernel, variants alternating in one process (median); "
              "sgdiff_default: `torch.compile(m, backend=\"sgdiff\")`, no mode, no options; equal: every "
-             "sgdiff output torch.equal to eager's.", "",
-             "| case | " + " | ".join(f"{v} ms" for v in shown) + " | default / eager | equal | commit |",
-             "|" + " --- |" * (len(shown) + 4)]
+             "sgdiff output torch.equal to eager's; peak GiB: the most memory allocated during a call past the "
+             "first (the model, its output and, past eager's, eager's output held; '-': not measured).", "",
+             "| case | " + " | ".join(f"{v} ms" for v in shown) + " | default / eager | equal | peak GiB ("
+             + " / ".join(shown) + ") | commit |",
+             "|" + " --- |" * (len(shown) + 5)]
     for c in result["cases"]:
         ratio = c.get("sgdiff_default_vs_eager")
         lines.append(f"| {c['model']} | " + " | ".join(f"{c[f'{v}_ms']:.2f}" if f"{v}_ms" in c else "-" for v in shown)
                      + f" | {'-' if ratio is None else f'{ratio:.3f}'} | {c['equal']} | "
-                     f"{c.get('commit', result['commit'])[:7]} |")
+                     + " / ".join(f"{c[f'{v}_peak_gib']:.2f}" if f"{v}_peak_gib" in c else "-" for v in shown)
+                     + f" | {c.get('commit', result['commit'])[:7]} |")
     (out / "small_models.md").write_text("\n".join(lines) + "\n")
 
 

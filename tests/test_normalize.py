@@ -57,6 +57,38 @@ def test_the_module_itself_is_one_site_and_equal(dtype, silu, bias, images, chan
         assert torch.equal(run(*inputs), chain(*inputs))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_one_frame_serving_several_widths_takes_its_scale_as_an_input(dtype):
+    """A block's code called with norms of several widths (Wan's decoder stages, frames compiled
+    one by one): after its first recompile dynamo passes ``self.scale`` into the graph as a 0-d
+    fp32 host tensor. Each graph is still one site, the op reads the scale at each call, and the
+    outputs equal eager's."""
+    from sgdiff.backend import SgdiffBackend
+    from sgdiff.options import Options
+
+    results, graphs = [], []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return SgdiffBackend(Options(), on_result=results.append)(gm, example_inputs)
+
+    def block(norm, x):
+        return F.silu(norm(x))
+
+    compiled = torch.compile(block, backend=backend)
+    with torch.no_grad():
+        for channels in (4, 8, 6, 8):
+            norm = WanRMS_norm(channels, images=False).to(dtype)
+            norm.gamma.add_(0.1 * torch.randn_like(norm.gamma))
+            x = torch.randn(1, channels, 2, 3, 5, dtype=dtype)
+            assert torch.equal(compiled(norm, x), block(norm, x)), channels
+    assert len(results) == len(graphs) >= 2
+    assert [r.counts.get("normalize") for r in results] == [1] * len(results), [str(r.skipped) for r in results]
+    lifted = [gm for gm in graphs if any(n.op == "placeholder" and isinstance(n.meta.get("example_value"), torch.Tensor)
+                                         and n.meta["example_value"].dim() == 0 for n in gm.graph.nodes)]
+    assert lifted, "no graph took the scale as an input: the case this test is about did not occur"
+
+
 class NearMisses(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -68,7 +100,8 @@ class NearMisses(torch.nn.Module):
         l1 = F.normalize(x.float(), p=1.0, dim=1).to(x.dtype) * 2.0 * self.gamma + 0.0  # a 1-norm
         wide = F.normalize(x.float(), dim=1).to(x.dtype) * 2.0 * self.gamma32 + 0.0    # promotes to fp32
         kept = F.normalize(x.float(), dim=1).to(x.dtype)                               # read twice
-        return last, l1, wide, kept * 2.0 * self.gamma + 0.0, kept.sum()
+        vector = F.normalize(x.float(), dim=1).to(x.dtype) * self.gamma32[:1] * self.gamma + 0.0  # promotes to fp32
+        return last, l1, wide, kept * 2.0 * self.gamma + 0.0, kept.sum(), vector
 
 
 def test_near_misses_stay_as_they_are():
@@ -79,6 +112,7 @@ def test_near_misses_stay_as_they_are():
     assert report.counts.get("normalize", 0) == 0, str(report)
     reasons = {reason for family, _, reason in report.skipped if family == "normalize"}
     assert "not the 2-norm of the same tensor over dim 1, kept" in reasons, reasons
+    assert "the scale is neither a number nor an fp32 number on the host" in reasons, reasons
     with torch.no_grad():
         got = torch.compile(model, backend="sgdiff")(x)
         want = model(x)

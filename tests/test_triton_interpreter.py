@@ -44,8 +44,8 @@ EXPECTED = {
     "test_welford_interp.py": 1,
     # every Triton op's bound launch on its first example (18 ops), and that count itself
     "test_binds_interp.py": 18 + 1,
-    # channel_normalize: 4 geometries (one frame-major) x 2 dtypes x SiLU or not, the refusals
-    "test_channel_normalize_interp.py": 4 * 2 * 2 + 1,
+    # channel_normalize: 4 geometries (one frame-major) x 2 dtypes x SiLU or not, a scale tensor, the refusals
+    "test_channel_normalize_interp.py": 4 * 2 * 2 + 2,
     # cat_pad bit for bit: 6 geometries x 3 dtypes, the pad alone 2 dtypes, strided inputs, the refusals
     "test_cat_pad_interp.py": 6 * 3 + 2 + 1 + 1,
     # the GEMM's every configuration: plain 3 shapes x 2 biases, plain-gated residual 3 shapes x 2 gate

@@ -9,7 +9,10 @@ every residual block and before the decoder's head)::
     y = n * scale * gamma + bias                    # scale = sqrt(C); bias 0.0 or per channel
     y = F.silu(y)                                   # where the block has one
 
-For an fp32 ``x`` there are no casts. Eager makes a pass for each step (the fp32 division over
+For an fp32 ``x`` there are no casts. Where one compiled frame serves norms of several widths
+(a block's code called for each of a VAE's stages), dynamo makes ``self.scale`` an input of the
+graph after its first recompile: the graph then multiplies by a 0-d fp32 tensor on the host
+(``scale_tensor``), which rounds as the Python float does. Eager makes a pass for each step (the fp32 division over
 an fp32 copy among them); the op takes ATen's norm, computed as eager computes it, and makes one.
 Each step rounds as eager's kernel does (:mod:`sgdiff.kernels.triton.channel_normalize`). The
 reference implementation *is* the chain.
@@ -38,12 +41,13 @@ def channel_normalize_reference(
     bias: Optional[torch.Tensor] = None,
     bias_value: float = 0.0,
     silu: bool = False,
+    scale_tensor: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     wide = x.dtype != torch.float32
     xf = aten._to_copy.default(x, dtype=torch.float32) if wide else x
     d = aten.div.Tensor(xf, aten.expand.default(aten.clamp_min.default(norm, eps), list(xf.shape)))
     y = aten._to_copy.default(d, dtype=x.dtype) if wide else d
-    y = aten.mul.Tensor(aten.mul.Tensor(y, scale), gamma)
+    y = aten.mul.Tensor(aten.mul.Tensor(y, scale if scale_tensor is None else scale_tensor), gamma)
     y = aten.add.Tensor(y, bias if bias is not None else bias_value)
     return aten.silu.default(y) if silu else y
 
@@ -65,9 +69,16 @@ def _wan_frame_major(t):
     return x, norm, 1e-12, t.C ** 0.5, t.randn(t.C, 1, 1, 1, scale=0.1, shift=1.0), None, 0.0, True
 
 
-def _chain(x, norm, eps, scale, gamma, bias, bias_value, silu):
+def _wan_scale_input(t):
+    """:func:`_wan` with the scale as a graph input: the 0-d fp32 host tensor dynamo makes of
+    ``self.scale`` once a frame serves norms of several widths."""
+    return (*_wan(t), torch.tensor(t.C ** 0.5, dtype=torch.float32))
+
+
+def _chain(x, norm, eps, scale, gamma, bias, bias_value, silu, scale_tensor=None):
     def run():
-        y = F.normalize(x.float(), dim=1).to(x.dtype) * scale * gamma + (bias if bias is not None else bias_value)
+        s = scale if scale_tensor is None else scale_tensor
+        y = F.normalize(x.float(), dim=1).to(x.dtype) * s * gamma + (bias if bias is not None else bias_value)
         return F.silu(y) if silu else y
     return run
 
@@ -86,6 +97,9 @@ channel_normalize = dispatch.define_op(OpDef(
                 small=dict(C=8, T=1, H=6, W=10), chain=_chain, moved=_moved),
         Example("Wan 2.1 VAE decoder after a spatial upsampling: RMS norm + SiLU of a frame-major map",
                 dict(C=192, T=4, H=480, W=832), _wan_frame_major, small=dict(C=4, T=2, H=6, W=10), chain=_chain,
+                moved=_moved),
+        Example("Wan 2.1 VAE decoder, a frame serving several widths: the scale a graph input",
+                dict(C=192, T=4, H=240, W=416), _wan_scale_input, small=dict(C=4, T=2, H=6, W=10), chain=_chain,
                 moved=_moved),
     ),
     doc="silu?((F.normalize(x.float(), dim=1, eps).to(x.dtype) * scale * gamma + bias)), the norm given",

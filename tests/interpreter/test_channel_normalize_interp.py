@@ -39,6 +39,22 @@ def test_the_chain_after_the_norm(shape, gamma_shape, tensor_bias, frame_major, 
           tol=2 ** -4)
 
 
+def test_a_scale_tensor_is_read_at_each_call():
+    """The scale as a graph input (a 0-d fp32 host tensor): one bound launch serves two values."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 6, 2, 4, 5, generator=g)
+    norm = torch.linalg.vector_norm(x, 2, [1], True)
+    gamma = 1 + 0.1 * torch.randn(6, 1, 1, 1, generator=g)
+    args = (x, norm, 1e-12, 1.0, gamma, None, 0.0, False)
+    launch = ck.bind(*args, torch.tensor(6 ** 0.5))
+    for value in (6 ** 0.5, 3 ** 0.5):
+        scale = torch.tensor(value)
+        assert ck.supported_layout(*args, scale)
+        check(launch(*args, scale), channel_normalize_reference(*args, scale), exact=True)
+    assert not ck.supported_layout(*args, torch.tensor(2.0, dtype=torch.float64))  # not fp32
+    assert not ck.supported_layout(*args, torch.tensor([2.0]))                     # not 0-d
+
+
 def test_what_the_kernel_refuses():
     x, gamma = torch.randn(1, 4, 3, 5), torch.ones(4, 1, 1)
     norm = torch.linalg.vector_norm(x, 2, [1], True)

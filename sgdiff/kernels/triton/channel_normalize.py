@@ -5,7 +5,8 @@ Eager's kernels, each rounding (fp32 math, ``T`` the input's dtype)::
 
     d = xf / max(norm, eps)          # clamp_min (NaN stays), then an IEEE division
     y = T(d)                         # .to(x.dtype)
-    y = T(y * float(scale))          # * self.scale, a Python float taken as fp32
+    y = T(y * float(scale))          # * self.scale, a Python float taken as fp32 (or the fp32
+                                     #   0-d host tensor a graph takes it as, read per launch)
     y = T(y * gamma[c])              # * self.gamma, per channel
     y = T(y + bias)                  # + self.bias: a per-channel tensor or a number (0.0)
     y = T(y / (1 + expf(-y)))        # nn.SiLU, where the block has one
@@ -114,11 +115,14 @@ def _per_channel(t, x) -> bool:
             and t.shape[0] == c and t.is_contiguous())
 
 
-def supported_layout(x, norm, eps, scale, gamma, bias=None, bias_value=0.0, silu=False) -> bool:
+def supported_layout(x, norm, eps, scale, gamma, bias=None, bias_value=0.0, silu=False, scale_tensor=None) -> bool:
     """can_use without the device check: a float ``x`` of ``[N, C, *spatial]`` (up to 5-D),
     dense, each frame's positions contiguous (:func:`_frames`), its fp32 norm over the channels
     ``[N, 1, *spatial]`` with contiguous frames too, gamma (and a tensor bias) one value a
-    channel in x's dtype."""
+    channel in x's dtype; a scale tensor an fp32 number on the host."""
+    if scale_tensor is not None and not (scale_tensor.dim() == 0 and scale_tensor.dtype == torch.float32
+                                         and scale_tensor.device.type == "cpu"):
+        return False
     if not (x.dtype in DTYPES and x.dim() >= 3 and x.numel() > 0 and x.numel() < 2**31 and _dense(x)):
         return False
     frames, norm_frames = _frames(x), _frames(norm)
@@ -129,8 +133,8 @@ def supported_layout(x, norm, eps, scale, gamma, bias=None, bias_value=0.0, silu
     return _per_channel(gamma, x) and (bias is None or _per_channel(bias, x))
 
 
-def can_use(x, norm, eps, scale, gamma, bias=None, bias_value=0.0, silu=False) -> bool:
-    return x.is_cuda and supported_layout(x, norm, eps, scale, gamma, bias, bias_value, silu)
+def can_use(x, norm, eps, scale, gamma, bias=None, bias_value=0.0, silu=False, scale_tensor=None) -> bool:
+    return x.is_cuda and supported_layout(x, norm, eps, scale, gamma, bias, bias_value, silu, scale_tensor)
 
 
 @cached_plan
@@ -143,26 +147,29 @@ def _plan(x, norm):
     return grid, (rows, x.shape[1], hw, s_blocks, sN, sC, sT, nN, nT), dict(BLOCK_R=block_r, BLOCK_S=block_s)
 
 
-def bind(x, norm, eps, scale, gamma, bias=None, bias_value=0.0, silu=False):
-    """:func:`channel_normalize` for inputs of this signature, its host arithmetic done."""
+def bind(x, norm, eps, scale, gamma, bias=None, bias_value=0.0, silu=False, scale_tensor=None):
+    """:func:`channel_normalize` for inputs of this signature, its host arithmetic done (but a
+    scale tensor's value, which a graph's next call may change)."""
     grid, ints, blocks = _plan(x, norm)
     kernel = _channel_normalize_kernel.bind(grid, **blocks, HAS_BIAS=bias is not None, SILU=bool(silu),
                                             INTERPRET=INTERPRET, num_warps=4, enable_fp_fusion=False,
                                             **libdevice_options())
-    floats = (float(eps), float(scale), float(bias_value))
+    eps, scale, bias_value = float(eps), float(scale), float(bias_value)
     shape, stride, dtype = x.shape, _eager_strides(x, norm, eps, scale, gamma, bias, bias_value, silu), x.dtype
 
-    def launch(x, norm, eps, scale, gamma, bias=None, *_):
+    def launch(x, norm, _eps, _scale, gamma, bias=None, _bias_value=0.0, _silu=False, scale_tensor=None):
         out = torch.empty_strided(shape, stride, dtype=dtype, device=x.device)
-        kernel(x, norm, gamma, gamma if bias is None else bias, out, *floats, *ints)
+        kernel(x, norm, gamma, gamma if bias is None else bias, out, eps,
+               scale if scale_tensor is None else scale_tensor.item(), bias_value, *ints)
         return out
 
     return launch
 
 
-def channel_normalize(x, norm, eps, scale, gamma, bias=None, bias_value=0.0, silu=False):
+def channel_normalize(x, norm, eps, scale, gamma, bias=None, bias_value=0.0, silu=False, scale_tensor=None):
     """Launch; the caller has checked :func:`can_use`."""
-    return bind(x, norm, eps, scale, gamma, bias, bias_value, silu)(x, norm, eps, scale, gamma, bias)
+    args = (x, norm, eps, scale, gamma, bias, bias_value, silu, scale_tensor)
+    return bind(*args)(*args)
 
 
 CHANNEL_NORMALIZE = Impl(run=channel_normalize, supports=supported_layout, bind=bind)
