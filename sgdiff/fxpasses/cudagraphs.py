@@ -195,12 +195,17 @@ class _ShapeGraph:
         (direct, replay), (direct_gpu, replay_gpu) = ([min(t) for t in pair] for pair in (wall, gpu))
         figures = (replay * 1e3, direct * 1e3, replay_gpu * 1e3, direct_gpu * 1e3)
         if replay < direct and replay_gpu <= direct_gpu * (1 + GPU_SLACK) + GPU_SLACK_S:
-            log.debug("sgdiff: CUDA graph kept: replay %.3f ms, run directly %.3f ms (GPU time %.3f, %.3f)",
-                      *figures)
+            log.debug("sgdiff: CUDA graph kept: replay %.3f ms, run directly %.3f ms (GPU time %.3f, %.3f); "
+                      "%.1f MiB of inputs and outputs held", *figures, self.held_bytes() / 2**20)
             return True
         log.info("sgdiff: CUDA graph dropped for a graph: its replay (%.3f ms, copies included) against the "
                  "graph run directly (%.3f ms), GPU time %.3f against %.3f ms", *figures)
         return False
+
+    def held_bytes(self) -> int:
+        """Bytes the capture holds between calls: its copies of the moving inputs, its outputs."""
+        held = [*(self.buffers or {}).values(), *(self.outputs or ())]
+        return sum(t.untyped_storage().nbytes() for t in held if isinstance(t, torch.Tensor))
 
     def _replay(self, args):
         # Dynamo's guards hold every input's shape, stride, dtype and device, so the weights

@@ -34,8 +34,25 @@ def group_norm_reference(
     silu: bool = False,
 ) -> torch.Tensor:
     n, c = x.shape[0], x.shape[1]
-    y = aten.native_group_norm.default(x, weight, bias, n, c, x.numel() // max(n * c, 1), groups, eps)[0]
+    y = aten.native_group_norm.default(_as_cpu_kernel_takes(x), weight, bias, n, c, x.numel() // max(n * c, 1), groups, eps)[0]
     return aten.silu.default(y) if silu else y
+
+
+def _as_cpu_kernel_takes(x: torch.Tensor) -> torch.Tensor:
+    """``x``, or on the CPU a contiguous copy where ATen's kernel would refuse its layout.
+
+    ``F.group_norm`` hands the kernel ``input.contiguous(suggested format)``; a capture drops that
+    copy where the fake tensor's strides say it changes nothing, and on the CPU they can be wrong
+    (an add of a transposed attention output and a contiguous map, N = 1: the fake output is
+    contiguous, the real one a channels-last view with a short batch stride, which the CPU
+    kernel refuses). The copy is what the composite would have made; on CUDA the kernel reads any
+    layout as eager's does."""
+    if not x.is_cpu or x.is_contiguous():
+        return x
+    last = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
+    if last is not None and x.is_contiguous(memory_format=last) and x.stride(0) == x[0].numel():
+        return x
+    return x.contiguous()
 
 
 def _vae_feature_map(t):
