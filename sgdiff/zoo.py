@@ -9,35 +9,11 @@ Needs diffusers (the ``test`` or ``bench`` extra).
 """
 from __future__ import annotations
 
-import dataclasses
-import inspect
-from typing import Any, Callable, Dict, Tuple
+from typing import Dict
 
 import torch
 
-
-@dataclasses.dataclass(frozen=True)
-class ModelCase:
-    name: str
-    build: Callable[[str, torch.dtype, torch.device], Tuple[torch.nn.Module, Dict[str, Any]]]
-    doc: str
-    sizes: Tuple[str, ...] = ("tiny", "full", "blocks2")
-
-
-def _model(cls, cfg: Dict[str, Any], size: str) -> torch.nn.Module:
-    """``cls(**cfg)``; at ``blocks2``, with the config's block counts cut to two blocks."""
-    return cls(**(_two_blocks(cls, cfg) if size == "blocks2" else cfg))
-
-
-def _two_blocks(cls, cfg: Dict[str, Any]) -> Dict[str, Any]:
-    params = inspect.signature(cls.__init__).parameters
-    kinds = [k for k in ("num_layers", "num_single_layers") if k in params]
-    cfg = dict(cfg, **{k: 2 // len(kinds) for k in kinds})
-    if "num_refiner_layers" in params:
-        cfg["num_refiner_layers"] = 1
-    if "dual_attention_layers" in cfg:
-        cfg["dual_attention_layers"] = (0,)
-    return cfg
+from sgdiff.zoo_parts import ModelCase, _gen, _image_ids, _model, _place, _randn  # noqa: F401  (builders use them)
 
 
 def _flux(size, dtype, device):
@@ -142,43 +118,12 @@ def build(name: str, size: str = "tiny", dtype: torch.dtype = torch.float32,
         return MODELS[name].build(size, dtype, torch.device(device))
 
 
-def _gen(device) -> torch.Generator:
-    return torch.Generator().manual_seed(1234)
-
-
-def _randn(*shape, g) -> torch.Tensor:
-    return torch.randn(*shape, generator=g, device="cpu")  # the same inputs on every device
-
-
-def _image_ids(h: int, w: int) -> torch.Tensor:
-    """Flux's (and Chroma's) image position ids of an ``h`` x ``w`` latent: [h * w, 3]."""
-    grid = torch.meshgrid(torch.zeros(1), torch.arange(h).float(), torch.arange(w).float(), indexing="ij")
-    return torch.stack(grid, -1).reshape(-1, 3)
-
-
 def flux_inputs_at(kwargs: dict, side: int) -> dict:
     """Flux's (or Chroma's) ``kwargs`` at a ``side`` x ``side`` latent: fresh random latents of
     that token count (``kwargs``' batch, channels, dtype and device) and their position ids."""
     x = kwargs["hidden_states"]
     return dict(kwargs, hidden_states=torch.randn(x.shape[0], side * side, x.shape[-1], device=x.device, dtype=x.dtype),
                 img_ids=_image_ids(side, side).to(x.device))
-
-
-def _place(model, kwargs, dtype, device):
-    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    # as `from_pretrained(..., torch_dtype=dtype)` loads it: the modules the model names (Wan's
-    # norms, modulation tables, time embedder, RoPE) keep fp32 weights
-    keep = getattr(model, "_keep_in_fp32_modules", None) or ()
-    for name, t in (*model.named_parameters(), *model.named_buffers()):
-        if t.is_floating_point() and any(k in name.split(".") for k in keep):
-            t.data = t.data.float()
-
-    def move(v):
-        if isinstance(v, torch.Tensor):
-            return v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype)
-        return v
-
-    return model, {k: move(v) for k, v in kwargs.items()}
 
 
 def _flux2(size, dtype, device):
@@ -415,6 +360,11 @@ MODELS.update({
     "hunyuanvideo": ModelCase("hunyuanvideo", _hunyuanvideo, "HunyuanVideoTransformer3DModel (tiny: 1 double + 1 "
                               "single block, 1 token-refiner layer)"),
 })
+
+
+from sgdiff.zoo_more_dits import MODELS as _MORE  # noqa: E402  (they build on the helpers above)
+
+MODELS.update(_MORE)
 
 
 # --- pipelines: a denoiser above, a VAE and a scheduler; text encoders absent, embeddings given ---

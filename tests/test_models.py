@@ -61,8 +61,32 @@ EXPECTED = {
     # norm2 and ffn_norm2 of the modulated blocks, all four of the context refiner's, and the
     # caption embedder's RMSNorm (9)
     "lumina2": (5, 6, 6, 6, 3, 0, 9),
+    # 1 MMDiT + 1 single block, bf16: every LayerNorm is an FP32LayerNorm cast back to bf16 before
+    # its modulation, so an adaLN site is two ops (the cast LayerNorm, then the modulate): 8 per
+    # MMDiT block (norm1, norm1_context, norm2, norm2_context), 4 per single block; the QK norms
+    # (FP32LayerNorm over head_dim: 4 per MMDiT block, 2 per single block) are cast LayerNorms too,
+    # which the modulate family takes; + norm_out's bare `x * (1 + scale) + shift` (19). Gated
+    # residuals 4 + 2; the SwiGLU-style feed-forwards' SiLU-gates, one per stream and block (3).
+    # (1 MMDiT block alone: the last block's text stream is dead code, fewer.)
+    "auraflow": (19, 6, 0, 0, 3, 0, 0),
+    # 4 layers (3 plain + 1 with a long skip, the fewest that has one), bf16: the three FP32LayerNorms
+    # of a block (AdaLayerNormShift's norm, norm2, norm3), cast back: cast LayerNorms in the modulate
+    # family (3 a block, +1 skip_norm), + norm_out's LayerNorm-modulate (14); attention outputs
+    # divided by rescale_output_factor and added (2 a block); RoPE on q and k of the
+    # self-attention and q of the cross-attention (3 a block); LayerNorm QK norms (4 a block).
+    # Not sites: the ungated FF residual, AdaLayerNormShift's `norm(x) + shift` past its norm.
+    "hunyuandit": (14, 8, 12, 16, 0, 0, 0),
+    # 1 spatial + 1 temporal block (ada_norm_single): LayerNorm-modulates before attention and FF
+    # of each (4) + norm_out (1); gated residuals 2 a block + the spatial block's cross-attention
+    # residual (5)
+    "latte": (5, 5, 0, 0, 0, 0, 0),
 }
-BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3, 1), ("wan", "fp32"): (3, 2, 2, 4, 0, 0, 1)}
+BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3, 1), ("wan", "fp32"): (3, 2, 2, 4, 0, 0, 1),
+            # fp32: the casts are gone, so the adaLN sites are one LayerNorm-modulate each (4 + 2 + 1)
+            # and the QK norms plain LayerNorms (qk_norm: 4 + 2)
+            ("auraflow", "fp32"): (7, 6, 0, 6, 3, 0, 0),
+            # fp32: the FP32LayerNorms without their casts are plain norms (norm family: 3 a block + skip_norm)
+            ("hunyuandit", "fp32"): (1, 8, 12, 16, 0, 0, 13)}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 

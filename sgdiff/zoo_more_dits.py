@@ -1,0 +1,111 @@
+"""More DiTs of ``diffusers.models.transformers`` for the zoo (:mod:`sgdiff.zoo` registers them):
+the same contract, ``build(size, dtype, device) -> (model, kwargs)``, tiny configs from the
+shapes diffusers' own tests use, ``full`` the published architecture with random weights."""
+from __future__ import annotations
+
+import torch
+
+from sgdiff.zoo_parts import ModelCase, _gen, _model, _place, _randn
+
+
+def _auraflow(size, dtype, device):
+    from diffusers import AuraFlowTransformer2DModel
+
+    if size == "tiny":
+        cfg = dict(sample_size=8, patch_size=2, in_channels=4, num_mmdit_layers=1, num_single_dit_layers=1,
+                   attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, caption_projection_dim=32,
+                   out_channels=4, pos_embed_max_size=64)
+        batch, latent, text = 2, 8, 6
+    else:  # AuraFlow v0.3 at 1024x1024: 128x128 latent, patch 2 -> 4096 tokens, 256 Pile-T5 tokens
+        cfg = dict(pos_embed_max_size=9216)
+        if size == "blocks2":  # _two_blocks knows num_layers / num_single_layers, not AuraFlow's names
+            cfg.update(num_mmdit_layers=1, num_single_dit_layers=1)
+        batch, latent, text = 2, 128, 256
+    model = _model(AuraFlowTransformer2DModel, cfg, size)
+    c = model.config
+    g = _gen(device)
+    kwargs = dict(
+        hidden_states=_randn(batch, c.in_channels, latent, latent, g=g),
+        encoder_hidden_states=_randn(batch, text, c.joint_attention_dim, g=g),
+        timestep=torch.full((batch,), 0.5),  # the pipeline's t / 1000
+        return_dict=False,
+    )
+    return _place(model, kwargs, dtype, device)
+
+
+def _hunyuandit(size, dtype, device):
+    from diffusers import HunyuanDiT2DModel
+    from diffusers.models.embeddings import get_2d_rotary_pos_embed
+
+    # blocks past num_layers // 2 take a long skip (skip_norm + skip_linear); 4 layers is the fewest with one
+    # (3 plain + 1 skip: an odd count above 1 pops a skip that was never pushed)
+    if size == "tiny":
+        cfg = dict(sample_size=8, patch_size=2, in_channels=4, num_layers=4, attention_head_dim=8,
+                   num_attention_heads=2, cross_attention_dim=8, cross_attention_dim_t5=8, pooled_projection_dim=4,
+                   hidden_size=16, text_len=4, text_len_t5=4, activation_fn="gelu-approximate",
+                   use_style_cond_and_image_meta_size=False)
+        batch, latent = 2, 8
+    else:  # HunyuanDiT v1.2 at 1024x1024: 128x128 latent, patch 2 -> 4096 tokens, 77 CLIP + 256 mT5 tokens
+        cfg = dict(num_attention_heads=16, attention_head_dim=88, in_channels=4, patch_size=2, sample_size=128,
+                   hidden_size=1408, num_layers=40, mlp_ratio=4.3637, cross_attention_dim=1024,
+                   cross_attention_dim_t5=2048, pooled_projection_dim=1024, text_len=77, text_len_t5=256,
+                   use_style_cond_and_image_meta_size=False)
+        batch, latent = 2, 128
+    model = _model(HunyuanDiT2DModel, cfg, size)
+    c = model.config
+    g = _gen(device)
+    grid = latent // c.patch_size
+    base = 512 // 8 // c.patch_size  # the pipeline's RoPE crop region for a square grid
+    rope = get_2d_rotary_pos_embed(c.attention_head_dim, ((0, 0), (base, base)), (grid, grid), device=device)
+    kwargs = dict(
+        hidden_states=_randn(batch, c.in_channels, latent, latent, g=g),
+        timestep=torch.full((batch,), 500.0),
+        encoder_hidden_states=_randn(batch, c.text_len, c.cross_attention_dim, g=g),
+        text_embedding_mask=torch.ones(batch, c.text_len, dtype=torch.long),
+        encoder_hidden_states_t5=_randn(batch, c.text_len_t5, c.cross_attention_dim_t5, g=g),
+        text_embedding_mask_t5=torch.ones(batch, c.text_len_t5, dtype=torch.long),
+        image_rotary_emb=rope,  # (cos, sin), fp32 as the pipeline makes them (_place leaves tuples alone)
+        return_dict=False,
+    )
+    if c.use_style_cond_and_image_meta_size:  # v1.0 / v1.1
+        kwargs["image_meta_size"] = torch.tensor([[1024, 1024, 1024, 1024, 0, 0]] * batch, dtype=torch.float32)
+        kwargs["style"] = torch.zeros(batch, dtype=torch.long)
+    return _place(model, kwargs, dtype, device)
+
+
+def _latte(size, dtype, device):
+    from diffusers import LatteTransformer3DModel
+
+    # num_layers spatial blocks (with cross-attention) interleaved with num_layers temporal blocks
+    if size == "tiny":
+        cfg = dict(sample_size=8, num_layers=1, patch_size=2, attention_head_dim=8, num_attention_heads=2,
+                   caption_channels=16, in_channels=4, cross_attention_dim=16, out_channels=8, attention_bias=True,
+                   activation_fn="gelu-approximate", num_embeds_ada_norm=1000, norm_type="ada_norm_single",
+                   norm_elementwise_affine=False, norm_eps=1e-6, video_length=2)
+        batch, frames, latent, text = 2, 2, 8, 6
+    else:  # Latte-1 at 512x512 x 16 frames: 16 x 64 x 64 latent, patch 2 -> 1024 tokens a frame, 120 T5 tokens
+        cfg = dict(sample_size=64, num_layers=28, patch_size=2, attention_head_dim=72, num_attention_heads=16,
+                   caption_channels=4096, in_channels=4, cross_attention_dim=1152, out_channels=8, attention_bias=True,
+                   activation_fn="gelu-approximate", num_embeds_ada_norm=1000, norm_type="ada_norm_single",
+                   norm_elementwise_affine=False, norm_eps=1e-6, video_length=16)
+        batch, frames, latent, text = 2, 16, 64, 120
+    # blocks2: one spatial + one temporal block (_two_blocks would make num_layers=2, i.e. four blocks)
+    model = _model(LatteTransformer3DModel, dict(cfg, num_layers=1) if size == "blocks2" else cfg,
+                   "full" if size == "blocks2" else size)
+    c = model.config
+    g = _gen(device)
+    kwargs = dict(
+        hidden_states=_randn(batch, c.in_channels, frames, latent, latent, g=g),
+        timestep=torch.full((batch,), 500, dtype=torch.long),
+        encoder_hidden_states=_randn(batch, text, c.caption_channels, g=g),
+        enable_temporal_attentions=True,
+        return_dict=False,
+    )
+    return _place(model, kwargs, dtype, device)
+
+
+MODELS = {
+    "auraflow": ModelCase("auraflow", _auraflow, "AuraFlowTransformer2DModel (tiny: 1 MMDiT + 1 single block)"),
+    "hunyuandit": ModelCase("hunyuandit", _hunyuandit, "HunyuanDiT2DModel (tiny: 4 layers, the last with a long skip)"),
+    "latte": ModelCase("latte", _latte, "LatteTransformer3DModel (tiny: 1 spatial + 1 temporal block)"),
+}
