@@ -1,6 +1,7 @@
 """More DiTs of ``diffusers.models.transformers`` for the zoo (:mod:`sgdiff.zoo` registers them):
 the same contract, ``build(size, dtype, device) -> (model, kwargs)``, tiny configs from the
-shapes diffusers' own tests use, ``full`` the published architecture with random weights."""
+shapes diffusers' own tests use, ``full`` the published architecture with random weights.
+:data:`NOT_YET` names the DiTs tried and left out, with the reason."""
 from __future__ import annotations
 
 import torch
@@ -104,8 +105,69 @@ def _latte(size, dtype, device):
     return _place(model, kwargs, dtype, device)
 
 
+def _skyreels_v2(size, dtype, device):
+    from diffusers import SkyReelsV2Transformer3DModel
+
+    # Wan's blocks; the text-to-video path (one timestep per sample, no diffusion forcing, no fps)
+    if size == "tiny":
+        cfg = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+                   out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=1, rope_max_seq_len=32)
+        batch, frames, height, width, text = 1, 2, 4, 4, 6
+    else:  # SkyReels-V2-T2V-14B-540P, 960x544 x 97 frames: 25 x 68 x 120 latent, 512 text tokens
+        cfg = dict(num_attention_heads=40, ffn_dim=13824, num_layers=40)
+        batch, frames, height, width, text = 1, 25, 68, 120, 512
+    model = _model(SkyReelsV2Transformer3DModel, cfg, size)
+    c = model.config
+    g = _gen(device)
+    kwargs = dict(
+        hidden_states=_randn(batch, c.in_channels, frames, height, width, g=g),
+        timestep=torch.full((batch,), 500.0),
+        encoder_hidden_states=_randn(batch, text, c.text_dim, g=g),
+        return_dict=False,
+    )
+    return _place(model, kwargs, dtype, device)
+
+
+def _allegro(size, dtype, device):
+    from diffusers import AllegroTransformer3DModel
+    from diffusers.models.embeddings import get_3d_rotary_pos_embed_allegro
+
+    if size == "tiny":  # head dim 12: the RoPE rotates thirds of it (t, h, w), 4 channels each
+        cfg = dict(num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4, num_layers=1,
+                   cross_attention_dim=24, sample_width=8, sample_height=8, sample_frames=2, caption_channels=16)
+        frames, h, w, text = 2, 8, 8, 6
+    else:  # Allegro, 1280x720 x 88 frames: 22 x 90 x 160 latent, 512 text tokens
+        cfg, (frames, h, w, text) = dict(), (22, 90, 160, 512)
+    model = _model(AllegroTransformer3DModel, cfg, size)
+    c = model.config
+    g = _gen(device)
+    # the RoPE tables and token positions as AllegroPipeline._prepare_rotary_positional_embeddings makes them
+    gh, gw = h // c.patch_size, w // c.patch_size
+    *freqs, grid_t, grid_h, grid_w = get_3d_rotary_pos_embed_allegro(
+        embed_dim=c.attention_head_dim, crops_coords=((0, 0), (gh, gw)), grid_size=(gh, gw), temporal_size=frames,
+        interpolation_scale=(c.interpolation_scale_t, c.interpolation_scale_h, c.interpolation_scale_w),
+        device=device)
+    pos = torch.cartesian_prod(grid_t.long(), grid_h.long(), grid_w.long()).reshape(-1, 3).transpose(0, 1)
+    kwargs = dict(hidden_states=_randn(1, c.in_channels, frames, h, w, g=g),
+                  encoder_hidden_states=_randn(1, text, c.caption_channels, g=g),
+                  timestep=torch.full((1,), 500, dtype=torch.long), encoder_attention_mask=torch.ones(1, text),
+                  image_rotary_emb=(tuple(freqs), tuple(pos.reshape(3, 1, -1).contiguous())), return_dict=False)
+    return _place(model, kwargs, dtype, device)
+
+
 MODELS = {
     "auraflow": ModelCase("auraflow", _auraflow, "AuraFlowTransformer2DModel (tiny: 1 MMDiT + 1 single block)"),
     "hunyuandit": ModelCase("hunyuandit", _hunyuandit, "HunyuanDiT2DModel (tiny: 4 layers, the last with a long skip)"),
     "latte": ModelCase("latte", _latte, "LatteTransformer3DModel (tiny: 1 spatial + 1 temporal block)"),
+    "skyreels_v2": ModelCase("skyreels_v2", _skyreels_v2, "SkyReelsV2Transformer3DModel (tiny: 1 layer; Wan's blocks, "
+                             "text-to-video)"),
+    "allegro": ModelCase("allegro", _allegro, "AllegroTransformer3DModel (tiny: 1 layer, the pipeline's RoPE tables)"),
+}
+
+#: DiTs tried and not in the zoo yet, and why
+NOT_YET = {
+    "MochiTransformer3DModel": "its attention processor calls torch.nonzero, a graph break under torch.compile's "
+                               "defaults: the attention runs eagerly and each QK norm and RoPE compiles as a small "
+                               "graph of its own, so its sites cannot be counted per block; its full config does not "
+                               "run on the meta device (autocast has no 'meta' device type)",
 }

@@ -80,13 +80,18 @@ EXPECTED = {
     # of each (4) + norm_out (1); gated residuals 2 a block + the spatial block's cross-attention
     # residual (5)
     "latte": (5, 5, 0, 0, 0, 0, 0),
+    "skyreels_v2": (4, 2, 2, 4, 0, 0, 0),  # Wan's blocks: Wan's counts
+    # 1 layer: LayerNorm-modulates before attention and FF (2) + norm_out (1); gated attention and FF
+    # residuals + the cross-attention's output / rescale_output_factor added back (3). Its RoPE
+    # (rotate-half by slicing the head dim's halves) is not found: no rope spelling takes it yet.
+    "allegro": (3, 3, 0, 0, 0, 0, 0),
 }
 BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3, 1), ("wan", "fp32"): (3, 2, 2, 4, 0, 0, 1),
             # fp32: the casts are gone, so the adaLN sites are one LayerNorm-modulate each (4 + 2 + 1)
             # and the QK norms plain LayerNorms (qk_norm: 4 + 2)
             ("auraflow", "fp32"): (7, 6, 0, 6, 3, 0, 0),
             # fp32: the FP32LayerNorms without their casts are plain norms (norm family: 3 a block + skip_norm)
-            ("hunyuandit", "fp32"): (1, 8, 12, 16, 0, 0, 13)}
+            ("hunyuandit", "fp32"): (1, 8, 12, 16, 0, 0, 13), ("skyreels_v2", "fp32"): (3, 2, 2, 4, 0, 0, 1)}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
