@@ -17,6 +17,9 @@ class Report:
     counts: Dict[str, int] = dataclasses.field(default_factory=dict)  # family -> rewritten
     found: Dict[str, int] = dataclasses.field(default_factory=dict)  # family -> found
     ops: Dict[str, int] = dataclasses.field(default_factory=dict)  # op -> rewritten
+    #: family -> {op -> rewritten}: an op several families use (``layer_norm``: a QK norm, a
+    #: bare norm, a cast LayerNorm before a modulation) counted under the family that rewrote it
+    family_ops: Dict[str, Dict[str, int]] = dataclasses.field(default_factory=dict)
     skipped: List[Tuple[str, str, str]] = dataclasses.field(default_factory=list)
     #: (family, op, reason) -> where in the model the first such site is
     skipped_where: Dict[Tuple[str, str, str], str] = dataclasses.field(default_factory=dict)
@@ -40,6 +43,8 @@ class Report:
                 report.found[family] = report.found.get(family, 0) + r.found_count
                 for op, n in r.ops.items():
                     report.ops[op] = report.ops.get(op, 0) + n
+                    by_op = report.family_ops.setdefault(family, {})
+                    by_op[op] = by_op.get(op, 0) + n
                 report.skipped.extend(tuple(s) for s in r.skipped)
                 for s in r.skipped:
                     report.skipped_where.setdefault(tuple(s), s.where)
@@ -51,7 +56,7 @@ class Report:
         lines = [f"sgdiff report: quality {self.tier.value}, {self.graphs} graph(s){breaks}",
                  f"  {'family':<18}{'found':>6}{'rewritten':>11}  {'op':<24}contract"]
         for family in self.counts:
-            ops = [op for op in self.ops if _family_of(op, self) == family] or ["-"]
+            ops = list(self.family_ops.get(family, ())) or ["-"]
             for i, op in enumerate(ops):
                 contract = registry.op_def(op).contract.value if op != "-" else ""
                 head = (f"  {family:<18}{self.found.get(family, 0):>6}{self.counts[family]:>11}"
@@ -78,12 +83,3 @@ def _first_line(reason: str) -> str:
     lines = [line.strip() for line in reason.splitlines() if line.strip()]
     explanation = next((line for line in lines if line.startswith("Explanation:")), "")
     return " ".join(p for p in (lines[0] if lines else "", explanation) if p)
-
-
-def _family_of(op: str, report: Report) -> str:
-    from sgdiff import patterns
-
-    for p in patterns.all_patterns():
-        if p.op == op:
-            return p.family
-    return ""

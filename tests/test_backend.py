@@ -202,6 +202,19 @@ def test_explain_reports_counts_and_a_table():
     assert "modulate" in text and "layernorm_modulate" in text and "bitexact" in text
 
 
+def test_explain_lists_an_op_under_the_family_that_rewrote_it():
+    """``layer_norm`` serves several families; AuraFlow's QK norms (fp32: plain LayerNorms) are the
+    qk_norm family's, and its table row says so, while no modulate row claims the op."""
+    from sgdiff import zoo
+
+    model, kwargs = zoo.build("auraflow", dtype=torch.float32)
+    report = sgdiff.explain(model, **kwargs)
+    assert report.family_ops["qk_norm"] == {"layer_norm": 6}, report.family_ops
+    assert "layer_norm" not in report.family_ops["modulate"], report.family_ops
+    row = next(line for line in str(report).splitlines() if line.strip().startswith("qk_norm"))
+    assert "layer_norm" in row, str(report)
+
+
 @pytest.mark.parametrize("explained", ["module", "compiled"])
 def test_explain_leaves_a_compiled_model_compiled(explained):
     """Compile, call, explain (the module or the compiled model), call again: the compiled
