@@ -13,7 +13,7 @@ from typing import Dict
 
 import torch
 
-from sgdiff.zoo_parts import ModelCase, _gen, _image_ids, _model, _place, _randn  # noqa: F401  (builders use them)
+from sgdiff.zoo_parts import ModelCase, _gen, _image_ids, _model, _place, _randn, wan_like  # noqa: F401
 
 
 def _flux(size, dtype, device):
@@ -185,23 +185,9 @@ def _sd35(size, dtype, device):
 def _wan(size, dtype, device):
     from diffusers import WanTransformer3DModel
 
-    if size == "tiny":
-        cfg = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
-                   out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=1, rope_max_seq_len=32)
-        batch, frames, height, width, text = 1, 2, 4, 4, 6
-    else:  # Wan 2.1 T2V 1.3B, 480p, 81 frames: 21x60x104 latent
-        cfg = dict(num_attention_heads=12, ffn_dim=8960, num_layers=30)
-        batch, frames, height, width, text = 1, 21, 60, 104, 512
-    model = _model(WanTransformer3DModel, cfg, size)
-    c = model.config
-    g = _gen(device)
-    kwargs = dict(
-        hidden_states=_randn(batch, c.in_channels, frames, height, width, g=g),
-        timestep=torch.full((batch,), 500.0),
-        encoder_hidden_states=_randn(batch, text, c.text_dim, g=g),
-        return_dict=False,
-    )
-    return _place(model, kwargs, dtype, device)
+    # Wan 2.1 T2V 1.3B, 480p, 81 frames: 21x60x104 latent
+    return wan_like(WanTransformer3DModel, dict(num_attention_heads=12, ffn_dim=8960, num_layers=30),
+                    (21, 60, 104, 512), size, dtype, device)
 
 
 def _qwenimage(size, dtype, device):

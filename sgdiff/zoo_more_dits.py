@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from sgdiff.zoo_parts import ModelCase, _gen, _model, _place, _randn
+from sgdiff.zoo_parts import ModelCase, _gen, _model, _place, _randn, wan_like
 
 
 def _auraflow(size, dtype, device):
@@ -108,24 +108,10 @@ def _latte(size, dtype, device):
 def _skyreels_v2(size, dtype, device):
     from diffusers import SkyReelsV2Transformer3DModel
 
-    # Wan's blocks; the text-to-video path (one timestep per sample, no diffusion forcing, no fps)
-    if size == "tiny":
-        cfg = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
-                   out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=1, rope_max_seq_len=32)
-        batch, frames, height, width, text = 1, 2, 4, 4, 6
-    else:  # SkyReels-V2-T2V-14B-540P, 960x544 x 97 frames: 25 x 68 x 120 latent, 512 text tokens
-        cfg = dict(num_attention_heads=40, ffn_dim=13824, num_layers=40)
-        batch, frames, height, width, text = 1, 25, 68, 120, 512
-    model = _model(SkyReelsV2Transformer3DModel, cfg, size)
-    c = model.config
-    g = _gen(device)
-    kwargs = dict(
-        hidden_states=_randn(batch, c.in_channels, frames, height, width, g=g),
-        timestep=torch.full((batch,), 500.0),
-        encoder_hidden_states=_randn(batch, text, c.text_dim, g=g),
-        return_dict=False,
-    )
-    return _place(model, kwargs, dtype, device)
+    # Wan's blocks; the text-to-video path (one timestep per sample, no diffusion forcing, no fps).
+    # SkyReels-V2-T2V-14B-540P, 960x544 x 97 frames: 25 x 68 x 120 latent, 512 text tokens
+    return wan_like(SkyReelsV2Transformer3DModel, dict(num_attention_heads=40, ffn_dim=13824, num_layers=40),
+                    (25, 68, 120, 512), size, dtype, device)
 
 
 def _allegro(size, dtype, device):

@@ -63,3 +63,25 @@ def _place(model, kwargs, dtype, device):
         return v
 
     return model, {k: move(v) for k, v in kwargs.items()}
+
+
+def wan_like(cls, full: Dict[str, Any], full_inputs: Tuple[int, int, int, int], size, dtype, device):
+    """A model of Wan's blocks (Wan 2.1, SkyReels-V2): one tiny config and its inputs for all of
+    them; at ``full`` (and ``blocks2``) the config ``full`` with latents and text of
+    ``full_inputs`` = (frames, height, width, text tokens)."""
+    if size == "tiny":
+        cfg = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+                   out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=1, rope_max_seq_len=32)
+        frames, height, width, text = 2, 4, 4, 6
+    else:
+        cfg, (frames, height, width, text) = full, full_inputs
+    model = _model(cls, cfg, size)
+    c = model.config
+    g = _gen(device)
+    kwargs = dict(
+        hidden_states=_randn(1, c.in_channels, frames, height, width, g=g),
+        timestep=torch.full((1,), 500.0),
+        encoder_hidden_states=_randn(1, text, c.text_dim, g=g),
+        return_dict=False,
+    )
+    return _place(model, kwargs, dtype, device)
