@@ -141,6 +141,59 @@ def _allegro(size, dtype, device):
     return _place(model, kwargs, dtype, device)
 
 
+def _sanavideo(size, dtype, device):
+    from diffusers import SanaVideoTransformer3DModel
+
+    # Sana's linear attention (ReLU kernel, Wan's even/odd RoPE on q and k) and GLUMBConv with a temporal conv,
+    # a softmax cross-attention to the Gemma-2 caption; head dim 12 at tiny: Wan's RoPE splits it t/h/w 4/4/4
+    if size == "tiny":
+        cfg = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=12, num_layers=1,
+                   num_cross_attention_heads=2, cross_attention_head_dim=12, cross_attention_dim=24,
+                   caption_channels=16, sample_size=8, patch_size=(1, 2, 2), rope_max_seq_len=32)
+        batch, frames, height, width, text = 2, 2, 8, 8, 6
+    else:  # SANA-Video 2B 480p, 832x480 x 81 frames: 21 x 60 x 104 latent (Wan VAE), patch (1, 2, 2), 300 tokens
+        cfg = dict(mlp_ratio=3.0)  # scripts/convert_sana_video_to_diffusers.py: the class defaults but mlp_ratio
+        batch, frames, height, width, text = 2, 21, 60, 104, 300
+    model = _model(SanaVideoTransformer3DModel, cfg, size)
+    c = model.config
+    g = _gen(device)
+    kwargs = dict(
+        hidden_states=_randn(batch, c.in_channels, frames, height, width, g=g),
+        encoder_hidden_states=_randn(batch, text, c.caption_channels, g=g),
+        timestep=torch.full((batch,), 500.0),
+        return_dict=False,
+    )
+    return _place(model, kwargs, dtype, device)
+
+
+def _wan_vace(size, dtype, device):
+    from diffusers import WanVACETransformer3DModel
+
+    # Wan's blocks, and VACE blocks (Wan's, plus proj_in / proj_out) over the control latents whose
+    # outputs are added after the Wan blocks named in vace_layers; one of each kind at tiny
+    if size == "tiny":
+        cfg = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+                   out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=1, rope_max_seq_len=32,
+                   vace_layers=[0], vace_in_channels=12)
+        batch, frames, height, width, text = 1, 2, 4, 4, 6
+    else:  # Wan2.1-VACE-1.3B, 480p, 81 frames: 21x60x104 latent; 96 control channels (16 + 16 + a 64-channel mask)
+        cfg = dict(num_attention_heads=12, ffn_dim=8960, num_layers=30, vace_layers=list(range(0, 30, 2)))
+        batch, frames, height, width, text = 1, 21, 60, 104, 512
+    if size == "blocks2":  # one Wan block + one VACE block (_two_blocks would make num_layers 2 beside the VACE blocks)
+        cfg.update(num_layers=1, vace_layers=[0])
+    model = _model(WanVACETransformer3DModel, cfg, "full" if size == "blocks2" else size)
+    c = model.config
+    g = _gen(device)
+    kwargs = dict(
+        hidden_states=_randn(batch, c.in_channels, frames, height, width, g=g),
+        timestep=torch.full((batch,), 500.0),
+        encoder_hidden_states=_randn(batch, text, c.text_dim, g=g),
+        control_hidden_states=_randn(batch, c.vace_in_channels, frames, height, width, g=g),
+        return_dict=False,
+    )
+    return _place(model, kwargs, dtype, device)
+
+
 MODELS = {
     "auraflow": ModelCase("auraflow", _auraflow, "AuraFlowTransformer2DModel (tiny: 1 MMDiT + 1 single block)"),
     "hunyuandit": ModelCase("hunyuandit", _hunyuandit, "HunyuanDiT2DModel (tiny: 4 layers, the last with a long skip)"),
@@ -148,6 +201,8 @@ MODELS = {
     "skyreels_v2": ModelCase("skyreels_v2", _skyreels_v2, "SkyReelsV2Transformer3DModel (tiny: 1 layer; Wan's blocks, "
                              "text-to-video)"),
     "allegro": ModelCase("allegro", _allegro, "AllegroTransformer3DModel (tiny: 1 layer, the pipeline's RoPE tables)"),
+    "sanavideo": ModelCase("sanavideo", _sanavideo, "SanaVideoTransformer3DModel (tiny: 1 layer)"),
+    "wan_vace": ModelCase("wan_vace", _wan_vace, "WanVACETransformer3DModel (tiny: 1 Wan block + 1 VACE block)"),
 }
 
 #: DiTs tried and not in the zoo yet, and why
@@ -156,4 +211,7 @@ NOT_YET = {
                                "defaults: the attention runs eagerly and each QK norm and RoPE compiles as a small "
                                "graph of its own, so its sites cannot be counted per block; its full config does not "
                                "run on the meta device (autocast has no 'meta' device type)",
+    "ZImageTransformer2DModel": "its forward takes lists (x, t, cap_feats) and returns a list, where the zoo's "
+                                "contract (tests, benches, trajectories) is a tensor in and out; built and equal "
+                                "in fp32 and bf16 on the CPU with Lumina2's counts, not yet registered",
 }

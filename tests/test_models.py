@@ -85,13 +85,24 @@ EXPECTED = {
     # residuals + the cross-attention's output / rescale_output_factor added back (3). Its RoPE
     # (rotate-half by slicing the head dim's halves) is not found: no rope spelling takes it yet.
     "allegro": (3, 3, 0, 0, 0, 0, 0),
+    # 1 layer: LayerNorm-modulates before attention and FF + norm_out (3); gated attention and FF
+    # residuals + the cross-attention's rescaled residual (3); Wan's even/odd RoPE on relu(q) and
+    # relu(k) of the linear attention (2); RMSNorms across heads on q and k of both attentions (4);
+    # GLUMBConv's conv + SiLU and its GLU (2); the caption RMSNorm (1). Its linear attention (RoPE
+    # between the ReLU and the cast, no padded v) is not Sana's spelling: not found. The temporal
+    # conv's residual: the conv has no bias, no conv_residual site.
+    "sanavideo": (3, 3, 2, 4, 2, 0, 1),
+    # 1 Wan block + 1 VACE block: each Wan's counts (see "wan"), the VACE block's control hint
+    # added back `hidden_states + hint * scale` one gated residual more
+    "wan_vace": (7, 5, 4, 8, 0, 0, 0),
 }
 BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3, 1), ("wan", "fp32"): (3, 2, 2, 4, 0, 0, 1),
             # fp32: the casts are gone, so the adaLN sites are one LayerNorm-modulate each (4 + 2 + 1)
             # and the QK norms plain LayerNorms (qk_norm: 4 + 2)
             ("auraflow", "fp32"): (7, 6, 0, 6, 3, 0, 0),
             # fp32: the FP32LayerNorms without their casts are plain norms (norm family: 3 a block + skip_norm)
-            ("hunyuandit", "fp32"): (1, 8, 12, 16, 0, 0, 13), ("skyreels_v2", "fp32"): (3, 2, 2, 4, 0, 0, 1)}
+            ("hunyuandit", "fp32"): (1, 8, 12, 16, 0, 0, 13), ("skyreels_v2", "fp32"): (3, 2, 2, 4, 0, 0, 1),
+            ("wan_vace", "fp32"): (5, 5, 4, 8, 0, 0, 2)}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
