@@ -194,6 +194,53 @@ def _wan_vace(size, dtype, device):
     return _place(model, kwargs, dtype, device)
 
 
+def _easyanimate(size, dtype, device):
+    from diffusers import EasyAnimateTransformer3DModel
+
+    # num_layers blocks, the first mmdit_layers of them MMDiT (added text QKV, to_add_out, a text FF), the rest
+    # image-only (text and image tokens concatenated before one QKV, one FF for both streams); V5.1 puts a
+    # caption RMSNorm before text_proj (add_norm_text_encoder)
+    if size == "tiny":  # 1 MMDiT + 1 image-only block; head dim 16: the 3D RoPE takes 4 (t) + 6 (h) + 6 (w)
+        cfg = dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, patch_size=2,
+                   num_layers=2, mmdit_layers=1, time_embed_dim=8, text_embed_dim=16, add_norm_text_encoder=True)
+        frames, h, w, text = 2, 8, 8, 6
+    else:  # EasyAnimateV5.1-7b-zh, 512x512 x 49 frames: 13 x 64 x 64 latent, 256 Qwen2-VL tokens
+        cfg = dict(num_attention_heads=48, attention_head_dim=64, in_channels=16, out_channels=16, patch_size=2,
+                   num_layers=36, mmdit_layers=18, text_embed_dim=3584, add_norm_text_encoder=True)
+        if size == "blocks2":  # _two_blocks cuts num_layers, not mmdit_layers: one block of each kind
+            cfg.update(num_layers=2, mmdit_layers=1)
+        frames, h, w, text = 13, 64, 64, 256
+    model = _model(EasyAnimateTransformer3DModel, cfg, size)
+    c = model.config
+    g = _gen(device)
+    kwargs = dict(hidden_states=_randn(1, c.in_channels, frames, h, w, g=g),
+                  timestep=torch.full((1,), 500.0),  # the pipeline's t_expand: the flow-matching t, latents' dtype
+                  encoder_hidden_states=_randn(1, text, c.text_embed_dim, g=g), return_dict=False)
+    return _place(model, kwargs, dtype, device)
+
+
+def _cogview3plus(size, dtype, device):
+    from diffusers import CogView3PlusTransformer2DModel
+
+    if size == "tiny":
+        cfg = dict(patch_size=2, in_channels=4, num_layers=1, attention_head_dim=8, num_attention_heads=2,
+                   out_channels=4, text_embed_dim=8, time_embed_dim=8, condition_dim=4, pos_embed_max_size=8,
+                   sample_size=8)
+        latent, text, pixels = 8, 6, 64
+    else:  # CogView3-Plus-3B at 1024x1024: 128x128 latent, patch 2 -> 4096 tokens, 224 T5 tokens
+        cfg, (latent, text, pixels) = dict(), (128, 224, 1024)
+    model = _model(CogView3PlusTransformer2DModel, cfg, size)
+    c = model.config
+    g = _gen(device)
+    # the size conditions as the pipeline makes them: float tensors in the prompt embeddings' dtype
+    size_hw = torch.tensor([[float(pixels), float(pixels)]])
+    kwargs = dict(hidden_states=_randn(1, c.in_channels, latent, latent, g=g),
+                  encoder_hidden_states=_randn(1, text, c.text_embed_dim, g=g),
+                  timestep=torch.full((1,), 500, dtype=torch.long), original_size=size_hw, target_size=size_hw,
+                  crop_coords=torch.tensor([[0.0, 0.0]]), return_dict=False)
+    return _place(model, kwargs, dtype, device)
+
+
 MODELS = {
     "auraflow": ModelCase("auraflow", _auraflow, "AuraFlowTransformer2DModel (tiny: 1 MMDiT + 1 single block)"),
     "hunyuandit": ModelCase("hunyuandit", _hunyuandit, "HunyuanDiT2DModel (tiny: 4 layers, the last with a long skip)"),
@@ -203,6 +250,9 @@ MODELS = {
     "allegro": ModelCase("allegro", _allegro, "AllegroTransformer3DModel (tiny: 1 layer, the pipeline's RoPE tables)"),
     "sanavideo": ModelCase("sanavideo", _sanavideo, "SanaVideoTransformer3DModel (tiny: 1 layer)"),
     "wan_vace": ModelCase("wan_vace", _wan_vace, "WanVACETransformer3DModel (tiny: 1 Wan block + 1 VACE block)"),
+    "easyanimate": ModelCase("easyanimate", _easyanimate, "EasyAnimateTransformer3DModel, V5.1 (tiny: 1 MMDiT + 1 "
+                             "image-only block)"),
+    "cogview3plus": ModelCase("cogview3plus", _cogview3plus, "CogView3PlusTransformer2DModel (tiny: 1 layer)"),
 }
 
 #: DiTs tried and not in the zoo yet, and why
@@ -211,6 +261,9 @@ NOT_YET = {
                                "defaults: the attention runs eagerly and each QK norm and RoPE compiles as a small "
                                "graph of its own, so its sites cannot be counted per block; its full config does not "
                                "run on the meta device (autocast has no 'meta' device type)",
+    "ConsisIDTransformer3DModel": "its face injection `hidden + local_face_scale * cross_attention(...)` scales "
+                                  "by a Python float, which the residual family skips ('update is not a tensor'); "
+                                  "equal in fp32 and bf16 on the CPU, not registered until that spelling is a site",
     "ZImageTransformer2DModel": "its forward takes lists (x, t, cap_feats) and returns a list, where the zoo's "
                                 "contract (tests, benches, trajectories) is a tensor in and out; built and equal "
                                 "in fp32 and bf16 on the CPU with Lumina2's counts, not yet registered",

@@ -95,6 +95,16 @@ EXPECTED = {
     # 1 Wan block + 1 VACE block: each Wan's counts (see "wan"), the VACE block's control hint
     # added back `hidden_states + hint * scale` one gated residual more
     "wan_vace": (7, 5, 4, 8, 0, 0, 0),
+    # 1 MMDiT + 1 image-only block, bf16: its adaLN norms are FP32LayerNorms cast back before the
+    # modulation, two ops a site (see "auraflow"): 4 sites a block, less the last block's dead text
+    # norm2 (7, so 14) + norm_out's plain LayerNorm-modulate (15). Gated residuals: attention and FF
+    # of both streams (4 a block) less the last block's 2 dead text ones (6); RoPE on the image
+    # slice of q and k (2 a block); per-head LayerNorm QK norms 4 (MMDiT) + 2; the caption RMSNorm
+    # and norm_final (2)
+    "easyanimate": (15, 6, 4, 6, 0, 0, 2),
+    # 1 layer: LayerNorm-modulates of image and text before attention and FF + norm_out (5); gated
+    # residuals 4 a block less the last block's dead text FF one (3); LayerNorm QK norms (2)
+    "cogview3plus": (5, 3, 0, 2, 0, 0, 0),
 }
 BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3, 1), ("wan", "fp32"): (3, 2, 2, 4, 0, 0, 1),
             # fp32: the casts are gone, so the adaLN sites are one LayerNorm-modulate each (4 + 2 + 1)
@@ -102,7 +112,9 @@ BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3, 1), ("wan", "fp32"): (3, 2, 2, 
             ("auraflow", "fp32"): (7, 6, 0, 6, 3, 0, 0),
             # fp32: the FP32LayerNorms without their casts are plain norms (norm family: 3 a block + skip_norm)
             ("hunyuandit", "fp32"): (1, 8, 12, 16, 0, 0, 13), ("skyreels_v2", "fp32"): (3, 2, 2, 4, 0, 0, 1),
-            ("wan_vace", "fp32"): (5, 5, 4, 8, 0, 0, 2)}
+            ("wan_vace", "fp32"): (5, 5, 4, 8, 0, 0, 2),
+            # fp32: one LayerNorm-modulate a site (7 + norm_out)
+            ("easyanimate", "fp32"): (8, 6, 4, 6, 0, 0, 2)}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
