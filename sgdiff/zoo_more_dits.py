@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from sgdiff.zoo_parts import ModelCase, _gen, _model, _place, _randn, wan_like
+from sgdiff.zoo_parts import ModelCase, _gen, _image_ids, _model, _place, _randn, wan_like
 
 
 def _auraflow(size, dtype, device):
@@ -241,6 +241,81 @@ def _cogview3plus(size, dtype, device):
     return _place(model, kwargs, dtype, device)
 
 
+def _ovis_image(size, dtype, device):
+    from diffusers import OvisImageTransformer2DModel
+
+    if size == "tiny":
+        cfg = dict(patch_size=1, in_channels=4, out_channels=4, num_layers=1, num_single_layers=1,
+                   attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 4, 8))
+        batch, h, w, text = 1, 4, 4, 8
+    else:  # Ovis-Image 7B (class defaults: 6 double + 27 single blocks, 3072 wide, Ovis2.5-2B text 2048) at
+        # 1024x1024: 64x64 packed latent -> 4096 image tokens, 256 text tokens (the pipeline's max_sequence_length)
+        cfg = dict()
+        batch, h, w, text = 1, 64, 64, 256
+    model = _model(OvisImageTransformer2DModel, cfg, size)
+    c = model.config
+    g = _gen(device)
+    kwargs = dict(
+        hidden_states=_randn(batch, h * w, c.in_channels, g=g),
+        encoder_hidden_states=_randn(batch, text, c.joint_attention_dim, g=g),
+        timestep=torch.full((batch,), 0.5),  # the pipeline's t / 1000
+        img_ids=_image_ids(h, w),
+        txt_ids=torch.zeros(text, 3),
+        return_dict=False,
+    )
+    return _place(model, kwargs, dtype, device)
+
+
+def _longcat_image(size, dtype, device):
+    from diffusers import LongCatImageTransformer2DModel
+
+    if size == "tiny":
+        cfg = dict(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
+                   num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=[4, 4, 8])
+        batch, h, w, text = 1, 4, 4, 8
+    else:  # LongCat-Image (6B: 10 double + 20 single blocks, not the class default's Flux 19 + 38; 3072 wide,
+        # Qwen2.5-VL-7B text 3584) at 1024x1024: 64x64 packed latent -> 4096 image tokens, 512 text tokens (the
+        # pipeline's tokenizer_max_length)
+        cfg = dict(num_layers=10, num_single_layers=20)
+        batch, h, w, text = 1, 64, 64, 512
+    model = _model(LongCatImageTransformer2DModel, cfg, size)
+    c = model.config
+    g = _gen(device)
+    # the pipeline's position ids: text (0, i, i); image (1, text + row, text + col)
+    txt_ids = torch.stack([torch.zeros(text), torch.arange(text).float(), torch.arange(text).float()], -1)
+    img_ids = _image_ids(h, w) + torch.tensor([1.0, text, text])
+    kwargs = dict(
+        hidden_states=_randn(batch, h * w, c.in_channels, g=g),
+        encoder_hidden_states=_randn(batch, text, c.joint_attention_dim, g=g),
+        timestep=torch.full((batch,), 0.5),  # the pipeline's t / 1000
+        img_ids=img_ids,
+        txt_ids=txt_ids,
+        return_dict=False,  # `guidance` is accepted but unused by the model
+    )
+    return _place(model, kwargs, dtype, device)
+
+
+def _dit(size, dtype, device):
+    from diffusers import DiTTransformer2DModel
+
+    if size == "tiny":
+        cfg = dict(sample_size=8, patch_size=2, in_channels=4, out_channels=8, num_layers=1, attention_head_dim=8,
+                   num_attention_heads=2, norm_num_groups=1)
+        batch, latent = 2, 8
+    else:  # DiT-XL/2-256 (facebook/DiT-XL-2-256): the class defaults, learn_sigma's 8 out channels; 32x32 latent
+        cfg, (batch, latent) = dict(out_channels=8), (2, 32)  # patch 2 -> 256 tokens
+    model = _model(DiTTransformer2DModel, cfg, size)
+    c = model.config
+    g = _gen(device)
+    kwargs = dict(
+        hidden_states=_randn(batch, c.in_channels, latent, latent, g=g),
+        timestep=torch.full((batch,), 500, dtype=torch.long),
+        class_labels=torch.tensor([207, 360])[:batch] % c.num_embeds_ada_norm,  # ImageNet ids, as the pipeline's
+        return_dict=False,
+    )
+    return _place(model, kwargs, dtype, device)
+
+
 MODELS = {
     "auraflow": ModelCase("auraflow", _auraflow, "AuraFlowTransformer2DModel (tiny: 1 MMDiT + 1 single block)"),
     "hunyuandit": ModelCase("hunyuandit", _hunyuandit, "HunyuanDiT2DModel (tiny: 4 layers, the last with a long skip)"),
@@ -253,6 +328,10 @@ MODELS = {
     "easyanimate": ModelCase("easyanimate", _easyanimate, "EasyAnimateTransformer3DModel, V5.1 (tiny: 1 MMDiT + 1 "
                              "image-only block)"),
     "cogview3plus": ModelCase("cogview3plus", _cogview3plus, "CogView3PlusTransformer2DModel (tiny: 1 layer)"),
+    "ovis_image": ModelCase("ovis_image", _ovis_image, "OvisImageTransformer2DModel (tiny: 1 double + 1 single block)"),
+    "longcat_image": ModelCase("longcat_image", _longcat_image, "LongCatImageTransformer2DModel (tiny: 1 double + 1 "
+                               "single block, the pipeline's position ids)"),
+    "dit": ModelCase("dit", _dit, "DiTTransformer2DModel, DiT-XL/2 (tiny: 1 layer, class-conditional)"),
 }
 
 #: DiTs tried and not in the zoo yet, and why
@@ -264,6 +343,9 @@ NOT_YET = {
     "ConsisIDTransformer3DModel": "its face injection `hidden + local_face_scale * cross_attention(...)` scales "
                                   "by a Python float, which the residual family skips ('update is not a tensor'); "
                                   "equal in fp32 and bf16 on the CPU, not registered until that spelling is a site",
+    "OmniGenTransformer2DModel": "its RoPE module compares the largest position id with a limit in Python "
+                                 "(`if seq_len > original_max_position_embeddings`): a graph break, and its full "
+                                 "config cannot run on the meta device (.item() of a meta tensor)",
     "ZImageTransformer2DModel": "its forward takes lists (x, t, cap_feats) and returns a list, where the zoo's "
                                 "contract (tests, benches, trajectories) is a tensor in and out; built and equal "
                                 "in fp32 and bf16 on the CPU with Lumina2's counts, not yet registered",

@@ -25,7 +25,7 @@ def test_model_benchmark_on_a_tiny_flux(tmp_path):
 @pytest.mark.parametrize("name", ["flux", "sana", "pixart", "wan", "qwenimage", "chroma", "cogvideox", "ltx",
                                   "hunyuanvideo", "cogview4", "auraflow", "hunyuandit", "latte", "skyreels_v2",
                                   "allegro", "sanavideo", "wan_vace", "easyanimate",
-                                  "cogview3plus"])
+                                  "cogview3plus", "ovis_image", "longcat_image", "dit"])
 def test_full_configs_run_on_the_meta_device(name):
     """The published sizes the GPU benchmark uses: shapes check out without any memory."""
     from sgdiff import zoo

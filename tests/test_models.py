@@ -105,6 +105,15 @@ EXPECTED = {
     # 1 layer: LayerNorm-modulates of image and text before attention and FF + norm_out (5); gated
     # residuals 4 a block less the last block's dead text FF one (3); LayerNorm QK norms (2)
     "cogview3plus": (5, 3, 0, 2, 0, 0, 0),
+    # Flux's blocks (1 double + 1 single): modulates 4 + 1 + norm_out, gated residuals 4 + 1, RoPE
+    # on the joint q and k of each block, RMSNorm QK norms 4 + 2; SwiGLU feed-forwards (ff,
+    # ff_context) and the single block's act(gate) * proj_mlp (3); the context embedder's RMSNorm (1)
+    "ovis_image": (6, 5, 4, 6, 3, 0, 1),
+    # Flux's blocks: Flux's counts (its double blocks' GELU-tanh feed-forwards are close, not admitted)
+    "longcat_image": (6, 5, 4, 6, 1, 0, 0),
+    # 1 layer (AdaLayerNormZero, class labels): LayerNorm-modulates before attention and FF + the
+    # final `norm_out(x) * (1 + scale) + shift` (3); gated attention and FF residuals (2)
+    "dit": (3, 2, 0, 0, 0, 0, 0),
 }
 BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3, 1), ("wan", "fp32"): (3, 2, 2, 4, 0, 0, 1),
             # fp32: the casts are gone, so the adaLN sites are one LayerNorm-modulate each (4 + 2 + 1)
