@@ -16,7 +16,6 @@ class Report:
     graphs: int = 0
     counts: Dict[str, int] = dataclasses.field(default_factory=dict)  # family -> rewritten
     found: Dict[str, int] = dataclasses.field(default_factory=dict)  # family -> found
-    ops: Dict[str, int] = dataclasses.field(default_factory=dict)  # op -> rewritten
     #: family -> {op -> rewritten}: an op several families use (``layer_norm``: a QK norm, a
     #: bare norm, a cast LayerNorm before a modulation) counted under the family that rewrote it
     family_ops: Dict[str, Dict[str, int]] = dataclasses.field(default_factory=dict)
@@ -42,13 +41,21 @@ class Report:
                 report.counts[family] = report.counts.get(family, 0) + r.matched_count
                 report.found[family] = report.found.get(family, 0) + r.found_count
                 for op, n in r.ops.items():
-                    report.ops[op] = report.ops.get(op, 0) + n
                     by_op = report.family_ops.setdefault(family, {})
                     by_op[op] = by_op.get(op, 0) + n
                 report.skipped.extend(tuple(s) for s in r.skipped)
                 for s in r.skipped:
                     report.skipped_where.setdefault(tuple(s), s.where)
         return report
+
+    @property
+    def ops(self) -> Dict[str, int]:
+        """op -> sites rewritten, over every family."""
+        total: Dict[str, int] = {}
+        for by_op in self.family_ops.values():
+            for op, n in by_op.items():
+                total[op] = total.get(op, 0) + n
+        return total
 
     def __str__(self) -> str:
         breaks = (f" ({len(self.graph_breaks)} kind(s) of graph break: "

@@ -13,7 +13,8 @@ from typing import Dict
 
 import torch
 
-from sgdiff.zoo_parts import ModelCase, _gen, _image_ids, _model, _place, _randn, wan_like  # noqa: F401
+from sgdiff.zoo_more_dits import MODELS as MORE_MODELS
+from sgdiff.zoo_parts import ModelCase, _gen, _image_ids, _model, _place, _randn, wan_like
 
 
 def _flux(size, dtype, device):
@@ -348,9 +349,7 @@ MODELS.update({
 })
 
 
-from sgdiff.zoo_more_dits import MODELS as _MORE  # noqa: E402  (they build on the helpers above)
-
-MODELS.update(_MORE)
+MODELS.update(MORE_MODELS)
 
 
 # --- pipelines: a denoiser above, a VAE and a scheduler; text encoders absent, embeddings given ---

@@ -26,7 +26,8 @@ alternating, twice over: wall time (what the host's launches cost, where the hos
 bottleneck) and GPU time with the launches queued up behind a held stream (what the copies cost,
 where the host runs ahead of the GPU, as it does between a VAE decode's large convolutions). The
 replay is kept if it is no slower on the wall clock (within WALL_SLACK: a GPU-bound graph's two
-times are equal but for noise) and adds at most GPU_SLACK (and GPU_SLACK_S) of GPU time; else the graph runs directly from then on, with one log line. Measured on the H200:
+times are equal but for noise) and adds at most GPU_SLACK (and GPU_SLACK_S) of GPU time; else
+the graph runs directly from then on, with one log line. Measured on the H200:
 Wan 2.1's decode at 480p x 81 frames took 1.03x eager's time with every graph replayed, and
 1.02x with the wall-time test alone (its small per-frame graphs replay faster alone, but between
 the convolutions the host's launches are hidden anyway and the copies are not); the GPU-time

@@ -34,7 +34,8 @@ def group_norm_reference(
     silu: bool = False,
 ) -> torch.Tensor:
     n, c = x.shape[0], x.shape[1]
-    y = aten.native_group_norm.default(_as_cpu_kernel_takes(x), weight, bias, n, c, x.numel() // max(n * c, 1), groups, eps)[0]
+    hw = x.numel() // max(n * c, 1)
+    y = aten.native_group_norm.default(_as_cpu_kernel_takes(x), weight, bias, n, c, hw, groups, eps)[0]
     return aten.silu.default(y) if silu else y
 
 

@@ -52,8 +52,8 @@ def supported_layout(x, conv_weight, conv_bias, stride, padding, dilation, conv_
     operands (its output then contiguous), a contiguous residual of the output's shape and
     dtype (the sum neither broadcasts nor promotes), a finite divisor or none."""
     shape = contiguous_output_shape(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups)
-    return (shape is not None and isinstance(residual, torch.Tensor) and tuple(residual.shape) == shape and residual.dtype == x.dtype
-            and residual.is_contiguous() and (divisor is None or isinstance(divisor, (int, float)))
+    return (shape is not None and isinstance(residual, torch.Tensor) and tuple(residual.shape) == shape
+            and residual.dtype == x.dtype and residual.is_contiguous() and (divisor is None or isinstance(divisor, (int, float)))
             and triton.cdiv(residual.numel() // max(shape[0] * shape[1], 1), BLOCK) < 2 ** 16)
 
 
