@@ -150,7 +150,7 @@ def breakdown(fn: Callable, device: torch.device, top: int = 25) -> Dict[str, ob
         _sync(device)
     wall = (time.perf_counter() - t0) * 1e3
     cats = {"gemm": 0.0, "attention": 0.0, "sgdiff": 0.0, "other": 0.0}
-    ours = sgdiff_kernel_names()
+    ours, our_calls = sgdiff_kernel_names(), 0
     per_kernel: Dict[str, list] = {}
     for e in prof.events():
         if e.device_type != torch.autograd.DeviceType.CUDA:
@@ -161,6 +161,7 @@ def breakdown(fn: Callable, device: torch.device, top: int = 25) -> Dict[str, ob
         entry[1] += 1
         if e.name in ours and "gemm" not in name:  # first: _linear_attention_out_kernel is ours
             cats["sgdiff"] += ms  # (sgdiff's GEMMs, epilogues included, count as GEMMs)
+            our_calls += 1
         elif any(k in name for k in ("gemm", "cutlass", "xmma", "nvjet", "matmul", "cublas")):
             cats["gemm"] += ms
         elif any(k in name for k in ("flash", "fmha", "attention", "sdpa")):
@@ -169,7 +170,8 @@ def breakdown(fn: Callable, device: torch.device, top: int = 25) -> Dict[str, ob
             cats["other"] += ms
     cats["gaps_and_host"] = max(0.0, wall - sum(cats.values()))
     ranked = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:top]
-    return dict(cats, top_kernels=[[name, round(ms, 4), calls] for name, (ms, calls) in ranked])
+    return dict(cats, sgdiff_kernel_calls=our_calls,
+                top_kernels=[[name, round(ms, 4), calls] for name, (ms, calls) in ranked])
 
 
 def run_model(name: str, size: str, device: torch.device, dtype, variants, repeats: int, steps: int,

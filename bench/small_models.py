@@ -61,7 +61,9 @@ def build(case: str, device: torch.device, dtype) -> Tuple[Callable, Callable]:
     return (lambda fn: fn(**kwargs)[0]), model
 
 
-def run_case(case: str, variants, device: torch.device, dtype, calls: int, rounds: int, profiled=()) -> dict:
+def run_case(case: str, variants, device: torch.device, dtype, calls: int, rounds: int, profiled=(),
+             specs: Dict[str, dict] = VARIANTS) -> dict:
+    """One case's row; ``specs``: variant -> ``torch.compile``'s arguments (None: eager)."""
     call, target = build(case, device, dtype)
     row = {"model": case}
     # The variants compile the same code, and dynamo's recompile limit counts every backend's
@@ -70,13 +72,14 @@ def run_case(case: str, variants, device: torch.device, dtype, calls: int, round
     # would run those frames eagerly. Each compiled variant gets the budget a lone process has
     # (the first may then compile a frame a lone process leaves eager: Wan's decode with a limit
     # of 64 ran in 1645 ms against 1644 with the default 8).
-    compiled = sum(VARIANTS[v] is not None for v in variants)
+    compiled = sum(specs[v] is not None for v in variants)
     budget = torch._dynamo.config.recompile_limit
     with torch._dynamo.config.patch(recompile_limit=budget * max(compiled, 1)):
-        return _run_case(row, call, target, variants, device, calls, rounds, profiled)
+        return _run_case(row, call, target, variants, device, calls, rounds, profiled, specs)
 
 
-def _run_case(row: dict, call, target, variants, device: torch.device, calls: int, rounds: int, profiled) -> dict:
+def _run_case(row: dict, call, target, variants, device: torch.device, calls: int, rounds: int, profiled,
+              specs: Dict[str, dict]) -> dict:
     from bench.models import breakdown
 
     fns: Dict[str, Callable[[], torch.Tensor]] = {}
@@ -84,7 +87,7 @@ def _run_case(row: dict, call, target, variants, device: torch.device, calls: in
     with torch.no_grad():
         want = None
         for variant in variants:
-            spec = VARIANTS[variant]
+            spec = specs[variant]
             fn = target if spec is None else torch.compile(target, **spec)
             t0 = time.perf_counter()
             out = call(fn)

@@ -1,27 +1,29 @@
-"""Every chain family, found in real diffusers DiTs (tiny configs, random weights, CPU), and the
-compiled model bitwise equal to eager.
+"""The sites each zoo model holds, per chain family: what the lossless passes rewrite, and the
+chains a model computes that no family rewrites yet, with the reason.
 
-Counts per model, for modulate / residual_gate / rope / qk_norm / ... / norm, are those of the
-captured graph. ``norm``: the norms no other family fused (Sana's caption RMSNorm, QwenImage's
-txt_norm, Chroma's approximator RMSNorm, CogVideoX's norm_final, HunyuanVideo's token-refiner
-LayerNorms; Wan's cross-attention FP32LayerNorm in an fp32 model, where it has no casts and the
-modulate family does not take it).
-QwenImage differs from the 4L+1 / 4L of a per-block count: its forward discards the text stream
-of the last block (only ``hidden_states`` reaches ``norm_out``), so that block's ``txt_norm2``
-modulation and both text-stream gated residuals are dead code, which torch.compile removes:
-4L modulates and 4L-2 gated residuals, 4 and 2 for one layer.
+Counts are those of the captured graph of the ``tiny`` config (one block of each kind, see each
+builder) in bf16, :data:`REWRITTEN_BY_DTYPE` where fp32 differs, and of ``blocks2`` (the real widths,
+two blocks) in bf16, where a model's count changes with its block count: the two configs are the
+layer differencing of a per-block count. ``tests/test_zoo.py`` holds every model to them;
+``bench/zoo.py`` reports found against expected on the GPU; :func:`coverage` is the share of
+expected sites rewritten over the whole zoo.
+
+``norm``: the norms no other family fused (Sana's caption RMSNorm, QwenImage's txt_norm, Chroma's
+approximator RMSNorm, CogVideoX's norm_final, HunyuanVideo's token-refiner LayerNorms; Wan's
+cross-attention FP32LayerNorm in an fp32 model, where it has no casts and the modulate family does
+not take it). QwenImage differs from the 4L+1 / 4L of a per-block count: its forward discards the
+text stream of the last block (only ``hidden_states`` reaches ``norm_out``), so that block's
+``txt_norm2`` modulation and both text-stream gated residuals are dead code, which torch.compile
+removes: 4L modulates and 4L-2 gated residuals, 4 and 2 for one layer.
 """
-import logging
+from __future__ import annotations
 
-import pytest
-import torch
-
-import sgdiff
-from sgdiff import zoo
-from tests.helpers import NOT_ADMITTED, bits_equal
+from typing import Dict, List, Tuple
 
 FAMILIES = ("modulate", "residual_gate", "rope", "qk_norm", "activation", "linear_attention", "norm")
-EXPECTED = {
+#: model -> sites rewritten at lossless per FAMILIES, tiny config, bf16 (and fp32 unless
+#: REWRITTEN_BY_DTYPE says otherwise)
+REWRITTEN = {
     # 1 double + 1 single block: 4L+S+1, 4L+S, 2L+2S, 4L+2S, S (GELU into the single block's cat)
     "flux": (6, 5, 4, 6, 1, 0, 0),
     "flux2": (6, 5, 4, 6, 3, 0, 0),  # SwiGLU: 2 double-block FFs + the single block's
@@ -115,81 +117,82 @@ EXPECTED = {
     # final `norm_out(x) * (1 + scale) + shift` (3); gated attention and FF residuals (2)
     "dit": (3, 2, 0, 0, 0, 0, 0),
 }
-BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3, 1), ("wan", "fp32"): (3, 2, 2, 4, 0, 0, 1),
-            # fp32: the casts are gone, so the adaLN sites are one LayerNorm-modulate each (4 + 2 + 1)
-            # and the QK norms plain LayerNorms (qk_norm: 4 + 2)
-            ("auraflow", "fp32"): (7, 6, 0, 6, 3, 0, 0),
-            # fp32: the FP32LayerNorms without their casts are plain norms (norm family: 3 a block + skip_norm)
-            ("hunyuandit", "fp32"): (1, 8, 12, 16, 0, 0, 13), ("skyreels_v2", "fp32"): (3, 2, 2, 4, 0, 0, 1),
-            ("wan_vace", "fp32"): (5, 5, 4, 8, 0, 0, 2),
-            # fp32: one LayerNorm-modulate a site (7 + norm_out)
-            ("easyanimate", "fp32"): (8, 6, 4, 6, 0, 0, 2)}
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+REWRITTEN_BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3, 1), ("wan", "fp32"): (3, 2, 2, 4, 0, 0, 1),
+                      # fp32: the casts are gone, so the adaLN sites are one LayerNorm-modulate each (4 + 2 + 1)
+                      # and the QK norms plain LayerNorms (qk_norm: 4 + 2)
+                      ("auraflow", "fp32"): (7, 6, 0, 6, 3, 0, 0),
+                      # fp32: the FP32LayerNorms without their casts are plain norms (norm family: 3 a block + skip_norm)
+                      ("hunyuandit", "fp32"): (1, 8, 12, 16, 0, 0, 13), ("skyreels_v2", "fp32"): (3, 2, 2, 4, 0, 0, 1),
+                      ("wan_vace", "fp32"): (5, 5, 4, 8, 0, 0, 2),
+                      # fp32: one LayerNorm-modulate a site (7 + norm_out)
+                      ("easyanimate", "fp32"): (8, 6, 4, 6, 0, 0, 2)}
+
+#: model -> chains the model computes that no family rewrites: (family, sites in the tiny config,
+#: sites at blocks2, reason). Expected = rewritten + missed.
+MISSED: Dict[str, List[Tuple[str, int, int, str]]] = {
+    "allegro": [("rope", 2, 4, "rotate-half RoPE by slicing the head dim's halves, cos/sin from an embedding "
+                            "lookup: no rope spelling takes it yet")],
+}
+
+#: model -> sites rewritten per FAMILIES at blocks2 (bf16), where it differs from the tiny count:
+#: a per-block count at two blocks where tiny has one (the difference is one block's sites), Chroma's
+#: five approximator RMSNorms, HunyuanDiT without its long skip. (``explain`` on the meta device;
+#: there CogVideoX's and CogView3-Plus's per-head QK LayerNorms are taken as cast LayerNorms by the
+#: modulate family where a real device's graph gives them to qk_norm: their rows are a real device's,
+#: 2L QK norms; Lumina2's full config does not run on the meta device: one main layer's sites more.)
+BLOCKS2: Dict[str, Tuple[int, ...]] = {
+    "sana": (5, 6, 0, 0, 4, 8, 1),
+    "pixart": (5, 6, 0, 0, 0, 0, 0),
+    "qwenimage": (8, 6, 8, 8, 0, 0, 1),
+    "chroma": (6, 5, 4, 6, 1, 0, 5),
+    "cogview4": (8, 6, 4, 4, 0, 0, 0),
+    "hunyuandit": (9, 4, 6, 6, 0, 0, 0),
+    "cogview3plus": (9, 7, 0, 4, 0, 0, 0),
+    "dit": (5, 4, 0, 0, 0, 0, 0),
+    "wan": (7, 4, 4, 8, 0, 0, 0),
+    "cogvideox": (9, 7, 0, 4, 0, 0, 1),
+    "ltx": (5, 4, 4, 8, 0, 0, 0),
+    "skyreels_v2": (7, 4, 4, 8, 0, 0, 0),
+    "allegro": (5, 6, 0, 0, 0, 0, 0),
+    "sanavideo": (5, 6, 4, 8, 4, 0, 1),
+    "lumina2": (7, 8, 8, 8, 4, 0, 11),
+}
+
+NOT_YET = {
+    "MochiTransformer3DModel": "its attention processor calls torch.nonzero, a graph break under torch.compile's "
+                               "defaults: the attention runs eagerly and each QK norm and RoPE compiles as a small "
+                               "graph of its own, so its sites cannot be counted per block; its full config does not "
+                               "run on the meta device (autocast has no 'meta' device type)",
+    "ConsisIDTransformer3DModel": "its face injection `hidden + local_face_scale * cross_attention(...)` scales "
+                                  "by a Python float, which the residual family skips ('update is not a tensor'); "
+                                  "equal in fp32 and bf16 on the CPU, not registered until that spelling is a site",
+    "OmniGenTransformer2DModel": "its RoPE module compares the largest position id with a limit in Python "
+                                 "(`if seq_len > original_max_position_embeddings`): a graph break, and its full "
+                                 "config cannot run on the meta device (.item() of a meta tensor)",
+    "ZImageTransformer2DModel": "its forward takes lists (x, t, cap_feats) and returns a list, where the zoo's "
+                                "contract (tests, benches, trajectories) is a tensor in and out; built and equal "
+                                "in fp32 and bf16 on the CPU with Lumina2's counts, not yet registered",
+}
 
 
-@pytest.fixture(scope="module", params=[(m, d) for m in EXPECTED for d in DTYPES], ids=lambda p: f"{p[0]}-{p[1]}")
-def case(request):
-    """One model per name and dtype, built once: (name, model, kwargs, eager output)."""
-    name, dtype = request.param
-    logging.getLogger("diffusers").setLevel(logging.ERROR)  # the `.to(dtype)` fp32-modules notice
-    model, kwargs = zoo.build(name, dtype=DTYPES[dtype])
-    with torch.no_grad():
-        eager = model(**kwargs)[0]
-    return name, dtype, model, kwargs, eager
+def rewritten(name: str, dtype: str = "bf16", size: str = "tiny") -> Dict[str, int]:
+    """family -> sites the lossless passes rewrite in zoo model ``name`` (``dtype``: fp32 or bf16)."""
+    if size == "blocks2" and name in BLOCKS2:
+        counts = BLOCKS2[name]
+    else:
+        counts = REWRITTEN_BY_DTYPE.get((name, dtype), REWRITTEN[name])
+    return dict(zip(FAMILIES, counts))
 
 
-def test_every_chain_is_found_and_rewritten(case):
-    name, dtype, model, kwargs, _ = case
-    report = sgdiff.explain(model, **kwargs)
-    assert tuple(report.counts[f] for f in FAMILIES) == BY_DTYPE.get((name, dtype), EXPECTED[name]), str(report)
-    # nothing of these families was found and left eager, but for close chains (linear + GELU)
-    assert all(reason == NOT_ADMITTED for _, _, reason in report.skipped), \
-        report.skipped
-    assert all(report.found[f] == report.counts[f] for f in FAMILIES if f != "activation"), report.skipped
+def expected(name: str, dtype: str = "bf16", size: str = "tiny") -> Dict[str, int]:
+    """family -> the sites of a config (tiny or blocks2): those rewritten and those :data:`MISSED`."""
+    counts = rewritten(name, dtype, size)
+    for family, tiny, blocks2, _ in MISSED.get(name, ()):
+        counts[family] += blocks2 if size == "blocks2" else tiny
+    return counts
 
 
-def test_explaining_models_in_a_row_reports_first_compiles():
-    """Explains of other models one after another (other sizes to torch.compile, which traces
-    each from explain's own frame): each report is that of a first, static compile, not one
-    with the symbolic sizes torch.compile's automatic dynamic gives a recompile."""
-    logging.getLogger("diffusers").setLevel(logging.ERROR)
-    for name in ("flux", "sana"):
-        model, kwargs = zoo.build(name, dtype=torch.bfloat16)
-        report = sgdiff.explain(model, **kwargs)
-        assert tuple(report.counts[f] for f in FAMILIES) == EXPECTED[name], str(report)
-        assert all(reason == NOT_ADMITTED for _, _, reason in report.skipped), report.skipped
-
-
-def test_compiled_model_is_bitwise_equal_to_eager(case):
-    name, _, model, kwargs, eager = case
-    torch._dynamo.reset()
-    try:
-        with torch.no_grad():
-            got = torch.compile(model, backend="sgdiff")(**kwargs)[0]
-    finally:
-        torch._dynamo.reset()
-    assert bits_equal(got, eager)
-
-
-# extra-high adds the close rewrites: each projection + GELU-tanh (feed-forwards, caption and
-# text projections) becomes linear_gelu_tanh, beside the lossless activation sites
-EXTRA_HIGH_ACTIVATION = {"flux": 3, "wan": 2, "pixart": 2, "sd35": 3, "qwenimage": 1, "sana": 3}
-
-
-@pytest.mark.parametrize("name", sorted(EXTRA_HIGH_ACTIVATION))
-def test_extra_high_adds_each_projection_gelu_and_stays_close(name):
-    logging.getLogger("diffusers").setLevel(logging.ERROR)
-    model, kwargs = zoo.build(name, dtype=torch.bfloat16)
-    lossless, extra = sgdiff.explain(model, **kwargs), sgdiff.explain(model, quality="extra-high", **kwargs)
-    assert extra.counts["activation"] == EXTRA_HIGH_ACTIVATION[name], str(extra)
-    assert all(extra.counts[f] == lossless.counts[f] for f in FAMILIES if f != "activation")
-    assert not extra.skipped
-    torch._dynamo.reset()
-    try:
-        with torch.no_grad():
-            eager = model(**kwargs)[0].float()
-            got = torch.compile(model, backend="sgdiff", options={"quality": "extra-high"})(**kwargs)[0].float()
-    finally:
-        torch._dynamo.reset()
-    assert not torch.equal(got, eager)  # the rewrite ran: one rounding fewer
-    assert (got - eager).abs().max() <= 0.05 * eager.abs().max()
+def coverage(dtypes=("fp32", "bf16")) -> Tuple[int, int]:
+    """(sites rewritten, sites expected) over every zoo model and ``dtypes``, tiny configs."""
+    done = sum(sum(rewritten(m, d).values()) for m in REWRITTEN for d in dtypes)
+    return done, sum(sum(expected(m, d).values()) for m in REWRITTEN for d in dtypes)

@@ -1,4 +1,4 @@
-"""What every zoo builder shares (:mod:`sgdiff.zoo`, :mod:`sgdiff.zoo_more_dits`): the case
+"""What every zoo builder shares (:mod:`sgdiff.zoo.image`, :mod:`sgdiff.zoo.video`): the case
 record, the block-count cut of ``blocks2``, seeded inputs made on the CPU, and placing a model
 and its inputs on a device in a dtype as ``from_pretrained(torch_dtype=...)`` would."""
 from __future__ import annotations

@@ -1,0 +1,75 @@
+"""The zoo's VAEs (Flux's ``AutoencoderKL``, Wan 2.1's ``AutoencoderKLWan``) and pipelines: a denoiser
+of :func:`sgdiff.zoo.build`, a VAE of the model's and a scheduler; text encoders absent, embeddings
+given."""
+from __future__ import annotations
+
+import torch
+
+from sgdiff.zoo.parts import _gen, _randn
+
+
+def _flux_vae(size):
+    from diffusers import AutoencoderKL
+
+    if size == "tiny":  # the mid-block's attention only on CUDA: ATen's CPU group norm refuses the
+        # transposed input it gets there once captured (torch 2.13)
+        return AutoencoderKL(block_out_channels=(4,), layers_per_block=1, latent_channels=4, norm_num_groups=1,
+                             use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609,
+                             scaling_factor=1.5035, mid_block_add_attention=torch.cuda.is_available())
+    # FLUX.1-dev's VAE: 16 latent channels, 8x spatial
+    return AutoencoderKL(in_channels=3, out_channels=3, latent_channels=16,
+                         down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+                         block_out_channels=(128, 256, 512, 512), layers_per_block=2, norm_num_groups=32,
+                         use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.1159,
+                         scaling_factor=0.3611, sample_size=1024)
+
+
+def _wan_vae(size):
+    from diffusers import AutoencoderKLWan
+
+    if size == "tiny":
+        return AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 1], num_res_blocks=1, temperal_downsample=[True],
+                                latents_mean=[0.0] * 4, latents_std=[1.0] * 4, scale_factor_temporal=2,
+                                scale_factor_spatial=2)
+    return AutoencoderKLWan()  # Wan 2.1's VAE
+
+
+def build_pipeline(name: str, size: str = "tiny", dtype: torch.dtype = torch.float32, device="cpu"):
+    """``(pipe, call_kwargs)``: a diffusers pipeline with random weights (the denoiser of
+    :func:`build`, a VAE of the model's, a flow-matching Euler scheduler), no text encoders;
+    ``pipe(**call_kwargs)`` runs it from given prompt embeddings and returns a tensor
+    (``output_type="pt"``). ``full``: Flux.1-dev at 1024², 28 steps; Wan 2.1 1.3B at 480p x 81
+    frames, 50 steps with classifier-free guidance."""
+    import diffusers
+
+    from sgdiff.zoo import build
+
+    transformer, _ = build(name, size, dtype=dtype, device=device)
+    g = _gen(device)
+    scheduler = diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0)
+    if name == "flux":
+        vae = _flux_vae(size)
+        pipe = diffusers.FluxPipeline(scheduler=scheduler, vae=vae, text_encoder=None, tokenizer=None,
+                                      text_encoder_2=None, tokenizer_2=None, transformer=transformer)
+        c = transformer.config
+        text = 8 if size != "full" else 512
+        call = dict(prompt_embeds=_randn(1, text, c.joint_attention_dim, g=g),
+                    pooled_prompt_embeds=_randn(1, c.pooled_projection_dim, g=g),
+                    height=16 if size != "full" else 1024, width=16 if size != "full" else 1024,
+                    num_inference_steps=2 if size != "full" else 28, guidance_scale=3.5)
+    elif name == "wan":
+        vae = _wan_vae(size)
+        pipe = diffusers.WanPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler,
+                                     transformer=transformer)
+        text, dim = (6, transformer.config.text_dim) if size != "full" else (512, transformer.config.text_dim)
+        call = dict(prompt_embeds=_randn(1, text, dim, g=g), negative_prompt_embeds=_randn(1, text, dim, g=g),
+                    height=16 if size != "full" else 480, width=16 if size != "full" else 832,
+                    num_frames=5 if size != "full" else 81, num_inference_steps=2 if size != "full" else 50,
+                    guidance_scale=5.0)
+    else:
+        raise ValueError(f"no pipeline for {name!r}; known: flux, wan")
+    pipe.vae.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    for key in ("prompt_embeds", "pooled_prompt_embeds", "negative_prompt_embeds"):
+        if key in call:
+            call[key] = call[key].to(device=device, dtype=dtype)
+    return pipe, dict(call, output_type="pt", generator=torch.Generator(device="cpu").manual_seed(0))

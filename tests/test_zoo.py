@@ -1,0 +1,83 @@
+"""Every chain family, found in real diffusers DiTs (tiny configs, random weights, CPU), and the
+compiled model bitwise equal to eager: each zoo model held to the counts of
+:mod:`sgdiff.zoo.sites` (where each count comes from is written there)."""
+import logging
+
+import pytest
+import torch
+
+import sgdiff
+from sgdiff import zoo
+from sgdiff.zoo import sites
+from tests.helpers import NOT_ADMITTED, bits_equal
+
+FAMILIES = sites.FAMILIES
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@pytest.fixture(scope="module", params=[(m, d) for m in sites.REWRITTEN for d in DTYPES], ids=lambda p: f"{p[0]}-{p[1]}")
+def case(request):
+    """One model per name and dtype, built once: (name, model, kwargs, eager output)."""
+    name, dtype = request.param
+    logging.getLogger("diffusers").setLevel(logging.ERROR)  # the `.to(dtype)` fp32-modules notice
+    model, kwargs = zoo.build(name, dtype=DTYPES[dtype])
+    with torch.no_grad():
+        eager = model(**kwargs)[0]
+    return name, dtype, model, kwargs, eager
+
+
+def test_every_chain_is_found_and_rewritten(case):
+    name, dtype, model, kwargs, _ = case
+    report = sgdiff.explain(model, **kwargs)
+    assert tuple(report.counts[f] for f in FAMILIES) == tuple(sites.rewritten(name, dtype).values()), str(report)
+    # nothing of these families was found and left eager, but for close chains (linear + GELU)
+    assert all(reason == NOT_ADMITTED for _, _, reason in report.skipped), \
+        report.skipped
+    assert all(report.found[f] == report.counts[f] for f in FAMILIES if f != "activation"), report.skipped
+
+
+def test_explaining_models_in_a_row_reports_first_compiles():
+    """Explains of other models one after another (other sizes to torch.compile, which traces
+    each from explain's own frame): each report is that of a first, static compile, not one
+    with the symbolic sizes torch.compile's automatic dynamic gives a recompile."""
+    logging.getLogger("diffusers").setLevel(logging.ERROR)
+    for name in ("flux", "sana"):
+        model, kwargs = zoo.build(name, dtype=torch.bfloat16)
+        report = sgdiff.explain(model, **kwargs)
+        assert tuple(report.counts[f] for f in FAMILIES) == tuple(sites.rewritten(name).values()), str(report)
+        assert all(reason == NOT_ADMITTED for _, _, reason in report.skipped), report.skipped
+
+
+def test_compiled_model_is_bitwise_equal_to_eager(case):
+    name, _, model, kwargs, eager = case
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            got = torch.compile(model, backend="sgdiff")(**kwargs)[0]
+    finally:
+        torch._dynamo.reset()
+    assert bits_equal(got, eager)
+
+
+# extra-high adds the close rewrites: each projection + GELU-tanh (feed-forwards, caption and
+# text projections) becomes linear_gelu_tanh, beside the lossless activation sites
+EXTRA_HIGH_ACTIVATION = {"flux": 3, "wan": 2, "pixart": 2, "sd35": 3, "qwenimage": 1, "sana": 3}
+
+
+@pytest.mark.parametrize("name", sorted(EXTRA_HIGH_ACTIVATION))
+def test_extra_high_adds_each_projection_gelu_and_stays_close(name):
+    logging.getLogger("diffusers").setLevel(logging.ERROR)
+    model, kwargs = zoo.build(name, dtype=torch.bfloat16)
+    lossless, extra = sgdiff.explain(model, **kwargs), sgdiff.explain(model, quality="extra-high", **kwargs)
+    assert extra.counts["activation"] == EXTRA_HIGH_ACTIVATION[name], str(extra)
+    assert all(extra.counts[f] == lossless.counts[f] for f in FAMILIES if f != "activation")
+    assert not extra.skipped
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            eager = model(**kwargs)[0].float()
+            got = torch.compile(model, backend="sgdiff", options={"quality": "extra-high"})(**kwargs)[0].float()
+    finally:
+        torch._dynamo.reset()
+    assert not torch.equal(got, eager)  # the rewrite ran: one rounding fewer
+    assert (got - eager).abs().max() <= 0.05 * eager.abs().max()
