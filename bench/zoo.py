@@ -46,6 +46,7 @@ def measure(name: str, device: torch.device, calls: int, rounds: int) -> dict:
     row["found"] = {f: report.counts.get(f, 0) for f in expected}
     row["expected"] = expected
     row["unexpected"] = {f: n for f, n in report.counts.items() if n and f not in expected}
+    row["skipped"] = sorted({f"{family}/{op}: {reason}" for family, op, reason in report.skipped})
     row["sgdiff_ms"] = row.get("sgdiff_default_ms")
     row["sgdiff_kernels"] = row.get("sgdiff_default_breakdown_ms", {}).get("sgdiff_kernel_calls")
     return row

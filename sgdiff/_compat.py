@@ -142,6 +142,15 @@ def fake_mode_of(tensors: Iterable[torch.Tensor]):
         return None
 
 
+@contextlib.contextmanager
+def real_tensors():
+    """Ops run on real tensors inside, even within a compile's fake mode."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        yield
+
+
 def new_fake_mode():
     """A FakeTensorMode of its own (for graphs whose values have none in common)."""
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -12,6 +12,7 @@ from torch import fx
 
 from sgdiff import _compat
 from sgdiff.fxpasses import ManagerResult, PassManager
+from sgdiff.fxpasses.constants import fold_constants
 from sgdiff.fxpasses.copies import lazy_contiguous
 from sgdiff.fxpasses.cudagraphs import CudaGraphRunner
 from sgdiff.fxpasses.direct_aten import direct_aten_calls
@@ -67,6 +68,7 @@ class TieredGraph:
 
     def _build(self, tier: Tier, gm: fx.GraphModule) -> Callable:
         try:
+            fold_constants(gm)
             result = PassManager(tier, families=self.options.chosen_families()).apply(gm)
         except Exception:  # never break a user's model: run the captured graph as it is
             log.exception("sgdiff: passes failed on a graph; running it unchanged")
