@@ -76,7 +76,7 @@ def apply_family(gm: fx.GraphModule, family: str, patterns: Sequence[ChainPatter
             if reason is not None and node in inside and reason == OVERLAP:
                 continue  # a view inside a site taken whole: not a site of its own
             if not counted:
-                result.found_count += 1
+                result.found_count += pattern.chains
                 counted = True
             if reason is not None:
                 result.skipped.append(Skip(family, pattern.op, reason, node.name, source_of(node)))
@@ -103,8 +103,8 @@ def apply_family(gm: fx.GraphModule, family: str, patterns: Sequence[ChainPatter
 
     for site in sites:
         _rewrite(gm.graph, site)
-        result.matched_count += 1
-        result.ops[site.pattern.op] = result.ops.get(site.pattern.op, 0) + 1
+        result.matched_count += site.pattern.chains
+        result.ops[site.pattern.op] = result.ops.get(site.pattern.op, 0) + site.pattern.chains
     if sites:
         gm.graph.eliminate_dead_code()
         gm.graph.lint()

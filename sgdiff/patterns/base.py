@@ -43,6 +43,9 @@ class ChainPattern:
     check: Callable[[Match], Optional[str]] = lambda m: None
     #: larger chains first: a pattern that covers another's root wins the site
     priority: int = 0
+    #: the family's chains one match rewrites, as sites are counted (two QK norms joined along the
+    #: sequence before one RoPE: 2, as they count where each is rewritten alone)
+    chains: int = 1
 
     def __post_init__(self):
         if not self.family or not self.name or not self.op:

@@ -128,6 +128,7 @@ def rms_norm_cat_rope_pattern() -> ChainPattern:
                                    form="fused", cos=m["cos"], sin=m["sin"], interleaved=m["interleaved"]),
         check=_cat_reason,
         priority=1,
+        chains=2,
     )
 
 

@@ -16,6 +16,8 @@ class ModelCase:
     build: Callable[[str, torch.dtype, torch.device], Tuple[torch.nn.Module, Dict[str, Any]]]
     doc: str
     sizes: Tuple[str, ...] = ("tiny", "full", "blocks2")
+    #: its full config runs forward on the meta device (its published shapes checked with no memory)
+    meta: bool = True
 
 
 def _model(cls, cfg: Dict[str, Any], size: str) -> torch.nn.Module:

@@ -18,6 +18,7 @@ removes: 4L modulates and 4L-2 gated residuals, 4 and 2 for one layer.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict, List, Tuple
 
 FAMILIES = ("modulate", "residual_gate", "rope", "qk_norm", "activation", "linear_attention", "norm")
@@ -116,6 +117,129 @@ REWRITTEN = {
     # 1 layer (AdaLayerNormZero, class labels): LayerNorm-modulates before attention and FF + the
     # final `norm_out(x) * (1 + scale) + shift` (3); gated attention and FF residuals (2)
     "dit": (3, 2, 0, 0, 0, 0, 0),
+    # 1 per-mode block a mode (text, image; the reference-image mode's blocks are not run at text-to-image) + 1 joint
+    # single block: modulates 1 a mode block `(1 + scale) * norm(x) + shift`, 2 in the single block (text, content),
+    # + norm_out (5); gated residuals `x + gate * (attn + ff)` 1 a mode block, 2 in the single block less the last
+    # block's text one, dead code (only the content reaches norm_out) (3); RoPE on q and k of the 3 attentions (6);
+    # RMSNorm QK norms, fp32 modules on `q.float()` (6); the 3 SwiGLU feed-forwards (3). Per block (+1 of each
+    # kind): (4, 4, 6, 6, 3, 0, 0). bf16: each RoPE is found twice, once skipped ("not cast back to x's dtype": it
+    # runs on the fp32 norm output and is cast with `.to(value.dtype)` after), once rewritten.
+    "flux3": (5, 3, 6, 6, 3, 0, 0),
+    # Flux's blocks (no pooled projection, no guidance): Flux's counts; the double blocks' GELU-tanh feed-forwards
+    # (2) are close, not admitted at lossless, as in Flux
+    "bria": (6, 5, 4, 6, 1, 0, 0),
+    # Bria's blocks, each block's text half a projection of one text-encoder layer: Flux's counts
+    "bria_fibo": (6, 5, 4, 6, 1, 0, 0),
+    # 1 noise-refiner layer, 1 plain + 1 injection main layer, 1 Perceiver layer: modulates: the refiner's
+    # `RMSNorm(x) * (1 + scale)` before attention and FF (global modulation) + the final `norm(x) * (1 + scale)` (3);
+    # gated residuals `x + tanh(gate) * RMSNorm(out)`: attention and FF of each Z-Image block (6) + the injection
+    # layer's `x + tanh(cross_attn_gate) * norm(cross_out)` (7); RoPE (complex spelling) on q and k of the 3
+    # self-attentions (6); RMSNorm QK norms of the 5 attentions (refiner, 2 main, the injection's cross-attention,
+    # the Perceiver's cross- and self-attention) (12); the SiLU-gated FFs (4); norms no modulation takes: the
+    # refiner's attention_norm2 and ffn_norm2 (2), 4 a main layer (attention_norm1 and ffn_norm1, whose per-token
+    # modulation is missed, see MISSED, attention_norm2, ffn_norm2), + cross_attn_norm1/2 of the injection layer
+    # (10), the Perceiver layer's 3 and its norm_out (16). Per (+1 refiner, +1 plain, +1 injection, +1 Perceiver
+    # layer): (2, 7, 6, 12, 4, 0, 15)
+    "bria_fibo2": (3, 7, 6, 12, 4, 0, 16),
+    # 1 block, 1 layerwise + 1 refiner text-fusion block: every Krea2RMSNorm is `rms_norm(x.float(), weight=w + 1)
+    # .to(dtype)`, a cast RMSNorm the modulate family takes (also in fp32): 4 a block (norm1, norm2, norm_q, norm_k),
+    # 4 a text-fusion block, txt_in's, the final layer's (14), + the block's two `(1 + scale) * norm(x) + shift` and
+    # the final layer's (17). Its QK norms are those cast RMSNorms, so qk_norm 0. Gated residuals pregate and
+    # postgate (2); RoPE on q and k (2); SwiGLU FFs of the 3 blocks (3). Per (+1 block of each kind):
+    # (14, 2, 2, 0, 3, 0, 0). Not sites: the text-fusion blocks' plain residuals; the attention's sigmoid output gate
+    # `out * sigmoid(to_gate(x))` (no family); the 3 GELU-tanh MLP activations (time embed, time_mod_proj, txt_in)
+    # are close, not admitted at lossless
+    "krea2": (17, 2, 2, 0, 3, 0, 0),
+    # 1 block: LayerNorm-modulates before attention and MLP + the final layer (3); gated residuals (2); the RMSNorms
+    # on the image q, k and the text k run as bare norms (norm family, 3), not qk_norm (their consumer is PRX's RoPE,
+    # see MISSED, and a cat); the MLP's `down(gelu_tanh(gate(x)) * up(x))` is close, not admitted at lossless
+    "prx": (3, 2, 0, 0, 0, 0, 3),
+    # 1 layer (shared adaLN table from the timestep, [S, B, H] layout): RMSNorm-modulates before attention and MLP,
+    # `(x.float() * (1 + scale.float()) + shift.float()).to(x.dtype)`, + final_norm's LayerNorm-modulate (3); the
+    # per-head RMSNorm QK norms (2). bf16: the modulate takes the fp32 product past the RMSNorm, so the two
+    # RMSNorms are the norm family's (2); the gated residuals `x + (gate.float() * y.float()).to(x.dtype)` are not
+    # taken (see MISSED); fp32: they are (2), and each RMSNorm joins its modulate (REWRITTEN_BY_DTYPE)
+    "ernie_image": (3, 0, 0, 2, 0, 0, 2),
+    # 1 layer: RMSNorm * (1 + scale) (no shift) before attention and FF + norm_final(x) * (1 + scale) (3); the
+    # tanh-gated residuals `x + gate * rmsnorm(y)` of attention and FF (2); per-head RMSNorm QK norms (2); the SwiGLU
+    # `silu(w1(x)) * w3(x)` (1); the RMSNorms on the attention and FF outputs and llm_cond_norm (3)
+    "ideogram4": (3, 2, 0, 2, 1, 0, 3),
+    # 1 double block, bf16: its adaLN norms are FP32LayerNorms cast back before the modulation, two ops a site (see
+    # "auraflow"); only the image stream reaches norm_out, so the text stream's FF (txt_norm2 modulate, its
+    # residuals) is dead: 3 sites (img_norm1, txt_norm1, img_norm2) x 2 + norm_out's cast LayerNorm (7). Gated
+    # residuals: image attention and FF (2); RMSNorm QK norms on q and k of both streams (4). Its RoPE is not taken
+    # in bf16 (see MISSED); fp32: 3 modulates, RoPE on the image q and k (2), norm_out a plain norm (1)
+    "joyimage": (7, 2, 0, 4, 0, 0, 0),
+    "joyimage_edit_plus": (7, 2, 0, 4, 0, 0, 0),  # JoyImage's blocks, batched RoPE tables: JoyImage's counts
+    # Wan 2.1 I2V blocks, 1 layer: modulates norm1, norm3 (2 a block) + norm_out, and (bf16) the cross-attention's
+    # FP32LayerNorm norm2 and the image embedder's two FP32LayerNorms, cast back: cast LayerNorms (6); gated
+    # attention and FF residuals (2); RoPE on the self-attention's q and k (2); RMSNorms across heads on q and k
+    # of both attentions and on the image tokens' added k (5). Layer differencing (+1 layer): +3, +2, +2, +5
+    "chronoedit": (6, 2, 2, 5, 0, 0, 0),
+    # Cosmos-Predict2.5, 1 layer: CosmosAdaLayerNormZero before self-attention, cross-attention and FF (3 a
+    # block) + norm_out's CosmosAdaLayerNorm (4); the three gated residuals `x + gate * y` (3); rotate-half RoPE
+    # (apply_rotary_emb, use_real_unbind_dim=-2) on the self-attention's q and k (2); per-head RMSNorm on q and k
+    # of both attentions (4); the time embedding's RMSNorm (1). The FFs' exact GELU (and crossattn_proj's) is no
+    # activation site. Layer differencing: +3, +3, +2, +4
+    "cosmos": (4, 3, 2, 4, 0, 0, 1),
+    # LTX-2, 1 audio-video layer: modulates 8 a block (video and audio before self-attention and FF, and the
+    # a2v / v2a cross-attention's four `norm(x) * (1 + scale) + shift` of the shared audio_to_video_norm /
+    # video_to_audio_norm outputs) + both norm_outs (10); gated residuals: both self-attentions, a2v, v2a, both
+    # FFs (6); interleaved RoPE on q and k of the video and audio self-attentions and of a2v and v2a (8); RMSNorms
+    # across heads on q and k of six attentions (12); norm2 / audio_norm2 before the text cross-attentions, not
+    # modulated (cross_attn_mod off) (2). Layer differencing: +8, +6, +8, +12, 0, 0, +2. Not sites: the two
+    # `coords * scale + offset` of the RoPE coordinates (integer, 'input is not a floating-point tensor')
+    "ltx2": (10, 6, 8, 12, 0, 0, 2),
+    # Flux-like, 1 dual + 1 single block: modulates 4 (dual: norm1, norm1_context, norm2, norm2_context) + 1
+    # (single) + norm_out (6); gated residuals 4 + 1 (5); RoPE on q and k of each block (4); RMSNorm QK norms
+    # 4 + 2 (6); the single block's GELU-tanh into its cat (1). Layer differencing (+1 dual, +1 single): +5, +5,
+    # +4, +6, +1
+    "motif_video": (6, 5, 4, 6, 1, 0, 0),
+    # 1 layer + 1 refiner layer: RMSNorm-modulates (index_select'ed rows) before attention and FF + norm_out (3);
+    # gated attention and FF residuals (2); per-head RMSNorm on q and k of the block's and the refiner's
+    # attention (4); SwiGLU of both FFs (2); the refiner's norm1, norm2 and final_norm (3). Not sites: the
+    # refiner's plain residuals. Layer differencing (+1 layer, +1 refiner layer): +2, +2, 0, +4, +2, 0, +2
+    "minimax_h3": (3, 2, 0, 4, 2, 0, 3),
+    # 1 text (encoder) block + 1 visual (decoder) block; every chain in fp32 and cast back:
+    # `(norm(x.float()) * (scale.float() + 1.0) + shift.float()).type_as(x)` LayerNorm-modulates: 2 a text block
+    # (attention, FF), 3 a visual block (self-attention, cross-attention, FF), + the out layer's (6); gated
+    # residuals `(x.float() + gate.float() * out.float()).type_as(x)`: 2 + 3 (5); per-head RMSNorm QK norms of
+    # `q.float()` cast back: text self-attention 2, visual self- and cross-attention 4 (6); the text and pooled-text
+    # embedders' LayerNorms (2). Its RoPE (a 2x2 rotation-matrix multiply-sum) is not found: see MISSED. The FFs'
+    # exact GELU is no activation site. (tiny + 1 block of each kind: (5, 5, 0, 6, 0, 0, 0) a text + visual pair)
+    "kandinsky5": (6, 5, 0, 6, 0, 0, 2),
+    # 1 text block in each of the video and audio branches + 1 fused video/audio block (the released flags
+    # ca_rope, cross_gates, fix_modulation): LayerNorm-modulates (apply_scale_shift, fp32, cast back) 2 a text
+    # block (4); the fused block's video and audio self-attention, cross-attention and FF (6) and the va / av
+    # normalizations before the video <-> audio cross-attentions (2); the video and audio out layers (2): 14.
+    # Gated residuals (apply_gate_sum): 2 a text block (4) + the fused block's 8 (self-, text cross-, cross-modal
+    # attention and FF of both streams): 12. RMSNorm QK norms: 2 an attention, 2 text + 6 fused attentions: 16.
+    # Norms: the video and audio text embedders', the two pooled-text embedders', the audio embedder's LayerNorm and
+    # the audio out layer's second LayerNorm after its modulation (6). RoPE not found (see MISSED); exact-GELU FFs.
+    # (tiny + 1 block of each kind: (12, 12, 0, 16, 0, 0, 0) more, both text blocks and a fused block)
+    "kandinsky6": (14, 12, 0, 16, 0, 0, 6),
+    # 1 Wan block + 1 face adapter, bf16: Wan's counts (4, 2, 2, 4) with the modulate family also taking the CLIP
+    # image embedder's two FP32LayerNorms (cast back to bf16, layer_norm ops): 6; the face adapter's RMSNorm on its
+    # query (qk_norm, 5); norms: the face encoder's 3 LayerNorms (before its SiLUs), the adapter's pre_norm_q and
+    # pre_norm_kv, and its norm_k, a per-head RMSNorm of the key split by `view(B, T, N, heads, -1)` (5-D),
+    # which the qk_norm family does not take and the norm family rewrites as a plain RMSNorm (6). The adapter's
+    # output is added back ungated (no site); the FF's GELU-tanh is `close`, not admitted at lossless (as Wan's).
+    # Per Wan block + its adapter (tiny + 1 block): (3, 2, 2, 5, 0, 0, 3).
+    "wan_animate": (6, 2, 2, 5, 0, 0, 6),
+    # 1 layer (GQA: 4 heads, 2 kv heads, as the real 32 / 8): modulates: norm1's RMSNorm * (1 + scale) (no shift),
+    # ffn_norm1(x) * (1 + scale_mlp), and norm_out's LuminaLayerNormContinuous (2L+1); tanh-gated residuals of
+    # attention and FF (2L); complex RoPE on the self-attention's q and k and the cross-attention's q (3L); the
+    # LayerNorms across heads on q and k of both attentions (4L); the FF's SiLU gate (L); norms the others leave:
+    # norm2 and ffn_norm2 (the sandwich norms), norm1_context, and the caption embedder's LayerNorm (3L+1).
+    # Not sites: the cross-attention's per-head tanh gate `self_attn + cross_attn * gate.tanh().view(1, 1, -1, 1)`
+    # ([B, S, H, D], no token-stream residual). (With 1 kv head a norm_k is no head split: the norm family takes it.)
+    "lumina_next": (3, 2, 3, 4, 1, 0, 4),
+    # Wan 2.1's blocks with AnyFlow's dual-timestep embedder (1 block), bf16: the FP32LayerNorms cast back: norm1
+    # and norm3 LayerNorm-modulates, the cross-attention's affine norm2 a cast LayerNorm the modulate family takes,
+    # + norm_out (3L+1); gated attention and FF residuals `(x.float() + y * gate).type_as(x)` (2L); RMSNorms across
+    # heads on q and k of both attentions (4L). Its RoPE is missed (see MISSED); its GELU-tanh FF and the text
+    # embedder's GELU-tanh are close, not admitted at lossless (as Wan's).
+    "anyflow": (4, 2, 0, 4, 0, 0, 0),
 }
 REWRITTEN_BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3, 1), ("wan", "fp32"): (3, 2, 2, 4, 0, 0, 1),
                       # fp32: the casts are gone, so the adaLN sites are one LayerNorm-modulate each (4 + 2 + 1)
@@ -125,13 +249,78 @@ REWRITTEN_BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3, 1), ("wan", "fp32"): 
                       ("hunyuandit", "fp32"): (1, 8, 12, 16, 0, 0, 13), ("skyreels_v2", "fp32"): (3, 2, 2, 4, 0, 0, 1),
                       ("wan_vace", "fp32"): (5, 5, 4, 8, 0, 0, 2),
                       # fp32: one LayerNorm-modulate a site (7 + norm_out)
-                      ("easyanimate", "fp32"): (8, 6, 4, 6, 0, 0, 2)}
+                      ("easyanimate", "fp32"): (8, 6, 4, 6, 0, 0, 2),
+                      ("ernie_image", "fp32"): (3, 2, 0, 2, 0, 0, 0),
+                      ("joyimage", "fp32"): (3, 2, 2, 4, 0, 0, 1), ("joyimage_edit_plus", "fp32"): (3, 2, 2, 4, 0, 0, 1),
+                      # fp32: no casts, so the cross-attention norm2 and the image embedder's norm1 / norm2 are plain
+                      # LayerNorms (norm family, 3) and the adaLN sites one LayerNorm-modulate each (2 + norm_out)
+                      ("chronoedit", "fp32"): (3, 2, 2, 5, 0, 0, 3),
+                      # fp32: no casts: Wan's 3 LayerNorm-modulates; the cross-attention FP32LayerNorm and the image embedder's two
+                      # are plain LayerNorms (norm: 6 + 3)
+                      ("wan_animate", "fp32"): (3, 2, 2, 5, 0, 0, 9),
+                      # fp32: the FP32LayerNorms have no casts: norm1 / norm3 / norm_out one LayerNorm-modulate each (2L+1) and the
+                      # cross-attention norm2 a plain LayerNorm (norm family, L)
+                      ("anyflow", "fp32"): (3, 2, 0, 4, 0, 0, 1)}
 
-#: model -> chains the model computes that no family rewrites: (family, sites in the tiny config,
-#: sites at blocks2, reason). Expected = rewritten + missed.
-MISSED: Dict[str, List[Tuple[str, int, int, str]]] = {
-    "allegro": [("rope", 2, 4, "rotate-half RoPE by slicing the head dim's halves, cos/sin from an embedding "
-                            "lookup: no rope spelling takes it yet")],
+@dataclasses.dataclass(frozen=True)
+class Miss:
+    """Chains a model computes that no family rewrites: how many in the tiny config and at blocks2,
+    in which dtypes, and why."""
+    family: str
+    tiny: int
+    blocks2: int
+    reason: str
+    dtypes: Tuple[str, ...] = ("fp32", "bf16")
+
+
+_ROTATION_MATRIX = ("RoPE as a 2x2 rotation-matrix multiply-sum: `(rope * x.reshape(..., -1, 1, 2).float()).sum(-1)` "
+                    "with rope = stack([cos, -sin, sin, cos]).view(..., 2, 2)")
+#: model -> its chains no family rewrites. Expected = rewritten + missed.
+MISSED: Dict[str, List[Miss]] = {
+    "allegro": [Miss("rope", 2, 4, "rotate-half RoPE by slicing the head dim's halves, cos/sin from an embedding "
+                                   "lookup: no rope spelling takes it yet")],
+    "bria_fibo2": [Miss("modulate", 4, 4, "the main layers' `RMSNorm(x) * scale`, scale select_per_token's "
+                                          "torch.where(noise_mask == 1, 1 + scale_noisy, 1 + scale_clean): the `1 +` "
+                                          "before a per-token select is no modulate spelling; the norm family takes "
+                                          "the RMSNorm alone")],
+    "prx": [Miss("rope", 2, 4, "x as (..., D/2, 1, 2) times a (..., D/2, 2, 2) rotation table, `f[..., 0] * x[..., 0] "
+                               "+ f[..., 1] * x[..., 1]` in fp32 (BFL's Flux spelling): no rope spelling takes it")],
+    "ernie_image": [Miss("rope", 2, 4, "rotate-half RoPE by x.chunk(2, -1) and cat((-x2, x1)) in x's dtype, cos/sin "
+                                       "cast to x.dtype, then a cat with the x[..., rot_dim:] pass-through: no rope "
+                                       "spelling takes it"),
+                    Miss("residual_gate", 2, 4, "`x + (gate.float() * y.float()).to(x.dtype)`: the product rounded "
+                                                "before the add (taken in fp32, where the casts vanish)", ("bf16",)),
+                    Miss("activation", 1, 2, "GeGLU `up_proj(x) * F.gelu(gate_proj(x))` (exact GELU gate): the family "
+                                             "has SiLU gates only")],
+    "ideogram4": [Miss("rope", 2, 4, "rotate-half RoPE by slicing the head dim's halves, `q * cos + cat((-q[..., h:], "
+                                     "q[..., :h])) * sin` in q's dtype: no rope spelling takes it (Allegro's)")],
+    "joyimage": [Miss("rope", 2, 4, "interleaved RoPE `(x.float() * cos + rot(x) * sin).type_as(x)` whose rotate "
+                                    "upcasts before the pair split (`x.float().reshape(..., -1, 2).unbind(-1)`): "
+                                    "taken in fp32, where .float() vanishes", ("bf16",))],
+    "joyimage_edit_plus": [Miss("rope", 2, 4, "JoyImage's RoPE, with [B, S, 1, D] tables", ("bf16",))],
+    "minimax_h3": [Miss("rope", 2, 4, "partial rotate-half RoPE: the leading rotary_dim channels of each head sliced "
+                                      "off, rotated by cat((-x2, x1)) with cos/sin cast to the input dtype, "
+                                      "concatenated back with the pass-through channels: no rope spelling takes it")],
+    "kandinsky5": [Miss("rope", 4, 4, _ROTATION_MATRIX + ", then a hard-coded `.to(torch.bfloat16)`: no rope form "
+                                      "takes it (text and visual self-attentions' q and k)")],
+    "kandinsky6": [Miss("rope", 12, 12, _ROTATION_MATRIX + " (Kandinsky 5's): q and k of the two text "
+                                        "self-attentions, the video and audio self-attentions and the video <-> audio "
+                                        "cross-attentions")],
+    "anyflow": [Miss("rope", 2, 4, "complex RoPE in float64: view_as_complex(x.to(torch.float64)...) * freqs "
+                                   "(complex128), type_as(x): rope_complex takes x.float() only")],
+}
+
+#: model -> the skips its report lists beside the lossless tier's not-admitted ones: (family, op, reason).
+#: A missed chain's, or a candidate that is no chain of the family's (a site that is not one)
+SKIPS: Dict[str, set] = {
+    # each RoPE is found twice in bf16: one fit runs on the fp32 norm output (cast after: skipped), the other
+    # takes the site
+    "flux3": {("rope", "rope", "the result is not cast back to x's dtype")},
+    # a cast_copy candidate on an integer tensor and a cat_pad on the bool attention mask: no chains
+    "motif_video": {("linear_attention", "cast_copy", "not a 4-D floating-point tensor"),
+                    ("pad", "cat_pad", "not tensors of one dtype (float32, float16 or bfloat16), up to 5 dims")},
+    "anyflow": {("rope", "rope_complex", "x is cast before the rotation"),  # fp32
+                ("rope", "rope_complex", "the rotation is not computed from x.float()")},  # bf16: in float64
 }
 
 #: model -> sites rewritten per FAMILIES at blocks2 (bf16), where it differs from the tiny count:
@@ -156,6 +345,20 @@ BLOCKS2: Dict[str, Tuple[int, ...]] = {
     "allegro": (5, 6, 0, 0, 0, 0, 0),
     "sanavideo": (5, 6, 4, 8, 4, 0, 1),
     "lumina2": (7, 8, 8, 8, 4, 0, 11),
+    "krea2": (31, 4, 4, 0, 6, 0, 0),  # 2 blocks and the full config's 2 + 2 text-fusion blocks
+    "prx": (5, 4, 0, 0, 0, 0, 6),
+    "lumina_next": (5, 4, 6, 8, 2, 0, 7),
+    "joyimage": (15, 6, 0, 8, 0, 0, 0),  # 2 double blocks: the first's text FF is live
+    "joyimage_edit_plus": (15, 6, 0, 8, 0, 0, 0),
+    # ERNIE-Image, Ideogram 4 (autocast on the meta device fails), ChronoEdit and LTX-2 (dynamo's fake pass refuses
+    # a real tensor their RoPE builds): the tiny config at two layers, on the CPU
+    "ernie_image": (5, 0, 0, 4, 0, 0, 4),
+    "ideogram4": (5, 4, 0, 4, 2, 0, 5),
+    "chronoedit": (9, 4, 4, 10, 0, 0, 0),
+    "ltx2": (18, 12, 16, 24, 0, 0, 4),
+    "cosmos": (7, 6, 4, 8, 0, 0, 1),
+    "minimax_h3": (5, 4, 0, 6, 3, 0, 3),
+    "anyflow": (7, 4, 0, 8, 0, 0, 0),
 }
 
 NOT_YET = {
@@ -172,6 +375,108 @@ NOT_YET = {
     "ZImageTransformer2DModel": "its forward takes lists (x, t, cap_feats) and returns a list, where the zoo's "
                                 "contract (tests, benches, trajectories) is a tensor in and out; built and equal "
                                 "in fp32 and bf16 on the CPU with Lumina2's counts, not yet registered",
+    "NucleusMoEImageTransformer2DModel": "its MoE layers' expert loop (use_grouped_mm=False, the default) calls "
+                                         "num_tokens_per_expert.tolist(), a graph break (data-dependent operator: 10 "
+                                         "graphs at tiny), and its full config cannot run on the meta device (.tolist() "
+                                         "of a meta tensor); with use_grouped_mm=True torch._grouped_mm takes bf16 only "
+                                         "(fp32 fails). bf16 with grouped_mm: one graph, equal, (5, 4, 6, 6, 3, 0, 3) at "
+                                         "1 dense + 1 MoE block; the experts' weights are torch.empty (NaN at random "
+                                         "init)",
+    "HiDreamImageTransformer2DModel": "its MoE feed-forward (moe_infer) routes tokens with "
+                                      "`bincount().cpu().numpy()` and per-expert gathers of data-dependent size: "
+                                      "graph breaks in every block (21 graphs at 1 double + 1 single block), counts "
+                                      "that follow the routing, and a full config that cannot run on the meta device "
+                                      "(aten::bincount has no meta kernel); its unpatchify iterates the img_sizes "
+                                      "tensor (a .item() break) even without experts. Equal-to-eager not checked; "
+                                      "tiny counts (7, 6, 0, 6, 7, 0, 0) fp32 and bf16, its RoPE (the rotation-matrix "
+                                      "spelling `f[..., 0] * x[..., 0] + f[..., 1] * x[..., 1]`) not found",
+    "HunyuanImageTransformer2DModel": "with the ByT5 glyph stream the pipeline always passes "
+                                      "(encoder_hidden_states_2, zeros when no glyph text) its forward reorders each "
+                                      "sample's tokens by boolean masks (`text_2[text_mask_2]`): graph breaks (8 graphs), "
+                                      "per-block counts that do not add up (2 double + 2 single blocks: (7, 10, 6, 8, 2, 0, 5)), "
+                                      "and no meta-device run (torch.nonzero). Equal in fp32 and bf16 on the CPU; "
+                                      "without the glyph stream one graph, tiny (6, 7, 4, 6, 1, 0, 2) and +5, +7, +4, +6, "
+                                      "+1, 0, +2 a double + single + refiner block",
+    "GlmImageTransformer2DModel": "its forward zeroes dropped prior tokens by a boolean-mask in-place update "
+                                  "(`prior_embedding[prior_token_drop] *= 0.0`): a graph break on every call (the "
+                                  "blocks compile as one graph after it), and no meta-device run (torch.nonzero). "
+                                  "Equal in fp32 and bf16 on the CPU; tiny (4, 2, 2, 2, 0, 0, 0) fp32 and bf16 (the "
+                                  "last block's text stream past attention is dead), (8, 6, 4, 4, 0, 0, 0) with 2 "
+                                  "layers",
+    "HeliosTransformer3DModel": "its RoPE runs under torch.autocast(device_type=pos.device.type, enabled=False), and "
+                                "autocast has no 'meta' device type: the full config does not run on the meta device; "
+                                "tiny (1 layer, the pipeline's short / mid / long history) is equal in fp32 and bf16 "
+                                "on the CPU with (4, 2, 0, 4, 0, 0, 0) bf16 and (3, 2, 0, 4, 0, 0, 1) fp32, and misses "
+                                "its RoPE (apply_rotary_emb_transposed: out[..., 0::2] / out[..., 1::2] written into "
+                                "an empty_like, cos / sin from one chunked table): 2 sites",
+    "Cosmos3OmniTransformer": "a Qwen3-VL-style mixture-of-transformers decoder (two pathways, GQA, mRoPE), not an adaLN "
+                              "DiT: its forward takes lists of per-item latents and frame indexes, Python ints "
+                              "(und_len, sequence_length) and packed-sequence indexes, and returns a list of per-item "
+                              "predictions, where the zoo's contract is a tensor in and out",
+    "HunyuanVideo15Transformer3DModel": "its forward branches on data (`is_t2v = torch.all(image_embeds == 0); if "
+                                        "is_t2v:`), a graph break (3 graphs), and reorders the text tokens by boolean "
+                                        "masks (`text[text_mask]`); past the break the blocks compile as a frame of "
+                                        "their own, one graph every block shares, so the counts do not grow with the "
+                                        "block count (tiny (5, 6, 2, 4, 0, 0, 5) at 1, 2 or 3 layers); its full "
+                                        "config does not run on the meta device (.item() of a meta tensor); equal in "
+                                        "fp32 and bf16 on the CPU",
+    "HunyuanVideoFramepackTransformer3DModel": "it cuts the text to its valid length with a tensor "
+                                               "(`encoder_hidden_states[:, : effective_condition_sequence_length[0]]`"
+                                               ", batch 1; batch > 1 fills a mask by the same tensor-bounded slices): "
+                                               "Tensor.item(), a graph break under torch.compile's defaults (4 graphs),"
+                                               " and on the meta device an error; otherwise HunyuanVideo's blocks "
+                                               "with HunyuanVideo's counts (6, 7, 4, 6, 1, 0, 2), equal in fp32 and "
+                                               "bf16 on the CPU",
+    "Kandinsky6SRTransformer3DModel": "its self-attention always dispatches to flex attention (NABLA's BlockMask "
+                                      "from sort/cumsum block statistics), which refuses meta tensors ('FlexAttention "
+                                      "is only supported on CUDA, CPU, HPU, or MPS devices'): its full config cannot "
+                                      "run on the meta device; on the CPU at tiny it is one graph, equal in fp32 and "
+                                      "bf16, counts (3, 2, 0, 2, 0, 0, 0) (per block (2, 2, 0, 2)) + 2 RoPEs missed "
+                                      "(Kandinsky's rotation-matrix spelling). Under a backend other than inductor "
+                                      "the flex_attention op runs its unfused path (the full score matrix), which "
+                                      "diffusers warns does not fit in memory at video sizes",
+    "WanAnimate2Transformer3DModel": "its forward takes lists of per-sample latents and text, a KV-cache object it "
+                                     "writes (kv_cache_mode='extract', the reference pass) or reads ('cached', a "
+                                     "denoising step), and returns a list; the RoPE loops over `grid_sizes.tolist()` "
+                                     "(a graph break) in float64 complex numbers: not a tensor-in, tensor-out DiT "
+                                     "step, not built",
+    "QwenImage21Transformer2DModel": "its forward breaks the graph five ways (repeat_interleave with tensor repeats, "
+                                     "nonzero, Tensor.tolist() in its RoPE and prefix segments, "
+                                     "int((~mask).sum())): 11 graphs at the tiny config; equal in fp32 and bf16 on "
+                                     "the CPU (counts over its graphs (4, 2, 2, 2, 1, 0, 0): LayerNorm-modulates "
+                                     "img_norm1 / img_norm2 / norm_out and the text projection's zero-centred "
+                                     "RMSNorm `x * rrms * (w + 1)` taken as an RMSNorm-modulate; tanh-gated "
+                                     "residuals; complex RoPE on q, k; per-head RMSNorm QK norms; the SwiGLU); "
+                                     "its output is the joint text + image sequence the pipeline slices",
+    "SanaWMTransformer3DModel": "not built in this pass: a camera-controlled world model (UCPE attention, chunked "
+                                "Gated-DeltaNet linear attention every block but each 4th softmax one, GLUMBConvTemp, "
+                                "Plucker-ray embeddings); needs camera_conditions / chunk_plucker inputs and the "
+                                "pipeline's (B, 1, T) timesteps",
+    "SanaWMLTX2RefinerTransformer3DModel": "not built in this pass: LTX-2's video stream as a chunk-causal AR refiner "
+                                           "with a sliding-window KV cache object (SanaWMRefinerKVCache) and the "
+                                           "caller's (cos, sin) video RoPE (build_rotary_emb_for_absolute_positions)",
+    "AnyFlowFARTransformer3DModel": "its causal self-attention runs only through diffusers' flex backend "
+                                    "(AnyFlowCausalAttnProcessor), and FlexAttention refuses the meta device "
+                                    "('only supported on CUDA, CPU, HPU, or MPS'): the full config cannot run on "
+                                    "meta. Built (dits.NOT_YET_CASES: one KV-cached AR step, 1 block) and equal in "
+                                    "fp32 and bf16 on the CPU, one graph, with AnyFlow's counts (bf16 (4, 2, 0, 4, 0, "
+                                    "0, 0), fp32 (3, 2, 0, 4, 0, 0, 1); per block +3/+2/0/+4 bf16) and its missed "
+                                    "float64 complex RoPE (2 a block); with head_dim < 16 its q/k/v head padding "
+                                    "F.pad is taken by the linear_attention family as 3 cast_copy sites",
+}
+
+#: classes of diffusers.models.transformers that are not image or video DiTs (no zoo entry)
+NOT_DITS = {
+    "Transformer2DModel": "the legacy all-in-one class: continuous input is a U-Net's spatial transformer (SD); "
+                          "patched input with ada_norm_zero / ada_norm_single is DiT / PixArt-alpha, whose blocks the "
+                          "zoo's dit and pixart entries cover",
+    "DualTransformer2DModel": "two continuous Transformer2DModels mixed (Versatile Diffusion's U-Net)",
+    "PriorTransformer": "the unCLIP / Kandinsky 2.x / Shap-E prior over CLIP embedding tokens",
+    "TransformerTemporalModel": "the temporal attention layers inside video U-Nets (and SVD's spatio-temporal ones)",
+    "DreamLiteTransformer2DModel": "the spatial transformer of DreamLite's U-Net (GroupNorm + conv proj_in, "
+                                   "LayerNorm blocks with no timestep conditioning)",
+    "audio and other modalities": "ACE-Step, Stable Audio (and 3), LongCat-Audio-DiT, MiniMax-Music3 (and its RVQ "
+                                  "depth decoder), T5-FiLM (spectrograms), RFD4-Proteina (proteins)",
 }
 
 
@@ -187,8 +492,9 @@ def rewritten(name: str, dtype: str = "bf16", size: str = "tiny") -> Dict[str, i
 def expected(name: str, dtype: str = "bf16", size: str = "tiny") -> Dict[str, int]:
     """family -> the sites of a config (tiny or blocks2): those rewritten and those :data:`MISSED`."""
     counts = rewritten(name, dtype, size)
-    for family, tiny, blocks2, _ in MISSED.get(name, ()):
-        counts[family] += blocks2 if size == "blocks2" else tiny
+    for miss in MISSED.get(name, ()):
+        if dtype in miss.dtypes:
+            counts[miss.family] += miss.blocks2 if size == "blocks2" else miss.tiny
     return counts
 
 
