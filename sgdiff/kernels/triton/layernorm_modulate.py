@@ -451,18 +451,21 @@ def _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype
     options = dict(ITERS=iters, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
                    HAS_SHIFT=shift is not None, PLUS_ONE=scale_plus_one, DTYPE=TL_DTYPE[dtype], INTERPRET=INTERPRET,
                    HAS_SCALE=scale is not None, enable_fp_fusion=False)
+    # what the binds below need of the inputs, taken now: a launch holds no tensor of the call that
+    # bound it (a site's bound launch lives as long as its graph; its first x would stay allocated)
+    has_weight, device = weight is not None, device or x.device
+    # the tiles' loads grouped where the row is read again; kept (fp32 rows), the row's registers
+    # leave too few for them
+    keep = _keep_row(x, rows, iters)
 
     def bind_gluon():
         per, warps = WARP_ROW_PROGRAM
-        second_pass = _warp_row_second_pass(rows, shape[1], iters, weight is not None, device or x.device)
+        second_pass = _warp_row_second_pass(rows, shape[1], iters, has_weight, device)
         return _layernorm_modulate_warp_row_kernel.bind(
             (triton.cdiv(rows, per),), ROWS=per, LAYOUT=warp_row_layout(per, warps), EVEN_ROWS=rows % per == 0,
             TREE=warp_row_tree_terms(N), **second_pass, num_warps=warps, **options)
 
     def bind_triton():
-        keep = _keep_row(x, rows, iters)
-        # the tiles' loads grouped where the row is read again; kept (fp32 rows), the row's registers
-        # leave too few for them
         return _layernorm_modulate_kernel.bind(grid, KEEP_ROW=keep, GROUP=1 if keep else iters, num_warps=4,
                                                 **options)
 
