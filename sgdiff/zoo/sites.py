@@ -325,17 +325,18 @@ SKIPS: Dict[str, set] = {
 
 #: model -> sites rewritten per FAMILIES at blocks2 (bf16), where it differs from the tiny count:
 #: a per-block count at two blocks where tiny has one (the difference is one block's sites), Chroma's
-#: five approximator RMSNorms, HunyuanDiT without its long skip. (``explain`` on the meta device;
-#: there CogVideoX's and CogView3-Plus's per-head QK LayerNorms are taken as cast LayerNorms by the
-#: modulate family where a real device's graph gives them to qk_norm: their rows are a real device's,
-#: 2L QK norms; Lumina2's full config does not run on the meta device: one main layer's sites more.)
+#: five approximator RMSNorms, HunyuanDiT without its long skip. (``explain`` on the meta device, or
+#: the H200's where its graph differs: there CogVideoX's, CogView3-Plus's and HunyuanDiT's per-head QK
+#: LayerNorms are taken as cast LayerNorms by the modulate family where the GPU's graph gives them to
+#: qk_norm, 2L QK norms; Lumina2's full config does not run on the meta device: one main layer's
+#: sites more, measured on the H200.)
 BLOCKS2: Dict[str, Tuple[int, ...]] = {
     "sana": (5, 6, 0, 0, 4, 8, 1),
     "pixart": (5, 6, 0, 0, 0, 0, 0),
     "qwenimage": (8, 6, 8, 8, 0, 0, 1),
     "chroma": (6, 5, 4, 6, 1, 0, 5),
     "cogview4": (8, 6, 4, 4, 0, 0, 0),
-    "hunyuandit": (9, 4, 6, 6, 0, 0, 0),
+    "hunyuandit": (7, 4, 6, 8, 0, 0, 0),
     "cogview3plus": (9, 7, 0, 4, 0, 0, 0),
     "dit": (5, 4, 0, 0, 0, 0, 0),
     "wan": (7, 4, 4, 8, 0, 0, 0),
@@ -345,7 +346,9 @@ BLOCKS2: Dict[str, Tuple[int, ...]] = {
     "allegro": (5, 6, 0, 0, 0, 0, 0),
     "sanavideo": (5, 6, 4, 8, 4, 0, 1),
     "lumina2": (7, 8, 8, 8, 4, 0, 11),
-    "krea2": (31, 4, 4, 0, 6, 0, 0),  # 2 blocks and the full config's 2 + 2 text-fusion blocks
+    # 2 blocks and the full config's 2 + 2 text-fusion blocks; on CUDA its cast RMSNorms are the fused
+    # rms_norm's (weight bf16, input fp32), which the qk_norm and norm families take (31 on the meta device)
+    "krea2": (5, 4, 4, 12, 6, 0, 14),
     "prx": (5, 4, 0, 0, 0, 0, 6),
     "lumina_next": (5, 4, 6, 8, 2, 0, 7),
     "joyimage": (15, 6, 0, 8, 0, 0, 0),  # 2 double blocks: the first's text FF is live
