@@ -75,3 +75,19 @@ def test_compiled_model_with_a_table_built_in_forward_is_eager_bitwise():
     finally:
         torch._dynamo.reset()
     assert torch.equal(got, want)
+
+
+def test_views_of_a_folded_value_stay_in_the_graph():
+    """The families match chains through their views (a RoPE chain's select of its table): the
+    constant is the value before the views, which keep reading it."""
+    def f(x):
+        table = _table(x.shape[0]).unsqueeze(0)
+        return x * table.select(0, 0)[..., :4]
+
+    gm = make_fx(f)(torch.randn(6, 4))
+    assert fold_constants(gm) == 1
+    left = _targets(gm)
+    assert aten.cos.default not in left and aten.cat.default not in left
+    assert {aten.unsqueeze.default, aten.select.int, aten.slice.Tensor} <= set(left)
+    x = torch.randn(6, 4)
+    assert torch.equal(gm(x), f(x))

@@ -229,3 +229,125 @@ def test_stack_near_misses_stay(name, fn, reason):
     if reason:
         assert any(reason in s.reason for s in result.skipped), result.skipped
     assert bits_equal(run(*args), fn(*args))
+
+
+# --- the 2x2 rotation-table forms (Kandinsky 5 and 6's sum, PRX's and BFL Flux's select) --------
+
+MATRIX = registry.op_def("rope_matrix").load()
+
+
+def kandinsky5_rope(x, rope):
+    """diffusers' Kandinsky 5 apply_rotary, verbatim (its fixed bfloat16, then type_as)."""
+    x_ = x.reshape(*x.shape[:-1], -1, 1, 2).to(torch.float32)
+    return (rope * x_).sum(dim=-1).reshape(*x.shape).to(torch.bfloat16).type_as(x)
+
+
+def kandinsky6_rope(x, rope):
+    """diffusers' Kandinsky 6 apply_rotary, verbatim."""
+    x_ = x.reshape(*x.shape[:-1], -1, 1, 2).float()
+    return (rope.float() * x_).sum(dim=-1).reshape(*x.shape).to(dtype=x.dtype)
+
+
+def prx_rope(xq, freqs_cis):
+    """diffusers' PRX apply_rope, verbatim."""
+    xq_ = xq.float().reshape(*xq.shape[:-1], -1, 1, 2)
+    freqs_cis = freqs_cis.to(device=xq.device, dtype=xq_.dtype)
+    xq_out = freqs_cis[..., 0] * xq_[..., 0] + freqs_cis[..., 1] * xq_[..., 1]
+    return xq_out.reshape(*xq.shape).type_as(xq)
+
+
+def _rotation_table(*lead, d, dtype=torch.float32):
+    angle = torch.randn(*lead, d // 2)
+    cos, sin = angle.cos(), angle.sin()
+    return torch.stack([cos, -sin, sin, cos], -1).view(*angle.shape, 2, 2).to(dtype)
+
+
+@given(fn=st.sampled_from([kandinsky5_rope, kandinsky6_rope, prx_rope]), dtype=st.sampled_from(DTYPES),
+       table_dtype=st.sampled_from([torch.float32, torch.bfloat16]), heads_first=st.booleans(),
+       per_head=st.booleans(), B=st.integers(1, 2), S=st.integers(1, 6), H=st.integers(1, 3),
+       D=st.sampled_from([2, 8, 16]))
+def test_rotation_table_spellings_are_one_rope_matrix_site_each(fn, dtype, table_dtype, heads_first, per_head,
+                                                                 B, S, H, D):
+    x = torch.randn(B, H, S, D, dtype=dtype) if heads_first else torch.randn(B, S, H, D, dtype=dtype)
+    lead = (H if per_head else 1, S) if heads_first else (S, H if per_head else 1)
+    table = _rotation_table(1, *lead, d=D, dtype=table_dtype)
+    run, gm, result = rewrite(fn, (x, table), families=["rope"])
+    assert result.counts == {"rope": 1} and count_op(gm, MATRIX) == 1, result.skipped
+    assert [t for t in targets(gm) if t != aten._to_copy.default] == [MATRIX]  # (Kandinsky 6's rope.float())
+    assert bits_equal(run(x, table), fn(x, table))
+
+
+def test_an_fp32_x_through_kandinsky5s_fixed_bfloat16_keeps_both_casts():
+    x, table = torch.randn(1, 4, 2, 8), _rotation_table(1, 4, 1, d=8)
+    run, gm, _ = rewrite(kandinsky5_rope, (x, table), families=["rope"])
+    node, = [n for n in gm.graph.nodes if n.target == MATRIX]
+    assert node.args[2:] == (True, torch.bfloat16, torch.float32)
+    assert bits_equal(run(x, table), kandinsky5_rope(x, table))
+
+
+def _sum_over(dim):
+    def fn(x, rope):
+        x_ = x.reshape(*x.shape[:-1], -1, 1, 2).float()
+        return (rope * x_).sum(dim=dim).reshape(*x.shape).to(x.dtype) if dim == -1 else \
+            (rope * x_).sum(dim=dim).to(x.dtype)
+    return fn
+
+
+def _bf16_products(x, rope):  # no upcast of a bf16 x: bf16 products
+    return (rope.to(x.dtype) * x.reshape(*x.shape[:-1], -1, 1, 2)).sum(-1).reshape(*x.shape)
+
+
+def _swapped_select(xq, f):  # t[..., 0] against x[..., 1]: another computation
+    x_ = xq.float().reshape(*xq.shape[:-1], -1, 1, 2)
+    return (f[..., 0] * x_[..., 1] + f[..., 1] * x_[..., 0]).reshape(*xq.shape).type_as(xq)
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("sum over the pair dim's neighbour", _sum_over(-2)),
+    ("bf16 products", _bf16_products),
+    ("selects swapped", _swapped_select),
+])
+def test_rotation_table_near_misses_are_not_rewritten(name, fn):
+    x, table = torch.randn(1, 4, 2, 8, dtype=torch.bfloat16), torch.randn(1, 4, 1, 4, 2, 2)
+    run, gm, result = rewrite(fn, (x, table), families=["rope"])
+    assert result.counts == {"rope": 0} and count_op(gm, MATRIX) == 0
+    assert bits_equal(run(x, table), fn(x, table))
+
+
+def test_a_table_broadcast_along_its_pairs_is_the_chain_the_kernel_refuses():
+    """t of [..., D/2, 2, 1]: each row's one entry times both of x's: a site (the reference is the
+    chain), which the kernel does not take (it reads four entries a pair)."""
+    from sgdiff.kernels.triton import rope as kernel
+
+    x, table = torch.randn(1, 4, 2, 8, dtype=torch.bfloat16), torch.randn(1, 4, 1, 4, 2, 1)
+    run, gm, result = rewrite(kandinsky6_rope, (x, table), families=["rope"])
+    assert result.counts == {"rope": 1} and bits_equal(run(x, table), kandinsky6_rope(x, table))
+    assert not kernel.supported_layout_matrix(x, table, True, None, torch.bfloat16)
+
+
+def test_allegros_sliced_halves_are_rotate_half_sites():
+    """diffusers' apply_rotary_emb_allegro: x cut in thirds (t, h, w axes), each rotated by its
+    sliced halves: three rope sites, bitwise eager's."""
+    from diffusers.models.embeddings import apply_rotary_emb_allegro
+
+    x = torch.randn(2, 3, 10, 24, dtype=torch.bfloat16)  # [B, H, S, D]
+    tables = [(torch.randn(16, 8), torch.randn(16, 8)) for _ in range(3)]
+    positions = [torch.randint(0, 16, (2, 10)) for _ in range(3)]
+
+    def fn(x, *flat):
+        return apply_rotary_emb_allegro(x, [(flat[0], flat[1]), (flat[2], flat[3]), (flat[4], flat[5])], flat[6:])
+
+    flat = [t for pair in tables for t in pair] + positions
+    run, gm, result = rewrite(fn, (x, *flat), families=["rope"])
+    assert result.counts == {"rope": 3} and count_op(gm, OPS["rotate_half"]) == 3, result.skipped
+    assert bits_equal(run(x, *flat), fn(x, *flat))
+
+
+def test_halves_cut_off_centre_are_not_rope():
+    def fn(x, cos, sin):
+        rotated = torch.cat((-x[..., 3:], x[..., :3]), dim=-1)  # D = 8: not the halves
+        return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+    x, cos, sin = torch.randn(1, 4, 2, 8, dtype=torch.bfloat16), torch.randn(4, 1, 8), torch.randn(4, 1, 8)
+    run, gm, result = rewrite(fn, (x, cos, sin), families=["rope"])
+    assert result.counts == {"rope": 0} and bits_equal(run(x, cos, sin), fn(x, cos, sin))

@@ -6,7 +6,8 @@ GPU), HunyuanDiT's, Allegro's. A captured graph of fixed sizes recomputes them o
 host time, a pageable host-to-device copy, and a graph CUDA graphs cannot capture ("cannot copy
 between CPU and CUDA tensors during capture"). Here the nodes that depend on no graph input
 (placeholders, symbolic sizes included) and draw no random numbers are run once, and each value
-the rest of the graph reads from them becomes a constant of the graph module. The ops are the
+the rest of the graph reads from them becomes a constant of the graph module (taken before the
+views it is read through, which stay: a RoPE chain still selects its table's entries). The ops are the
 ones eager runs, on the same devices, so the values are eager's bit for bit; a call then reads
 them where eager would have made them.
 
@@ -51,6 +52,15 @@ def _foldable(node: fx.Node, const: Set[fx.Node]) -> bool:
     return all(n in const for n in node.all_input_nodes)
 
 
+def _is_view(node: fx.Node) -> bool:
+    """An op whose output aliases its (first) input: ``view``, ``select``, ``unsqueeze``, ``expand``..."""
+    if node.op != "call_function" or not _compat.is_op_overload(node.target):
+        return False
+    schema = _compat.op_schema(node.target)
+    return (len(schema.returns) == 1 and schema.returns[0].alias_info is not None and bool(node.args)
+            and isinstance(node.args[0], fx.Node))
+
+
 def _tensors(value) -> List[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
@@ -66,9 +76,17 @@ def fold_constants(gm: fx.GraphModule) -> int:
     for node in gm.graph.nodes:
         if _foldable(node, const):
             const.add(node)
-    computed = {n for n in const if n.op == "call_function"}
+    # the values the rest of the graph reads, each taken at the last op before the views it is read
+    # through (the views stay, reading the constant: the chains the families match see them)
+    boundary = set()
+    for node in const:
+        if node.op == "call_function" and any(u not in const for u in node.users):
+            while _is_view(node) and node.args[0] in const:
+                node = node.args[0]
+            if node.op == "call_function":
+                boundary.add(node)
     # a value the graph returns stays a fresh tensor per call, as eager's is
-    boundary = [n for n in computed if any(u not in const for u in n.users) and all(u.op != "output" for u in n.users)]
+    boundary = [n for n in boundary if all(u.op != "output" for u in n.users)]
     if not boundary:
         return 0
     order = {n: i for i, n in enumerate(gm.graph.nodes)}

@@ -8,6 +8,7 @@ rounding steps)::
         out   = (x.float() * cos + x_rot.float() * sin).to(x.dtype)
     rotate_half  (use_real_unbind_dim=-2: Stable Audio, CogView4, Cosmos)
         x_rot = cat([-x_imag, x_real], -1)                of x.reshape(..., 2, -1).unbind(-2)
+                      or cat([-x[..., D/2:], x[..., :D/2]], -1)        (Allegro, on each third of x)
     complex      (use_real=False: QwenImage, Lumina)
         out = view_as_real(view_as_complex(x.float().reshape(..., -1, 2)) * freqs).flatten(3).type_as(x)
     even_odd     (Wan: strided writes into empty_like)
@@ -15,6 +16,13 @@ rounding steps)::
     even_odd_stack  (the same rotation re-interleaved by a stack; x1, x2 = x[..., 0::2], x[..., 1::2]
                  or the unbound pairs)
         out = stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).flatten(-2).type_as(x)
+
+    matrix_sum   (a 2x2 rotation table per pair: Kandinsky 5 and 6)
+        x_ = x.reshape(*x.shape[:-1], -1, 1, 2).float()
+        out = (table * x_).sum(-1).reshape(x.shape).to(dtype)       (one or two casts, or none)
+    matrix_select  (PRX; BFL's original Flux code)
+        x_ = x.float().reshape(*x.shape[:-1], -1, 1, 2)
+        out = (table[..., 0] * x_[..., 0] + table[..., 1] * x_[..., 1]).reshape(x.shape).type_as(x)
 
 with the tables broadcast along any sequence dim. Variants come from :class:`RopeKey`.
 """
@@ -33,9 +41,10 @@ aten = torch.ops.aten
 
 FAMILY = Family("rope")
 
-FORMS = ("interleaved", "rotate_half", "complex", "even_odd", "even_odd_stack")
+FORMS = ("interleaved", "rotate_half", "complex", "even_odd", "even_odd_stack", "matrix_sum", "matrix_select")
 OPS = {"interleaved": "rope", "rotate_half": "rope", "complex": "rope_complex", "even_odd": "rope_even_odd",
-       "even_odd_stack": "rope_even_odd"}
+       "even_odd_stack": "rope_even_odd", "matrix_sum": "rope_matrix", "matrix_select": "rope_matrix"}
+MATRIX = ("matrix_sum", "matrix_select")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +67,11 @@ def _rotated(form: str) -> Expr:
     negated = Items(Op(aten.neg.default, getitem(pairs, 1)), getitem(pairs, 0))
     if form == "interleaved":
         return _reshape(Op(aten.stack.default, negated, Arg("rope_join_dim")), "rope_flat")
-    return Op(aten.cat.default, negated, Arg("rope_join_dim"))
+    # or the halves sliced (Allegro: cat((-x[..., D/2:], x[..., :D/2]), -1))
+    sliced = Items(Op(aten.neg.default, Op(aten.slice.Tensor, Arg("x"), Arg("rope_hi_dim"), Arg("rope_hi_start"),
+                                           Arg("rope_hi_end"), Lit(1))),
+                   Op(aten.slice.Tensor, Arg("x"), Arg("rope_lo_dim"), Lit(0), Arg("rope_lo_end"), Lit(1)))
+    return AnyOf(Op(aten.cat.default, negated, Arg("rope_join_dim")), Op(aten.cat.default, sliced, Arg("rope_join_dim")))
 
 
 def _real(form: str) -> Expr:
@@ -116,7 +129,57 @@ def _slot(base: Expr, base_name: str, start: int, value: Expr, name: Optional[st
               Arg(f"rope_scatter{start}_end"), Lit(2), name=name)
 
 
+def _matrix(form: str) -> Expr:
+    # x as fp32 pairs [..., D/2, 1, 2]: cast, then reshape, or the other way round
+    pairs = AnyOf(_reshape(parts.maybe_cast(Arg("x"), "rope_upcast_x"), "rope_pairs"),
+                  parts.maybe_cast(_reshape(Arg("x"), "rope_pairs"), "rope_upcast_x"))
+    if form == "matrix_sum":
+        rotated = Op(aten.sum.dim_IntList, Op(aten.mul.Tensor, Arg("table"), pairs, commutative=True),
+                     Arg("rope_sum_dims"), keepdim=Lit(False), dtype=Lit(None))
+    else:
+        def term(k: int) -> Expr:
+            return Op(aten.mul.Tensor, Op(aten.select.int, Arg("table"), Arg(f"rope_table_dim{k}"), Lit(k)),
+                      Op(aten.select.int, pairs, Arg(f"rope_pairs_dim{k}"), Lit(k)), commutative=True)
+
+        rotated = Op(aten.add.Tensor, term(0), term(1), alpha=Lit(1), commutative=True)
+    return parts.maybe_cast(parts.maybe_cast(_reshape(rotated, "rope_flat"), "rope_mid"), "rope_downcast")
+
+
+def _matrix_casts(m: Match):
+    """(mid_dtype, out_dtype): the chain's casts after the rotation, in order (None: absent)."""
+    casts = [parts.cast_dtype(m, name) for name in ("rope_mid", "rope_downcast") if name in m]
+    return (casts[0], casts[1]) if len(casts) == 2 else (None, casts[0] if casts else None)
+
+
+def _matrix_reason(form: str, m: Match, x: torch.Tensor) -> Optional[str]:
+    lead, d = tuple(x.shape[:-1]), x.shape[-1]
+    if not isinstance(d, int) or d % 2:
+        return "the head dim is not an even number"
+    if not _shape_is(m["rope_pairs"], lead + (d // 2, 1, 2)):
+        return "x is not viewed as (D/2, 1, 2) pairs"
+    if form == "matrix_sum":
+        if not parts.is_last_dim(m["rope_sum_dims"], x.dim() + 2):
+            return "the products are not summed over the last dim"
+    else:
+        table = tensor_meta(m["table"])
+        if table is None or not all(parts.is_last_dim(m[f"rope_table_dim{k}"], table.dim())
+                                    and parts.is_last_dim(m[f"rope_pairs_dim{k}"], x.dim() + 2) for k in (0, 1)):
+            return "the pairs' entries are not selected along the last dim"
+    if not _shape_is(m["rope_flat"], x.shape):
+        return "the rotated pairs are not reshaped back to x's shape"
+    wanted = x.dtype != torch.float32
+    if ("rope_upcast_x" in m) != wanted or (wanted and parts.cast_dtype(m, "rope_upcast_x") != torch.float32):
+        return "the rotation is not computed from x.float()" if wanted else "x is cast before the rotation"
+    table = tensor_meta(m["table"])
+    if table is None or not table.dtype.is_floating_point or \
+            torch.promote_types(table.dtype, torch.float32) != torch.float32:
+        return "the table's products are not fp32"
+    return broadcast_reason(m["table"], _Shape(lead + (d // 2, 2, 2)), "table")
+
+
 def chain(key: RopeKey) -> Expr:
+    if key.form in MATRIX:
+        return _matrix(key.form)
     if key.form == "complex":
         return _complex()
     if key.form == "even_odd":
@@ -127,6 +190,9 @@ def chain(key: RopeKey) -> Expr:
 
 
 def replacement(key: RopeKey):
+    if key.form in MATRIX:
+        return lambda m: dict(x=m["x"], table=m["table"], from_zero=key.form == "matrix_sum",
+                              mid_dtype=_matrix_casts(m)[0], out_dtype=_matrix_casts(m)[1])
     if key.form == "complex":
         return lambda m: dict(x=m["x"], freqs=m["freqs"])
     if key.form in ("even_odd", "even_odd_stack"):
@@ -139,6 +205,8 @@ def check(key: RopeKey):
         x = tensor_meta(m["x"])
         if x is None or not x.dtype.is_floating_point or x.dim() < 2:
             return "input is not a floating-point tensor with a head dim"
+        if key.form in MATRIX:
+            return _matrix_reason(key.form, m, x)
         for reason in (_structure_reason(key.form, m, x), _cast_reason(key.form, m, x), _table_reason(key.form, m, x)):
             if reason:
                 return reason
@@ -158,6 +226,8 @@ def _structure_reason(form: str, m: Match, x: torch.Tensor) -> Optional[str]:
     lead, d = tuple(x.shape[:-1]), x.shape[-1]
     if form == "even_odd_stack":
         return _stack_structure_reason(m, x, lead, d)
+    if form == "rotate_half" and "rope_hi_dim" in m:
+        return _sliced_halves_reason(m, x, d)
     if form == "rotate_half":
         pair_shape, unbind_dim = lead + (2, d // 2), -2
     else:
@@ -197,6 +267,18 @@ def _stack_structure_reason(m: Match, x: torch.Tensor, lead: tuple, d) -> Option
                 return "the halves are not x's even and odd elements of the last dim"
     if not parts.is_last_dim(m["rope_join_dim"], x.dim() + 1) or not _shape_is(m["rope_flat"], x.shape):
         return "the rotated halves are not stacked along a new last dim and flattened back to x's shape"
+    return None
+
+
+def _sliced_halves_reason(m: Match, x: torch.Tensor, d) -> Optional[str]:
+    """rotate_half with sliced halves: ``-x[..., D/2:]`` and ``x[..., :D/2]`` joined along the last dim."""
+    half = d // 2 if isinstance(d, int) else None
+    if not (parts.is_last_dim(m["rope_hi_dim"], x.dim()) and parts.is_last_dim(m["rope_lo_dim"], x.dim())
+            and half is not None and d % 2 == 0 and m["rope_hi_start"] == half and m["rope_lo_end"] == half
+            and _to_the_end(m["rope_hi_end"], d)):
+        return "the halves are not x's last dim cut in two"
+    if not parts.is_last_dim(m["rope_join_dim"], x.dim()):
+        return "the rotated halves are not concatenated along the last dim"
     return None
 
 
@@ -245,14 +327,19 @@ def _table_reason(form: str, m: Match, x: torch.Tensor) -> Optional[str]:
     return None
 
 
-class _Half:
-    """Shape stand-in for one element of each pair, [..., D/2], for broadcast checks."""
+class _Shape:
+    """A shape stand-in for broadcast checks."""
 
-    def __init__(self, x: torch.Tensor):
-        self.shape = (*x.shape[:-1], x.shape[-1] // 2)
+    def __init__(self, shape: tuple):
+        self.shape = tuple(shape)
 
     def dim(self) -> int:
         return len(self.shape)
+
+
+def _Half(x: torch.Tensor) -> _Shape:
+    """One element of each pair, [..., D/2]."""
+    return _Shape((*x.shape[:-1], x.shape[-1] // 2))
 
 
 def patterns() -> List[ChainPattern]:

@@ -85,9 +85,9 @@ REWRITTEN = {
     "latte": (5, 5, 0, 0, 0, 0, 0),
     "skyreels_v2": (4, 2, 2, 4, 0, 0, 0),  # Wan's blocks: Wan's counts
     # 1 layer: LayerNorm-modulates before attention and FF (2) + norm_out (1); gated attention and FF
-    # residuals + the cross-attention's output / rescale_output_factor added back (3). Its RoPE
-    # (rotate-half by slicing the head dim's halves) is not found: no rope spelling takes it yet.
-    "allegro": (3, 3, 0, 0, 0, 0, 0),
+    # residuals + the cross-attention's output / rescale_output_factor added back (3); its RoPE on each third of
+    # q and k (t, h, w axes), rotate-half by slicing each third's halves (6)
+    "allegro": (3, 3, 6, 0, 0, 0, 0),
     # 1 layer: LayerNorm-modulates before attention and FF + norm_out (3); gated attention and FF
     # residuals + the cross-attention's rescaled residual (3); Wan's even/odd RoPE on relu(q) and
     # relu(k) of the linear attention (2); RMSNorms across heads on q and k of both attentions (4);
@@ -151,9 +151,10 @@ REWRITTEN = {
     # are close, not admitted at lossless
     "krea2": (17, 2, 2, 0, 3, 0, 0),
     # 1 block: LayerNorm-modulates before attention and MLP + the final layer (3); gated residuals (2); the RMSNorms
-    # on the image q, k and the text k run as bare norms (norm family, 3), not qk_norm (their consumer is PRX's RoPE,
-    # see MISSED, and a cat); the MLP's `down(gelu_tanh(gate(x)) * up(x))` is close, not admitted at lossless
-    "prx": (3, 2, 0, 0, 0, 0, 3),
+    # on the image q, k and the text k run as bare norms (norm family, 3), not qk_norm (their consumer is PRX's
+    # rotation-table RoPE, and a cat); that RoPE on the image q and k, `f[..., 0] * x_[..., 0] + f[..., 1] * x_[..., 1]`
+    # (rope_matrix, 2); the MLP's `down(gelu_tanh(gate(x)) * up(x))` is close, not admitted at lossless
+    "prx": (3, 2, 2, 0, 0, 0, 3),
     # 1 layer (shared adaLN table from the timestep, [S, B, H] layout): RMSNorm-modulates before attention and MLP,
     # `(x.float() * (1 + scale.float()) + shift.float()).to(x.dtype)`, + final_norm's LayerNorm-modulate (3); the
     # per-head RMSNorm QK norms (2). bf16: the modulate takes the fp32 product past the RMSNorm, so the two
@@ -205,9 +206,10 @@ REWRITTEN = {
     # (attention, FF), 3 a visual block (self-attention, cross-attention, FF), + the out layer's (6); gated
     # residuals `(x.float() + gate.float() * out.float()).type_as(x)`: 2 + 3 (5); per-head RMSNorm QK norms of
     # `q.float()` cast back: text self-attention 2, visual self- and cross-attention 4 (6); the text and pooled-text
-    # embedders' LayerNorms (2). Its RoPE (a 2x2 rotation-matrix multiply-sum) is not found: see MISSED. The FFs'
-    # exact GELU is no activation site. (tiny + 1 block of each kind: (5, 5, 0, 6, 0, 0, 0) a text + visual pair)
-    "kandinsky5": (6, 5, 0, 6, 0, 0, 2),
+    # embedders' LayerNorms (2); its RoPE, a 2x2 rotation table summed `(rope * x_).sum(-1)` then a fixed
+    # `.to(torch.bfloat16)`, on the text and visual self-attentions' q and k (rope_matrix, 4). The FFs' exact GELU is
+    # no activation site. (tiny + 1 block of each kind: (5, 5, 2, 6, 0, 0, 0) a text + visual pair)
+    "kandinsky5": (6, 5, 4, 6, 0, 0, 2),
     # 1 text block in each of the video and audio branches + 1 fused video/audio block (the released flags
     # ca_rope, cross_gates, fix_modulation): LayerNorm-modulates (apply_scale_shift, fp32, cast back) 2 a text
     # block (4); the fused block's video and audio self-attention, cross-attention and FF (6) and the va / av
@@ -215,9 +217,10 @@ REWRITTEN = {
     # Gated residuals (apply_gate_sum): 2 a text block (4) + the fused block's 8 (self-, text cross-, cross-modal
     # attention and FF of both streams): 12. RMSNorm QK norms: 2 an attention, 2 text + 6 fused attentions: 16.
     # Norms: the video and audio text embedders', the two pooled-text embedders', the audio embedder's LayerNorm and
-    # the audio out layer's second LayerNorm after its modulation (6). RoPE not found (see MISSED); exact-GELU FFs.
-    # (tiny + 1 block of each kind: (12, 12, 0, 16, 0, 0, 0) more, both text blocks and a fused block)
-    "kandinsky6": (14, 12, 0, 16, 0, 0, 6),
+    # the audio out layer's second LayerNorm after its modulation (6). RoPE (Kandinsky 5's rotation table): q and k
+    # of the two text self-attentions, the video and audio self-attentions and, with ca_rope, the video <-> audio
+    # cross-attentions (12); exact-GELU FFs. (tiny + 1 block of each kind: (12, 12, 8, 16, 0, 0, 0) more)
+    "kandinsky6": (14, 12, 12, 16, 0, 0, 6),
     # 1 Wan block + 1 face adapter, bf16: Wan's counts (4, 2, 2, 4) with the modulate family also taking the CLIP
     # image embedder's two FP32LayerNorms (cast back to bf16, layer_norm ops): 6; the face adapter's RMSNorm on its
     # query (qk_norm, 5); norms: the face encoder's 3 LayerNorms (before its SiLUs), the adapter's pre_norm_q and
@@ -273,18 +276,12 @@ class Miss:
     dtypes: Tuple[str, ...] = ("fp32", "bf16")
 
 
-_ROTATION_MATRIX = ("RoPE as a 2x2 rotation-matrix multiply-sum: `(rope * x.reshape(..., -1, 1, 2).float()).sum(-1)` "
-                    "with rope = stack([cos, -sin, sin, cos]).view(..., 2, 2)")
 #: model -> its chains no family rewrites. Expected = rewritten + missed.
 MISSED: Dict[str, List[Miss]] = {
-    "allegro": [Miss("rope", 2, 4, "rotate-half RoPE by slicing the head dim's halves, cos/sin from an embedding "
-                                   "lookup: no rope spelling takes it yet")],
     "bria_fibo2": [Miss("modulate", 4, 4, "the main layers' `RMSNorm(x) * scale`, scale select_per_token's "
                                           "torch.where(noise_mask == 1, 1 + scale_noisy, 1 + scale_clean): the `1 +` "
                                           "before a per-token select is no modulate spelling; the norm family takes "
                                           "the RMSNorm alone")],
-    "prx": [Miss("rope", 2, 4, "x as (..., D/2, 1, 2) times a (..., D/2, 2, 2) rotation table, `f[..., 0] * x[..., 0] "
-                               "+ f[..., 1] * x[..., 1]` in fp32 (BFL's Flux spelling): no rope spelling takes it")],
     "ernie_image": [Miss("rope", 2, 4, "rotate-half RoPE by x.chunk(2, -1) and cat((-x2, x1)) in x's dtype, cos/sin "
                                        "cast to x.dtype, then a cat with the x[..., rot_dim:] pass-through: no rope "
                                        "spelling takes it"),
@@ -293,7 +290,8 @@ MISSED: Dict[str, List[Miss]] = {
                     Miss("activation", 1, 2, "GeGLU `up_proj(x) * F.gelu(gate_proj(x))` (exact GELU gate): the family "
                                              "has SiLU gates only")],
     "ideogram4": [Miss("rope", 2, 4, "rotate-half RoPE by slicing the head dim's halves, `q * cos + cat((-q[..., h:], "
-                                     "q[..., :h])) * sin` in q's dtype: no rope spelling takes it (Allegro's)")],
+                                     "q[..., :h])) * sin` in q's dtype: the products rounded to bf16, where the "
+                                     "rope op computes them in fp32")],
     "joyimage": [Miss("rope", 2, 4, "interleaved RoPE `(x.float() * cos + rot(x) * sin).type_as(x)` whose rotate "
                                     "upcasts before the pair split (`x.float().reshape(..., -1, 2).unbind(-1)`): "
                                     "taken in fp32, where .float() vanishes", ("bf16",))],
@@ -301,11 +299,6 @@ MISSED: Dict[str, List[Miss]] = {
     "minimax_h3": [Miss("rope", 2, 4, "partial rotate-half RoPE: the leading rotary_dim channels of each head sliced "
                                       "off, rotated by cat((-x2, x1)) with cos/sin cast to the input dtype, "
                                       "concatenated back with the pass-through channels: no rope spelling takes it")],
-    "kandinsky5": [Miss("rope", 4, 4, _ROTATION_MATRIX + ", then a hard-coded `.to(torch.bfloat16)`: no rope form "
-                                      "takes it (text and visual self-attentions' q and k)")],
-    "kandinsky6": [Miss("rope", 12, 12, _ROTATION_MATRIX + " (Kandinsky 5's): q and k of the two text "
-                                        "self-attentions, the video and audio self-attentions and the video <-> audio "
-                                        "cross-attentions")],
     "anyflow": [Miss("rope", 2, 4, "complex RoPE in float64: view_as_complex(x.to(torch.float64)...) * freqs "
                                    "(complex128), type_as(x): rope_complex takes x.float() only")],
 }
@@ -343,13 +336,13 @@ BLOCKS2: Dict[str, Tuple[int, ...]] = {
     "cogvideox": (9, 7, 0, 4, 0, 0, 1),
     "ltx": (5, 4, 4, 8, 0, 0, 0),
     "skyreels_v2": (7, 4, 4, 8, 0, 0, 0),
-    "allegro": (5, 6, 0, 0, 0, 0, 0),
+    "allegro": (5, 6, 12, 0, 0, 0, 0),
     "sanavideo": (5, 6, 4, 8, 4, 0, 1),
     "lumina2": (7, 8, 8, 8, 4, 0, 11),
     # 2 blocks and the full config's 2 + 2 text-fusion blocks; on CUDA its cast RMSNorms are the fused
     # rms_norm's (weight bf16, input fp32), which the qk_norm and norm families take (31 on the meta device)
     "krea2": (5, 4, 4, 12, 6, 0, 14),
-    "prx": (5, 4, 0, 0, 0, 0, 6),
+    "prx": (5, 4, 4, 0, 0, 0, 6),
     "lumina_next": (5, 4, 6, 8, 2, 0, 7),
     "joyimage": (15, 6, 0, 8, 0, 0, 0),  # 2 double blocks: the first's text FF is live
     "joyimage_edit_plus": (15, 6, 0, 8, 0, 0, 0),

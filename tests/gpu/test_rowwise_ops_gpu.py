@@ -76,6 +76,38 @@ def test_rope_even_odd_real_shapes(shape, table_dtype):
     assert torch.equal(got, want) and same_layout(got, want)
 
 
+def _bits(t):
+    return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def _matrix_chain(form, x, table):
+    """Kandinsky 6's apply_rotary (the sum) or PRX's apply_rope (the select form)."""
+    if form == "sum":
+        return (table.float() * x.reshape(*x.shape[:-1], -1, 1, 2).float()).sum(dim=-1).reshape(*x.shape).to(x.dtype)
+    x_ = x.float().reshape(*x.shape[:-1], -1, 1, 2)
+    return (table[..., 0] * x_[..., 0] + table[..., 1] * x_[..., 1]).reshape(*x.shape).type_as(x)
+
+
+# Kandinsky 6 and PRX q (tokens first, and heads-first storage); an eighth of the tokens zero (padding):
+# their products are -0 where the table is negative, so the sum's +0 against the add's -0 is checked
+# bit for bit (torch.equal takes -0 for +0)
+@pytest.mark.parametrize("shape,heads_first", [((1, 8192, 14, 128), False), ((2, 4096, 28, 64), True)])
+@pytest.mark.parametrize("form", ["sum", "select"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rope_matrix_real_shapes(shape, heads_first, form, dtype):
+    B, S, H, D = shape
+    x = randn(B, H, S, D, dtype=dtype).transpose(1, 2) if heads_first else randn(*shape, dtype=dtype)
+    x[:, : S // 8] = 0
+    angle = torch.randn(1, S, 1, D // 2, device="cuda")
+    table = torch.stack([angle.cos(), -angle.sin(), angle.sin(), angle.cos()], -1).view(1, S, 1, D // 2, 2, 2)
+    want = _matrix_chain(form, x, table)
+    args = (x, table, form == "sum", None, dtype)
+    assert trope.can_use_matrix(*args)
+    got = trope.rope_matrix(*args)
+    assert torch.equal(_bits(got), _bits(want)) and same_layout(got, want)
+    assert torch.signbit(want[:, : S // 8]).any() == (form == "select")  # the case is in the data
+
+
 # Flux/Qwen-Image q (head 128), SD3.5 q as [B, H, S, D] views (head 64), odd sizes with tails
 @pytest.mark.parametrize("shape,transposed", [((1, 4608, 24, 128), False), ((2, 4096, 38, 64), True),
                                               ((1, 4096, 24, 128), True), ((3, 77, 5, 96), False),

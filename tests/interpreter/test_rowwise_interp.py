@@ -26,6 +26,7 @@ from sgdiff.kernels.rmsnorm_modulate import rmsnorm_modulate_reference  # noqa: 
 from sgdiff.kernels.rope import rope_reference  # noqa: E402
 from sgdiff.kernels.rope_complex import rope_complex_reference  # noqa: E402
 from sgdiff.kernels.rope_even_odd import rope_even_odd_reference  # noqa: E402
+from sgdiff.kernels.rope_matrix import rope_matrix_reference  # noqa: E402
 from sgdiff.kernels.silu_mul import silu_mul_reference  # noqa: E402
 from sgdiff.kernels.triton import cast_copy as tcast, gelu_tanh_cat as tgelu, linear_attention_out as tlao  # noqa: E402
 from sgdiff.kernels.triton import modulate as tmod, rms_norm as trms, rms_norm_rope as trr  # noqa: E402
@@ -222,6 +223,32 @@ def test_rope_even_odd(dt):
     args = (x, cos[None, :, None, 0::2], sin[None, :, None, 1::2])
     assert trope.supported_layout_even_odd(*args)
     check(trope.rope_even_odd(*args), rope_even_odd_reference(*args), dt == torch.float32)
+
+
+# rope_matrix (Kandinsky's sum, PRX's select form): a 2x2 table a pair, tokens or heads first; a zero
+# x against the table's negative entries gives -0 products: their sum from +0 is +0 (ATen's sum),
+# their plain sum -0 (the select form's add)
+@pytest.mark.parametrize("from_zero", [True, False], ids=["sum", "select"])
+@pytest.mark.parametrize("heads_first", [False, True], ids=["tokens_first", "heads_first"])
+@DTYPES
+def test_rope_matrix(dt, heads_first, from_zero):
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 37, 3, 16, generator=g).to(dt)
+    x[:, :3] = 0
+    angle = torch.randn(37, 1, 8, generator=g)
+    table = torch.stack([angle.cos(), -angle.sin(), angle.sin(), angle.cos()], -1).view(37, 1, 8, 2, 2)
+    if heads_first:
+        x, table = x.transpose(1, 2), table[:, 0]  # [B, H, S, D] over [S, D/2, 2, 2]
+    args = (x, table, from_zero, None, dt)
+    assert trope.supported_layout_matrix(*args)
+    got = trope.rope_matrix(*args)
+    assert got.stride() == rope_matrix_reference(*args).stride()
+    check(got, rope_matrix_reference(*args), dt == torch.float32)
+    zeros = got[:, :3] if not heads_first else got[:, :, :3]
+    pairs = table.expand(*x.shape[:-1], 8, 2, 2)[..., 0, 1] < 0  # the even output's two products -0
+    want_negative = (pairs & (table.expand(*x.shape[:-1], 8, 2, 2)[..., 0, 0] < 0))
+    want_negative = (want_negative[:, :3] if not heads_first else want_negative[:, :, :3]) & (not from_zero)
+    assert torch.equal(torch.signbit(zeros[..., 0::2]), want_negative)
 
 
 # rms_norm (diffusers form): the kernel's order is ATen's CUDA order

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.layout import like_strides
+from sgdiff.kernels.rope_matrix import rope_matrix_reference
 from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.rows import (
@@ -52,8 +53,11 @@ def _rope_kernel(
     ss0, ss1, ss2, ss3,
     so0, so1, so2, so3,
     FORM: tl.constexpr,  # 0 interleaved, 1 rotate-half, 2 even/odd (Wan), 3 complex product (cos_ptr: the
-                         # complex table's fp32 view, x's shape; sin_ptr unused)
-    PRODUCT_DTYPE: tl.constexpr,  # even/odd only: promote(x, cos, sin)
+                         # complex table's fp32 view, x's shape; sin_ptr unused), 4 rotation matrix
+                         # (cos_ptr: the [..., D/2, 2, 2] table as [..., 2D] rows; sin_ptr unused)
+    PRODUCT_DTYPE: tl.constexpr,  # even/odd: promote(x, cos, sin); matrix: the dtype the sum is rounded to
+                                  # before the store's (Kandinsky 5's .to(bfloat16) of an fp32 x)
+    FROM_ZERO: tl.constexpr,  # matrix only: the sum starts from +0, as ATen's sum(-1) does
     COMPLEX_FMA: tl.constexpr,  # complex only: which products nvcc contracts (see complex_product)
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -89,6 +93,21 @@ def _rope_kernel(
             sin_even, sin_odd = tl.split(tl.reshape(sin, (BLOCK_R, BLOCK_D // 2, 2)))
             out_even = x_even * cos_even + (x_odd * -1.0) * sin_even
             out_odd = x_odd * cos_odd + x_even * sin_odd
+        elif FORM == 4:  # out[2j + i] = t[j, i, 0] * x[2j] + t[j, i, 1] * x[2j + 1], the table's 4 entries a pair
+            j = tl.program_id(1) * (BLOCK_D // 2) + tl.arange(0, BLOCK_D // 2)
+            pair_mask = (rows < n_rows)[:, None] & (2 * j < D)[None, :]
+            t = c_row + (4 * j)[None, :] * sc3
+            t00 = tl.load(t, mask=pair_mask, other=0.0).to(tl.float32)
+            t01 = tl.load(t + sc3, mask=pair_mask, other=0.0).to(tl.float32)
+            t10 = tl.load(t + 2 * sc3, mask=pair_mask, other=0.0).to(tl.float32)
+            t11 = tl.load(t + 3 * sc3, mask=pair_mask, other=0.0).to(tl.float32)
+            if FROM_ZERO:  # ATen's sum: its accumulator starts at +0 (a pair of -0 products sums to +0)
+                out_even = (0.0 + t00 * x_even) + t01 * x_odd
+                out_odd = (0.0 + t10 * x_even) + t11 * x_odd
+            else:
+                out_even = t00 * x_even + t01 * x_odd
+                out_odd = t10 * x_even + t11 * x_odd
+            out_even, out_odd = _round(out_even, PRODUCT_DTYPE), _round(out_odd, PRODUCT_DTYPE)
         elif FORM == 3:  # (x_even + i x_odd) * (cos + i sin) in complex64, the table's (cos, sin)
             # pairs side by side as x's pairs are (its fp32 view): one contiguous load, split alike
             tab = tl.load(c_row + d[None, :] * sc3, mask=mask, other=0.0)
@@ -172,9 +191,9 @@ def can_use_even_odd(x, cos, sin) -> bool:
 
 
 @cached_plan
-def _plan(x, cos, sin, table_shape, form):
+def _plan(x, cos, sin, table_shape, form, out_strides=None):
     shape = shape4(x.shape)
-    out = torch.empty_strided(x.shape, like_strides(x), device="meta")
+    out = torch.empty_strided(x.shape, out_strides or like_strides(x), device="meta")
     n_rows = shape[0] * shape[1] * shape[2]
     grid, block_r, block_d = launch_rows(n_rows, shape[3])
     ints = (n_rows, shape[1], shape[2], shape[3], *strides4(x, x.shape), *strides4(cos, table_shape),
@@ -182,15 +201,16 @@ def _plan(x, cos, sin, table_shape, form):
     return out.stride(), grid, ints, dict(BLOCK_R=block_r, BLOCK_D=block_d)
 
 
-def _bind(x, cos, sin, table_shape, form, product_dtype, complex_fma=0):
-    """``launch(x, cos, sin)`` for inputs of this signature."""
-    out_strides, grid, ints, blocks = _plan(x, cos, sin, table_shape, form)
+def _bind(x, cos, sin, table_shape, form, product_dtype, complex_fma=0, from_zero=False, out_dtype=None,
+          out_strides=None):
+    """``launch(x, cos, sin)`` for inputs of this signature; the output like x, or ``out_strides``."""
+    out_strides, grid, ints, blocks = _plan(x, cos, sin, table_shape, form, out_strides)
     kernel = _rope_kernel.bind(grid, FORM=form, PRODUCT_DTYPE=TL_DTYPE[product_dtype], COMPLEX_FMA=complex_fma,
-                                **blocks, num_warps=4, enable_fp_fusion=False)
-    shape = x.shape
+                                FROM_ZERO=from_zero, **blocks, num_warps=4, enable_fp_fusion=False)
+    shape, dtype = x.shape, out_dtype or x.dtype
 
     def launch(x, cos, sin):
-        out = torch.empty_strided(shape, out_strides, dtype=x.dtype, device=x.device)
+        out = torch.empty_strided(shape, out_strides, dtype=dtype, device=x.device)
         kernel(x, cos, sin, out, *ints)
         return out
 
@@ -258,6 +278,57 @@ def rope_complex(x, freqs, complex_fma=None):
     return bind_complex(x, freqs, complex_fma)(x, freqs)
 
 
+def _table_rows(x, table):
+    """The rotation table broadcast to [*x.shape[:-1], D/2, 2, 2] as [*x.shape[:-1], 2D] rows (a
+    view: the three pair dims strided (4s, 2s, s)), or None where it is not such a view."""
+    d = x.shape[-1]
+    try:
+        full = table.broadcast_to((*x.shape[:-1], d // 2, 2, 2))
+    except RuntimeError:
+        return None
+    s = full.stride(-1)
+    if s == 0 or full.stride()[-3:] != (4 * s, 2 * s, s):
+        return None
+    return full.flatten(-3)
+
+
+def supported_layout_matrix(x, table, from_zero, mid_dtype=None, out_dtype=None) -> bool:
+    """can_use without the device check (the interpreter runs the kernel on CPU tensors)."""
+    if not _x_ok(x) or table.dtype not in DTYPES or table.device != x.device or table.dim() > x.dim() + 2:
+        return False
+    if any(dt is not None and dt not in DTYPES for dt in (mid_dtype, out_dtype)):
+        return False
+    # the products in promote(fp32, table) = fp32
+    return _table_rows(x, table) is not None
+
+
+def can_use_matrix(x, table, from_zero, mid_dtype=None, out_dtype=None) -> bool:
+    return x.is_cuda and supported_layout_matrix(x, table, from_zero, mid_dtype, out_dtype)
+
+
+def bind_matrix(x, table, from_zero, mid_dtype=None, out_dtype=None):
+    """:func:`rope_matrix` for inputs of this signature, its host arithmetic done."""
+    rows = _table_rows(x, table)
+    # the output's layout is the chain's (the reference's on meta tensors: its reshape and sum
+    # leave some layouts contiguous where x is not)
+    meta = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in (x, table)]
+    out_strides = tuple(rope_matrix_reference(*meta, from_zero, mid_dtype, out_dtype).stride())
+    launch = _bind(x, rows, rows, rows.shape, 4, mid_dtype or torch.float32, from_zero=from_zero,
+                   out_dtype=out_dtype or mid_dtype or torch.float32, out_strides=out_strides)
+
+    def run(x, table, *_):
+        rows = _table_rows(x, table)
+        return launch(x, rows, rows)
+
+    return run
+
+
+def rope_matrix(x, table, from_zero, mid_dtype=None, out_dtype=None):
+    """Launch; the caller has checked :func:`can_use_matrix`."""
+    return bind_matrix(x, table, from_zero, mid_dtype, out_dtype)(x, table)
+
+
 ROPE = Impl(run=rope, supports=supported_layout, bind=bind)
+ROPE_MATRIX = Impl(run=rope_matrix, supports=supported_layout_matrix, bind=bind_matrix)
 ROPE_EVEN_ODD = Impl(run=rope_even_odd, supports=supported_layout_even_odd, bind=bind_even_odd)
 ROPE_COMPLEX = Impl(run=rope_complex, supports=supported_layout_complex, bind=bind_complex)
