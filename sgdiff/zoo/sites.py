@@ -163,7 +163,8 @@ REWRITTEN = {
     "ernie_image": (3, 0, 0, 2, 0, 0, 2),
     # 1 layer: RMSNorm * (1 + scale) (no shift) before attention and FF + norm_final(x) * (1 + scale) (3); the
     # tanh-gated residuals `x + gate * rmsnorm(y)` of attention and FF (2); per-head RMSNorm QK norms (2); the SwiGLU
-    # `silu(w1(x)) * w3(x)` (1); the RMSNorms on the attention and FF outputs and llm_cond_norm (3)
+    # `silu(w1(x)) * w3(x)` (1); the RMSNorms on the attention and FF outputs and llm_cond_norm (3). Its RoPE,
+    # rotate-half by sliced halves in q's dtype: a site in fp32 (REWRITTEN_BY_DTYPE), in bf16 see MISSED
     "ideogram4": (3, 2, 0, 2, 1, 0, 3),
     # 1 double block, bf16: its adaLN norms are FP32LayerNorms cast back before the modulation, two ops a site (see
     # "auraflow"); only the image stream reaches norm_out, so the text stream's FF (txt_norm2 modulate, its
@@ -253,7 +254,7 @@ REWRITTEN_BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3, 1), ("wan", "fp32"): 
                       ("wan_vace", "fp32"): (5, 5, 4, 8, 0, 0, 2),
                       # fp32: one LayerNorm-modulate a site (7 + norm_out)
                       ("easyanimate", "fp32"): (8, 6, 4, 6, 0, 0, 2),
-                      ("ernie_image", "fp32"): (3, 2, 0, 2, 0, 0, 0),
+                      ("ernie_image", "fp32"): (3, 2, 0, 2, 0, 0, 0), ("ideogram4", "fp32"): (3, 2, 2, 2, 1, 0, 3),
                       ("joyimage", "fp32"): (3, 2, 2, 4, 0, 0, 1), ("joyimage_edit_plus", "fp32"): (3, 2, 2, 4, 0, 0, 1),
                       # fp32: no casts, so the cross-attention norm2 and the image embedder's norm1 / norm2 are plain
                       # LayerNorms (norm family, 3) and the adaLN sites one LayerNorm-modulate each (2 + norm_out)
@@ -289,9 +290,9 @@ MISSED: Dict[str, List[Miss]] = {
                                                 "before the add (taken in fp32, where the casts vanish)", ("bf16",)),
                     Miss("activation", 1, 2, "GeGLU `up_proj(x) * F.gelu(gate_proj(x))` (exact GELU gate): the family "
                                              "has SiLU gates only")],
-    "ideogram4": [Miss("rope", 2, 4, "rotate-half RoPE by slicing the head dim's halves, `q * cos + cat((-q[..., h:], "
-                                     "q[..., :h])) * sin` in q's dtype: the products rounded to bf16, where the "
-                                     "rope op computes them in fp32")],
+    "ideogram4": [Miss("rope", 2, 4, "rotate-half RoPE `q * cos + cat((-q[..., h:], q[..., :h])) * sin` in q's "
+                                     "dtype, no upcast: bf16 products, where the rope op computes fp32 ones (a site "
+                                     "in fp32)", ("bf16",))],
     "joyimage": [Miss("rope", 2, 4, "interleaved RoPE `(x.float() * cos + rot(x) * sin).type_as(x)` whose rotate "
                                     "upcasts before the pair split (`x.float().reshape(..., -1, 2).unbind(-1)`): "
                                     "taken in fp32, where .float() vanishes", ("bf16",))],
@@ -312,6 +313,7 @@ SKIPS: Dict[str, set] = {
     # a cast_copy candidate on an integer tensor and a cat_pad on the bool attention mask: no chains
     "motif_video": {("linear_attention", "cast_copy", "not a 4-D floating-point tensor"),
                     ("pad", "cat_pad", "not tensors of one dtype (float32, float16 or bfloat16), up to 5 dims")},
+    "ideogram4": {("rope", "rope", "the rotation is not computed from x.float()")},  # bf16: see MISSED
     "anyflow": {("rope", "rope_complex", "x is cast before the rotation"),  # fp32
                 ("rope", "rope_complex", "the rotation is not computed from x.float()")},  # bf16: in float64
 }
