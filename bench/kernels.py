@@ -234,7 +234,11 @@ def merge_cases(old: dict, new: dict, key: Callable[[dict], tuple], rank: Callab
 
 def fold_runs(published: pathlib.Path, runs, merge: Callable[[dict, dict], dict], write: Callable) -> None:
     """Fold the result files ``runs`` (earliest first) into the results ``published`` (a JSON
-    file) with ``merge``, and rewrite its report with ``write(results, folder)``."""
+    file; the first run where there is none yet) with ``merge``, and rewrite its report with
+    ``write(results, folder)``."""
+    if not published.exists():
+        published.parent.mkdir(parents=True, exist_ok=True)
+        published.write_text(pathlib.Path(runs[0]).read_text())
     merged = json.loads(published.read_text())
     for path in runs:
         merged = merge(merged, json.loads(pathlib.Path(path).read_text()))

@@ -160,11 +160,7 @@ def main(argv=None) -> int:
                         help="no measuring: fold these results (earliest first) into --out's small_models.json")
     args = parser.parse_args(argv)
     if args.merge:
-        published = pathlib.Path(args.out) / "small_models.json"
-        if not published.exists():
-            published.parent.mkdir(parents=True, exist_ok=True)
-            published.write_text(pathlib.Path(args.merge[0]).read_text())
-        fold_runs(published, args.merge, merge_runs, write_report)
+        fold_runs(pathlib.Path(args.out) / "small_models.json", args.merge, merge_runs, write_report)
         return 0
     variants = args.variants.split(",")
     unknown = set(variants) - set(VARIANTS)

@@ -115,11 +115,7 @@ def main(argv=None) -> int:
                         help="no measuring: fold these results (earliest first) into --out's zoo.json")
     args = parser.parse_args(argv)
     if args.merge:
-        published = pathlib.Path(args.out) / "zoo.json"
-        if not published.exists():
-            published.parent.mkdir(parents=True, exist_ok=True)
-            published.write_text(pathlib.Path(args.merge[0]).read_text())
-        fold_runs(published, args.merge, merge_runs, write_report)
+        fold_runs(pathlib.Path(args.out) / "zoo.json", args.merge, merge_runs, write_report)
         return 0
     if not torch.cuda.is_available():
         parser.error("the zoo bench runs on a CUDA GPU (the CPU tests check the counts: tests/test_zoo.py)")

@@ -353,3 +353,35 @@ def test_small_models_gives_each_compiled_variant_a_recompile_budget(monkeypatch
     assert row["equal"] is True
     assert max(seen) == max(before, 16)  # eager's calls run inside run_case, under the raised limit
     assert torch._dynamo.config.recompile_limit == before
+
+
+def test_zoo_runs_merge_with_todays_expected_counts(tmp_path):
+    """bench/zoo.py --merge: the later run's row replaces the earlier one's, the expected counts
+    are read from sgdiff/zoo/sites.py, the coverage counts a model's rewrites up to its total."""
+    import json
+
+    from bench import zoo as zoo_bench
+    from sgdiff.zoo import sites
+
+    def row(model, found, ms):
+        return dict(model=model, found=found, expected={}, unexpected={}, equal=True, sgdiff_kernels=3,
+                    eager_ms=2 * ms, sgdiff_ms=ms, sgdiff_default_ms=ms, sgdiff_default_vs_eager=0.5)
+
+    meta = dict(gpu="g", torch="t", triton="tr", dtype="bfloat16")
+    flux = dict(sites.expected("flux", "bf16", "blocks2"))
+    short = dict(flux, qk_norm=flux["qk_norm"] - 2)  # an older run's count
+    dit = dict(sites.expected("dit", "bf16", "blocks2"), modulate=1)  # 4 of dit's modulates missing
+    runs = [dict(meta, commit="aaa", coverage={}, cases=[row("flux", short, 4.0), row("dit", dit, 1.0)]),
+            dict(meta, commit="bbb", coverage={}, cases=[row("flux", flux, 3.0)])]
+    paths = []
+    for i, run in enumerate(runs):
+        paths.append(tmp_path / f"run{i}.json")
+        paths[-1].write_text(json.dumps(run))
+    assert zoo_bench.main(["--merge", *map(str, paths), "--out", str(tmp_path / "out")]) == 0
+    merged = json.loads((tmp_path / "out" / "zoo.json").read_text())
+    by_model = {c["model"]: c for c in merged["cases"]}
+    assert by_model["flux"]["commit"] == "bbb" and by_model["flux"]["sgdiff_ms"] == 3.0
+    assert by_model["dit"]["commit"] == "aaa" and by_model["dit"]["expected"] == sites.expected("dit", "bf16", "blocks2")
+    due = sum(flux.values()) + sum(sites.expected("dit", "bf16", "blocks2").values())
+    assert merged["coverage"]["expected"] == due and merged["coverage"]["found"] == due - 4
+    assert "| flux |" in (tmp_path / "out" / "zoo.md").read_text()
