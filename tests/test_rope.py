@@ -351,3 +351,20 @@ def test_halves_cut_off_centre_are_not_rope():
     x, cos, sin = torch.randn(1, 4, 2, 8, dtype=torch.bfloat16), torch.randn(4, 1, 8), torch.randn(4, 1, 8)
     run, gm, result = rewrite(fn, (x, cos, sin), families=["rope"])
     assert result.counts == {"rope": 0} and bits_equal(run(x, cos, sin), fn(x, cos, sin))
+
+
+def joyimage_rope(xq, cos, sin):
+    """diffusers' JoyImage _apply_rotary_emb for one tensor, verbatim: its pairs split from x.float()."""
+    def _rotate_half(x):
+        x_real, x_imag = x.float().reshape(*x.shape[:-1], -1, 2).unbind(-1)
+        return torch.stack([-x_imag, x_real], dim=-1).flatten(3)
+
+    return (xq.float() * cos + _rotate_half(xq) * sin).type_as(xq)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pairs_split_from_the_widened_x_are_interleaved_rope(dtype):
+    x, cos, sin = torch.randn(2, 5, 3, 8, dtype=dtype), torch.randn(1, 5, 1, 8), torch.randn(1, 5, 1, 8)
+    run, gm, result = rewrite(joyimage_rope, (x, cos, sin), families=["rope"])
+    assert result.counts == {"rope": 1} and count_op(gm, OPS["interleaved"]) == 1, result.skipped
+    assert bits_equal(run(x, cos, sin), joyimage_rope(x, cos, sin))

@@ -5,6 +5,7 @@ rounding steps)::
 
     interleaved  (apply_rotary_emb, use_real_unbind_dim=-1: Flux, Flux2, CogVideoX, HunyuanDiT)
         x_rot = stack([-x_imag, x_real], -1).flatten(3)   of x.reshape(..., -1, 2).unbind(-1)
+                                                          (or of x.float()'s pairs: JoyImage)
         out   = (x.float() * cos + x_rot.float() * sin).to(x.dtype)
     rotate_half  (use_real_unbind_dim=-2: Stable Audio, CogView4, Cosmos)
         x_rot = cat([-x_imag, x_real], -1)                of x.reshape(..., 2, -1).unbind(-2)
@@ -63,7 +64,9 @@ def _pairs(x: Expr) -> Expr:
 
 
 def _rotated(form: str) -> Expr:
-    pairs = _pairs(Arg("x"))
+    # x's pairs, or x.float()'s (JoyImage upcasts before the split: the rotation of the widened
+    # values is the widening of the rotated ones, a sign flip and a reordering being exact)
+    pairs = _pairs(parts.maybe_cast(Arg("x"), "rope_upcast_pairs"))
     negated = Items(Op(aten.neg.default, getitem(pairs, 1)), getitem(pairs, 0))
     if form == "interleaved":
         return _reshape(Op(aten.stack.default, negated, Arg("rope_join_dim")), "rope_flat")
@@ -299,8 +302,12 @@ def _cast_reason(form: str, m: Match, x: torch.Tensor) -> Optional[str]:
         inner = m["rope_downcast"].args[0] if "rope_downcast" in m else m.root
         out = parts.cast_dtype(m, "rope_downcast") if "rope_downcast" in m else tensor_meta(inner).dtype
         return None if out == x.dtype else "the result is not cast back to x's dtype"
-    upcasts = ("rope_upcast_x",) if form == "complex" else ("rope_upcast_x", "rope_upcast_rot")
     wanted = x.dtype != torch.float32
+    # the rotated operand widened after the rotation, or x widened before it (never both)
+    rot = [name for name in ("rope_upcast_rot", "rope_upcast_pairs") if name in m]
+    upcasts = ["rope_upcast_x"] if form == "complex" else ["rope_upcast_x", rot[0] if len(rot) == 1 else "rope_upcast_rot"]
+    if len(rot) > 1:
+        return "x is widened before and after its rotation"
     for name in upcasts:
         if (name in m) != wanted or (wanted and parts.cast_dtype(m, name) != torch.float32):
             return "the rotation is not computed from x.float()" if wanted else "x is cast before the rotation"

@@ -169,10 +169,10 @@ REWRITTEN = {
     # 1 double block, bf16: its adaLN norms are FP32LayerNorms cast back before the modulation, two ops a site (see
     # "auraflow"); only the image stream reaches norm_out, so the text stream's FF (txt_norm2 modulate, its
     # residuals) is dead: 3 sites (img_norm1, txt_norm1, img_norm2) x 2 + norm_out's cast LayerNorm (7). Gated
-    # residuals: image attention and FF (2); RMSNorm QK norms on q and k of both streams (4). Its RoPE is not taken
-    # in bf16 (see MISSED); fp32: 3 modulates, RoPE on the image q and k (2), norm_out a plain norm (1)
-    "joyimage": (7, 2, 0, 4, 0, 0, 0),
-    "joyimage_edit_plus": (7, 2, 0, 4, 0, 0, 0),  # JoyImage's blocks, batched RoPE tables: JoyImage's counts
+    # residuals: image attention and FF (2); RMSNorm QK norms on q and k of both streams (4); RoPE on the image
+    # q and k, its pairs split from x.float() (2); fp32: 3 modulates, norm_out a plain norm (1)
+    "joyimage": (7, 2, 2, 4, 0, 0, 0),
+    "joyimage_edit_plus": (7, 2, 2, 4, 0, 0, 0),  # JoyImage's blocks, batched RoPE tables: JoyImage's counts
     # Wan 2.1 I2V blocks, 1 layer: modulates norm1, norm3 (2 a block) + norm_out, and (bf16) the cross-attention's
     # FP32LayerNorm norm2 and the image embedder's two FP32LayerNorms, cast back: cast LayerNorms (6); gated
     # attention and FF residuals (2); RoPE on the self-attention's q and k (2); RMSNorms across heads on q and k
@@ -293,10 +293,6 @@ MISSED: Dict[str, List[Miss]] = {
     "ideogram4": [Miss("rope", 2, 4, "rotate-half RoPE `q * cos + cat((-q[..., h:], q[..., :h])) * sin` in q's "
                                      "dtype, no upcast: bf16 products, where the rope op computes fp32 ones (a site "
                                      "in fp32)", ("bf16",))],
-    "joyimage": [Miss("rope", 2, 4, "interleaved RoPE `(x.float() * cos + rot(x) * sin).type_as(x)` whose rotate "
-                                    "upcasts before the pair split (`x.float().reshape(..., -1, 2).unbind(-1)`): "
-                                    "taken in fp32, where .float() vanishes", ("bf16",))],
-    "joyimage_edit_plus": [Miss("rope", 2, 4, "JoyImage's RoPE, with [B, S, 1, D] tables", ("bf16",))],
     "minimax_h3": [Miss("rope", 2, 4, "partial rotate-half RoPE: the leading rotary_dim channels of each head sliced "
                                       "off, rotated by cat((-x2, x1)) with cos/sin cast to the input dtype, "
                                       "concatenated back with the pass-through channels: no rope spelling takes it")],
@@ -346,8 +342,8 @@ BLOCKS2: Dict[str, Tuple[int, ...]] = {
     "krea2": (5, 4, 4, 12, 6, 0, 14),
     "prx": (5, 4, 4, 0, 0, 0, 6),
     "lumina_next": (5, 4, 6, 8, 2, 0, 7),
-    "joyimage": (15, 6, 0, 8, 0, 0, 0),  # 2 double blocks: the first's text FF is live
-    "joyimage_edit_plus": (15, 6, 0, 8, 0, 0, 0),
+    "joyimage": (15, 6, 4, 8, 0, 0, 0),  # 2 double blocks: the first's text FF is live
+    "joyimage_edit_plus": (15, 6, 4, 8, 0, 0, 0),
     # ERNIE-Image, Ideogram 4 (autocast on the meta device fails), ChronoEdit and LTX-2 (dynamo's fake pass refuses
     # a real tensor their RoPE builds): the tiny config at two layers, on the CPU
     "ernie_image": (5, 0, 0, 4, 0, 0, 4),
