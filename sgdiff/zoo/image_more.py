@@ -39,6 +39,18 @@ def _flux3(size, dtype, device):
     return _place(model, kwargs, dtype, device)
 
 
+def _bria_inputs(c, batch: int, h: int, w: int, text: int, g) -> dict:
+    """Bria's and FIBO's step inputs: packed latents, text, the scheduler's unscaled t, position ids."""
+    return dict(
+        hidden_states=_randn(batch, h * w, c.in_channels, g=g),
+        encoder_hidden_states=_randn(batch, text, c.joint_attention_dim, g=g),
+        timestep=torch.full((batch,), 500.0),
+        img_ids=_image_ids(h, w),
+        txt_ids=torch.zeros(text, 3),
+        return_dict=False,
+    )
+
+
 def _bria(size, dtype, device):
     from diffusers import BriaTransformer2DModel
 
@@ -58,14 +70,7 @@ def _bria(size, dtype, device):
     model = _model(BriaTransformer2DModel, cfg, size)
     c = model.config
     g = _gen(device)
-    kwargs = dict(
-        hidden_states=_randn(batch, h * w, c.in_channels, g=g),
-        encoder_hidden_states=_randn(batch, text, c.joint_attention_dim, g=g),
-        timestep=torch.full((batch,), 500.0),  # the scheduler's t, unscaled
-        img_ids=_image_ids(h, w),
-        txt_ids=torch.zeros(text, 3),
-        return_dict=False,
-    )
+    kwargs = _bria_inputs(c, batch, h, w, text, g)
     return _place(model, kwargs, dtype, device)
 
 
@@ -85,14 +90,7 @@ def _bria_fibo(size, dtype, device):
     c = model.config
     g = _gen(device)
     layers = [_randn(batch, text, c.text_encoder_dim, g=g) for _ in range(c.num_layers + c.num_single_layers)]
-    kwargs = dict(
-        hidden_states=_randn(batch, h * w, c.in_channels, g=g),
-        encoder_hidden_states=_randn(batch, text, c.joint_attention_dim, g=g),
-        timestep=torch.full((batch,), 500.0),  # the scheduler's t, unscaled
-        img_ids=_image_ids(h, w),
-        txt_ids=torch.zeros(text, 3),
-        return_dict=False,
-    )
+    kwargs = _bria_inputs(c, batch, h, w, text, g)
     model, kwargs = _place(model, kwargs, dtype, device)
     # one text-encoder layer per block, a list (_place moves tensors only), in the model's dtype as the pipeline's
     kwargs["text_encoder_layers"] = [t.to(device=device, dtype=dtype) for t in layers]
