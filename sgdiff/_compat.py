@@ -142,13 +142,11 @@ def fake_mode_of(tensors: Iterable[torch.Tensor]):
         return None
 
 
-@contextlib.contextmanager
 def real_tensors():
-    """Ops run on real tensors inside, even within a compile's fake mode."""
+    """A context in which ops run on real tensors, even within a compile's fake mode."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    with unset_fake_temporarily():
-        yield
+    return unset_fake_temporarily()
 
 
 def new_fake_mode():
