@@ -27,11 +27,12 @@ ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = {
     # the former script's 70 cases: layernorm_modulate 2 dtypes x 4 shapes x 5 argument lists, the row
     # kept or read again 2 dtypes, layer_norm 2 dtypes x 4 head dims x 3 argument lists, Wan's casts 4;
-    # then the keep_row choice, Wan's refused casts, the refused layouts
-    "test_layernorm_modulate_interp.py": 2 * 4 * 5 + 2 + 2 * 4 * 3 + 4 + 3,
+    # then the keep_row choice, Wan's refused casts, the refused layouts; a per-token table's
+    # addends with Wan's casts and on fp32 rows
+    "test_layernorm_modulate_interp.py": 2 * 4 * 5 + 2 + 2 * 4 * 3 + 4 + 3 + 2,
     # the former 43: residual_gate 2 dtypes x 2 widths x 10 argument lists, residual_add 3; then the
-    # tanh gate, the refused layouts
-    "test_residual_gate_interp.py": 2 * 2 * 10 + 3 + 2,
+    # tanh gate, the refused layouts; a per-token gate's addend, plain and tanh
+    "test_residual_gate_interp.py": 2 * 2 * 10 + 3 + 2 + 2,
     # the former 206, 103 a dtype: rms_norm fused 4 shapes x 2 weights, rope 3 head dims x 2 rotations
     # x 2 layouts, rope_complex 2 and rope_even_odd 1, rms_norm diffusers 6 shapes x 3 weights x 2
     # references and heads-first 1, silu_mul 2 and its epilogues 2, cast_copy 4, linear_attention_out

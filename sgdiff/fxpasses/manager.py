@@ -16,6 +16,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 from torch import fx
 
 from sgdiff import patterns as pattern_registry
+from sgdiff.fxpasses.addends import fold_addends
 from sgdiff.fxpasses.copies import drop_copies
 from sgdiff.fxpasses.rewrite import PassResult, Skip, apply_family
 from sgdiff.kernels import registry
@@ -99,6 +100,7 @@ class PassManager:
                 log.info("sgdiff[%s]: %s rewrote %d of %d sites", self.tier.value, p.family,
                          r.matched_count, r.found_count)
         dropped = drop_copies(gm)  # exact at every tier
+        fold_addends(gm)  # likewise
         if graph_log.isEnabledFor(logging.DEBUG):
             graph_log.debug("sgdiff: graph after passes (%s):\n%s", self.tier.value, gm.code)
         return ManagerResult(self.tier, results, dropped)

@@ -68,6 +68,15 @@ class Inputs:
             raise ValueError(f"unknown modulation form {form!r}")
         return scale, shift
 
+    def per_token_table(self, B: int, S: int, D: int, n: int, dtype=torch.bfloat16):
+        """A per-token adaLN's operands (Wan 2.2 TI2V: a timestep per token), each of the n
+        modulation tensors as the two views eager sums: ``(table.unsqueeze(0) +
+        temb.float()).chunk(n, dim=2)`` then ``.squeeze(2)``, an fp32 ``[1, n, D]`` table and a
+        ``[B, S, n, D]`` embedding: ``[(table_view, temb_view), ...]``."""
+        table, temb = self.randn(1, n, D, dtype=torch.float32), self.randn(B, S, n, D, dtype=dtype)
+        wide = table.unsqueeze(0).expand(B, S, n, D)
+        return [(wide[:, :, i], temb[:, :, i]) for i in range(n)]
+
     def polar(self, *shape) -> torch.Tensor:
         """A complex RoPE table (``torch.polar`` of random radii near 1 and random angles)."""
         return torch.polar(self.rand(*shape) + 0.5, self.randn(*shape, dtype=torch.float32))

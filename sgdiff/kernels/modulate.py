@@ -36,6 +36,13 @@ def modulation(
     return y.contiguous()
 
 
+def summed(operand: Optional[torch.Tensor], addend: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """``operand + addend`` as eager's add computes it (promoted, one rounding), or ``operand``
+    where there is no addend: a modulation operand eager summed before its chain (an adaLN
+    table and a per-token embedding), which an op takes as the two views it summed."""
+    return operand if addend is None else aten.add.Tensor(operand, addend)
+
+
 def modulate_reference(
     x: torch.Tensor,
     scale: torch.Tensor,

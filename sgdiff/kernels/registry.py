@@ -92,7 +92,9 @@ class OpDef:
     A ``tuned`` op's implementations (and each one's variants) compute the same bits, so at
     first sight of a signature every one is verified and timed, the reference too, and the
     fastest is kept; one that differs there only drops out for that signature (a GEMM's bits
-    follow the kernel cuBLAS picks for that shape).
+    follow the kernel cuBLAS picks for that shape). ``addends`` name the operands the op can
+    take as the two tensors eager summed into them (each pair: the operand's parameter and
+    the addend's), so that a sum whose every reader is such an operand is never made.
     """
 
     name: str  # "layernorm_modulate" (namespace sgdiff) or "mylib::my_op"
@@ -103,6 +105,7 @@ class OpDef:
     doc: str = ""
     module: Optional[str] = None
     tuned: bool = False
+    addends: Tuple[Tuple[str, str], ...] = ()  # (operand, its addend's parameter): see fxpasses.addends
 
     @property
     def qualname(self) -> str:

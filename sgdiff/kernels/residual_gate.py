@@ -21,7 +21,9 @@ but the layout it gives the output is: eager's output keeps the residual's layou
 stream is a transposed view, and is contiguous when the product comes first, as in PixArt.
 The output has the residual's layout, or with ``residual_layout=False`` is contiguous (the
 two coincide for a contiguous residual). ``out_dtype`` is a cast of the sum (Wan's
-``(x.float() + y * gate).type_as(x)``), kept in registers by a kernel. The reference
+``(x.float() + y * gate).type_as(x)``), kept in registers by a kernel. ``gate_addend``: where
+eager summed the gate from two tensors (Wan 2.2's per-token ``table + temb.float()``), the op
+takes both and sums them itself (:mod:`sgdiff.fxpasses.addends`). The reference
 implementation *is* the chain.
 """
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch
 from sgdiff.kernels import dispatch
 from sgdiff.kernels.examples import Example
 from sgdiff.kernels.layout import cast, in_layout_of
+from sgdiff.kernels.modulate import summed
 from sgdiff.kernels.registry import OpDef, triton
 from sgdiff.tiers import Contract
 
@@ -53,7 +56,9 @@ def residual_gate_reference(
     update_bias: Optional[torch.Tensor] = None,
     update_divisor: Optional[float] = None,
     out_dtype: Optional[torch.dtype] = None,
+    gate_addend: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
+    gate = summed(gate, gate_addend)
     if update_bias is not None:
         update = aten.add.Tensor(update, update_bias)
     if update_divisor is not None:
@@ -86,6 +91,13 @@ def _examples():
     yield Example("Wan 2.1 1.3B: (x.float() + y.float() * gate).type_as(x)", dict(B=1, S=32760, D=1536),
                   lambda t: (t.randn(t.B, t.S, t.D), t.table_chunks(t.B, t.D, 6, torch.float32)[2],
                              t.randn(t.B, t.S, t.D), "plain", True, None, None, torch.bfloat16), chain=_wan_chain)
+    def per_token(t):  # Wan 2.2 TI2V: the gate as the table and per-token embedding the op sums
+        gate, gate_add = t.per_token_table(t.B, t.S, t.D, 6)[2]
+        return (t.randn(t.B, t.S, t.D), gate, t.randn(t.B, t.S, t.D), "plain", True, None, None, torch.bfloat16,
+                gate_add)
+
+    yield Example("Wan 2.2 TI2V 5B per-token: gate = table + temb.float() (never stored)", dict(B=1, S=27280, D=3072),
+                  per_token)
     yield Example("Lumina tanh gate", dict(B=2, S=4352, D=2304),
                   lambda t: (t.randn(t.B, t.S, t.D), t.randn(t.B, 1, t.D), t.randn(t.B, t.S, t.D), "tanh"), bench=False)
     yield Example("per-token sigmoid gate", dict(B=1, S=4608, D=3072),
@@ -95,7 +107,7 @@ def _examples():
 
 residual_gate = dispatch.define_op(OpDef(
     "residual_gate", Contract.BITEXACT, residual_gate_reference, impls=(triton("residual_gate"),),
-    examples=tuple(_examples()),
+    examples=tuple(_examples()), addends=(("gate", "gate_addend"),),
     doc="residual + g * update with g = gate, tanh(gate) or sigmoid(gate) (gate_kind), in eager's promoted dtypes and the residual's "
         "layout (contiguous with residual_layout=False); the update maybe + a bias, / a divisor; the sum maybe "
         "cast to out_dtype",

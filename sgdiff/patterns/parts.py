@@ -280,6 +280,22 @@ def splits_heads(v: Any) -> bool:
             and same_size(out.shape[-2] * out.shape[-1], whole.shape[-1]))
 
 
+def depends_on(node: Any, ancestor: Any, limit: int = 50_000) -> bool:
+    """Whether ``ancestor`` is among the nodes ``node`` is computed from (looked for through at
+    most ``limit`` nodes: False past that)."""
+    if not isinstance(node, fx.Node) or not isinstance(ancestor, fx.Node):
+        return False
+    seen, stack = {node}, [node]
+    while stack and len(seen) <= limit:
+        for n in stack.pop().all_input_nodes:
+            if n is ancestor:
+                return True
+            if n not in seen:
+                seen.add(n)
+                stack.append(n)
+    return False
+
+
 def is_call(node: Any, targets) -> bool:
     return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
 

@@ -122,12 +122,24 @@ def replacement(key: ResidualGateKey):
         residual, gate, update = (parts.operand(m, name, folded.get(name, False)) for name in FOLDABLE)
         if m.get("gate_views"):  # a tanh or sigmoid gate: its views replayed on the gate
             gate = ReplayViews(m["gate_views"], m["gate"])
+        elif not key.bias and not key.divisor and _gate_is_the_update(m):
+            gate, update = update, gate  # the same product; the op's gate is the conditioning
         # residual_layout=False only where eager's output is contiguous but the residual is not
         return dict(residual=residual, gate=gate, update=update, gate_kind=key.gate,
                     residual_layout=_layout_of_residual(m), update_bias=m.get("update_bias"),
                     update_divisor=m.get("update_divisor"), out_dtype=parts.cast_dtype(m, "out_cast"))
 
     return args
+
+
+def _gate_is_the_update(m: Match) -> bool:
+    """Whether the product's operand taken as the gate is the block's update: computed from the
+    token stream (the residual), where the other is not. A plain gate and an update with no
+    bias or divisor play the same part in the product (its promotion is symmetric), so either
+    order computes eager's bits; the op takes the conditioning as its gate (a per-token gate
+    can then be summed by the op, :mod:`sgdiff.fxpasses.addends`)."""
+    residual = m["residual"]
+    return (parts.depends_on(m["gate"], residual) and not parts.depends_on(m["update"], residual))
 
 
 def check(m: Match) -> Optional[str]:

@@ -84,6 +84,7 @@ REWRITTEN = {
     # residual (5)
     "latte": (5, 5, 0, 0, 0, 0, 0),
     "skyreels_v2": (4, 2, 2, 4, 0, 0, 0),  # Wan's blocks: Wan's counts
+    "wan22_ti2v": (4, 2, 2, 4, 0, 0, 0),  # Wan's blocks modulated per token: Wan's counts
     # 1 layer: LayerNorm-modulates before attention and FF (2) + norm_out (1); gated attention and FF
     # residuals + the cross-attention's output / rescale_output_factor added back (3); its RoPE on each third of
     # q and k (t, h, w axes), rotate-half by slicing each third's halves (6)
@@ -251,6 +252,7 @@ REWRITTEN_BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3, 1), ("wan", "fp32"): 
                       ("auraflow", "fp32"): (7, 6, 0, 6, 3, 0, 0),
                       # fp32: the FP32LayerNorms without their casts are plain norms (norm family: 3 a block + skip_norm)
                       ("hunyuandit", "fp32"): (1, 8, 12, 16, 0, 0, 13), ("skyreels_v2", "fp32"): (3, 2, 2, 4, 0, 0, 1),
+                      ("wan22_ti2v", "fp32"): (3, 2, 2, 4, 0, 0, 1),
                       ("wan_vace", "fp32"): (5, 5, 4, 8, 0, 0, 2),
                       # fp32: one LayerNorm-modulate a site (7 + norm_out)
                       ("easyanimate", "fp32"): (8, 6, 4, 6, 0, 0, 2),
@@ -334,6 +336,7 @@ BLOCKS2: Dict[str, Tuple[int, ...]] = {
     "cogvideox": (9, 7, 0, 4, 0, 0, 1),
     "ltx": (5, 4, 4, 8, 0, 0, 0),
     "skyreels_v2": (7, 4, 4, 8, 0, 0, 0),
+    "wan22_ti2v": (7, 4, 4, 8, 0, 0, 0),
     "allegro": (5, 6, 12, 0, 0, 0, 0),
     "sanavideo": (5, 6, 4, 8, 4, 0, 1),
     "lumina2": (7, 8, 8, 8, 4, 0, 11),

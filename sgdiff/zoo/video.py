@@ -17,6 +17,23 @@ def _wan(size, dtype, device):
                     (21, 60, 104, 512), size, dtype, device)
 
 
+def _wan22_ti2v(size, dtype, device):
+    """Wan 2.2 TI2V 5B, 704x1280 x 121 frames (31x44x80 latent of 48 channels), with a timestep
+    per token as its image-to-video pipeline gives it: the first frame's tokens at 0 (the
+    conditioning image), the rest at t. Its blocks then modulate per token."""
+    from diffusers import WanTransformer3DModel
+
+    model, kwargs = wan_like(WanTransformer3DModel, dict(in_channels=48, out_channels=48, num_attention_heads=24,
+                                                         ffn_dim=14336, num_layers=30), (31, 44, 80, 512),
+                             size, dtype, device)
+    pf, ph, pw = model.config.patch_size
+    _, _, frames, height, width = kwargs["hidden_states"].shape
+    per_frame = (height // ph) * (width // pw)
+    timestep = torch.full((1, frames // pf * per_frame), 500.0, device=kwargs["hidden_states"].device)
+    timestep[:, :per_frame] = 0.0
+    return model, dict(kwargs, timestep=timestep)
+
+
 def _cogvideox(size, dtype, device):
     from diffusers import CogVideoXTransformer3DModel
 
@@ -224,6 +241,8 @@ def _easyanimate(size, dtype, device):
 
 MODELS: Dict[str, ModelCase] = {
     "wan": ModelCase("wan", _wan, "WanTransformer3DModel (tiny: 1 layer)"),
+    "wan22_ti2v": ModelCase("wan22_ti2v", _wan22_ti2v, "WanTransformer3DModel as Wan 2.2 TI2V 5B, a timestep per "
+                            "token (tiny: 1 layer)"),
     "cogvideox": ModelCase("cogvideox", _cogvideox, "CogVideoXTransformer3DModel (tiny: 1 layer)"),
     "ltx": ModelCase("ltx", _ltx, "LTXVideoTransformer3DModel (tiny: 1 layer)"),
     "hunyuanvideo": ModelCase("hunyuanvideo", _hunyuanvideo, "HunyuanVideoTransformer3DModel (tiny: 1 double + 1 "

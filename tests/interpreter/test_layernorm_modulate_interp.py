@@ -174,3 +174,27 @@ def test_channels_first_storage_read_as_rows(dtype, rtol):
     assert got.is_contiguous() and got.shape == want.shape
     assert_within(got, want, rtol)
     assert torch.equal(tk.bind(*args)(*args), got)
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float32, None], ids=["wan_casts", "fp32_rows"])
+def test_addends_summed_in_the_kernel(x_dtype):
+    """A per-token adaLN's scale and shift given as the table and embedding views eager summed
+    (fp32 table, bf16 embedding): the kernel's sum, widened on load, is eager's fp32 sum; one
+    without the other too. The warp-row kernel has no addends: the 4-warp kernel takes them."""
+    torch.manual_seed(0)
+    B, S, N = 2, 5, 1536
+    table, temb = torch.randn(1, 6, N), torch.randn(B, S, 6, N, dtype=torch.bfloat16)
+    wide = table.unsqueeze(0).expand(B, S, 6, N)
+    x = torch.randn(B, S, N, dtype=torch.bfloat16 if x_dtype else torch.float32) * 3 + 1
+    out_dtype = torch.bfloat16 if x_dtype else None
+    for scale_add, shift_add in ((temb[:, :, 1], temb[:, :, 0]), (temb[:, :, 1], None), (None, temb[:, :, 0])):
+        args = (x, None, None, 1e-6, wide[:, :, 1], wide[:, :, 0], True, x_dtype, out_dtype, scale_add, shift_add)
+        assert tk.supported_layout(*args)
+        got, want = tk.layernorm_modulate(*args), ref(*args)
+        assert_close_contiguous(got, want, 2e-5 if out_dtype is None else 3e-2)
+    # the sum must promote to the dtype normalized in: a bf16 sum of a bf16 x's rows is refused
+    xb = torch.randn(B, S, N, dtype=torch.bfloat16)
+    assert not tk.supported_layout(xb, None, None, 1e-6, wide[:, :, 1], None, True, None, None, temb[:, :, 1])
+    assert tk.supported_layout(xb, None, None, 1e-6, temb[:, :, 2], None, True, None, None, temb[:, :, 1])
+    assert not tk.supported_layout(x, None, None, 1e-6, wide[:, :, 1], None, True, x_dtype, out_dtype, None,
+                                   temb[:, :, 0])  # an addend to no shift

@@ -104,3 +104,21 @@ def test_refused_layouts():
     assert not tk.residual_add_supported_layout(r, u, 3.0, True)   # a strided update: eager's layout may differ
     assert not tk.supported_layout(r[:, :1], g, u, "plain")            # broadcasts past the residual
     assert not tk.supported_layout(r.transpose(0, 1), g.transpose(0, 1), u.transpose(0, 1), "plain")
+
+
+@pytest.mark.parametrize("kind", ["plain", "tanh"])
+def test_gate_addend_summed_in_the_kernel(kind):
+    """Wan 2.2's per-token gate as the fp32 table view and the bf16 embedding view eager summed:
+    the kernel's sum, then the gate function in the sum's dtype, then eager's product and sum."""
+    torch.manual_seed(0)
+    B, S, D = 2, 7, 256
+    table, temb = torch.randn(1, 6, D), torch.randn(B, S, 6, D, dtype=torch.bfloat16)
+    gate, gate_add = table.unsqueeze(0).expand(B, S, 6, D)[:, :, 2], temb[:, :, 2]
+    residual, update = torch.randn(B, S, D, dtype=torch.bfloat16), torch.randn(B, S, D, dtype=torch.bfloat16)
+    args = (residual, gate, update, kind, True, None, None, torch.bfloat16, gate_add)
+    assert tk.supported_layout(*args)
+    got, want = tk.residual_gate(*args), ref(*args)
+    assert got.dtype == want.dtype == torch.bfloat16
+    err = (got.float() - want.float()).abs().max().item()
+    assert err <= 2 ** -6 * max(1.0, want.float().abs().max().item()), err
+    assert not tk.supported_layout(residual, None, update, "plain", True, None, None, None, gate_add)

@@ -76,6 +76,10 @@ def _layernorm_modulate_kernel(
     stride_shb, stride_shs, stride_shn,  # shift strides (0 where broadcast)
     eps,  # fp32
     rows,  # B * S (the grid's size here; the warp-row kernel's bound)
+    scale_add_ptr,  # what eager added to scale before the chain (unused unless HAS_SCALE_ADD), broadcast
+    shift_add_ptr,  # likewise for shift (unused unless HAS_SHIFT_ADD)
+    stride_sab, stride_sas, stride_san,  # scale addend strides (0 where broadcast)
+    stride_hab, stride_has, stride_han,  # shift addend strides
     ITERS: tl.constexpr,  # ceil(N / 4 / 128)
     HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -86,6 +90,8 @@ def _layernorm_modulate_kernel(
     HAS_SCALE: tl.constexpr = True,  # False: the LayerNorm alone (sgdiff::layer_norm)
     KEEP_ROW: tl.constexpr = False,  # normalize the row held in registers rather than reading it again
     GROUP: tl.constexpr = 1,  # second-pass tiles whose loads go out together, before their stores (load_tile)
+    HAS_SCALE_ADD: tl.constexpr = False,  # scale is scale + scale_add, summed in fp32 and rounded to DTYPE
+    HAS_SHIFT_ADD: tl.constexpr = False,
 ):
     pid = tl.program_id(0)  # 32-bit: a 64-bit division is a long software sequence
     row = pid.to(tl.int64)
@@ -102,13 +108,16 @@ def _layernorm_modulate_kernel(
     lane = tl.arange(0, VEC_C)
     sc_row = scale_ptr + bi * stride_scb + si * stride_scs
     sh_row = shift_ptr + bi * stride_shb + si * stride_shs
+    adds = (scale_add_ptr + bi * stride_sab + si * stride_sas, stride_san,
+            shift_add_ptr + bi * stride_hab + si * stride_has, stride_han)
     tiles = ((), (), (), (), ())
     for g in tl.static_range(0, ITERS, GROUP):
         for k in tl.static_range(g, g + GROUP):
             if k < ITERS:
                 col = (t + k * THREADS_C)[:, None] * VEC_C + lane[None, :]  # [128, 4]
                 tiles = load_tile(tiles, vecs, k, x_row, w_ptr, b_ptr, sc_row, sh_row, col, stride_scn, stride_shn,
-                                  col < N, KEEP_ROW, HAS_WEIGHT, HAS_BIAS, HAS_SCALE, HAS_SHIFT)
+                                  col < N, KEEP_ROW, HAS_WEIGHT, HAS_BIAS, HAS_SCALE, HAS_SHIFT, adds,
+                                  HAS_SCALE_ADD, HAS_SHIFT_ADD, DTYPE)
         for k in tl.static_range(g, g + GROUP):
             if k < ITERS:
                 col = (t + k * THREADS_C)[:, None] * VEC_C + lane[None, :]
@@ -118,12 +127,15 @@ def _layernorm_modulate_kernel(
 @triton.jit
 def load_tile(tiles, vecs, k: tl.constexpr, x_row, w_ptr, b_ptr, sc_row, sh_row, col, stride_scn, stride_shn, mask,
               KEEP_ROW: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr,
-              HAS_SHIFT: tl.constexpr):
+              HAS_SHIFT: tl.constexpr, adds, HAS_SCALE_ADD: tl.constexpr, HAS_SHIFT_ADD: tl.constexpr,
+              DTYPE: tl.constexpr):
     """``tiles`` (the row's vectors, weights, biases, scales and shifts of the tiles loaded so
     far) with the k-th, at columns ``col``, appended: the row's ``vecs[k]`` where it is kept, else
     read again (from L2); ``*_row`` point at the row's x, scale and shift. A second pass loads a
     group of tiles before it stores any: the compiler never moves a load past a store (the
-    output may alias an input), so tile by tile each tile waits its loads' latency."""
+    output may alias an input), so tile by tile each tile waits its loads' latency. ``adds``:
+    the scale's and shift's addends (row pointer, column stride each) where eager summed them
+    first (``HAS_*_ADD``): the fp32 sum rounded to DTYPE, as eager's add stored it."""
     xs, ws, bs, scs, shs = tiles
     xs = xs + (vecs[k] if KEEP_ROW else tl.load(x_row + col, mask=mask),)
     if HAS_WEIGHT:
@@ -131,9 +143,15 @@ def load_tile(tiles, vecs, k: tl.constexpr, x_row, w_ptr, b_ptr, sc_row, sh_row,
     if HAS_BIAS:
         bs = bs + (tl.load(b_ptr + col, mask=mask),)
     if HAS_SCALE:
-        scs = scs + (tl.load(sc_row + col * stride_scn, mask=mask),)
+        sc = tl.load(sc_row + col * stride_scn, mask=mask)
+        if HAS_SCALE_ADD:
+            sc = (sc.to(tl.float32) + tl.load(adds[0] + col * adds[1], mask=mask).to(tl.float32)).to(DTYPE)
+        scs = scs + (sc,)
     if HAS_SHIFT:
-        shs = shs + (tl.load(sh_row + col * stride_shn, mask=mask),)
+        sh = tl.load(sh_row + col * stride_shn, mask=mask)
+        if HAS_SHIFT_ADD:
+            sh = (sh.to(tl.float32) + tl.load(adds[2] + col * adds[3], mask=mask).to(tl.float32)).to(DTYPE)
+        shs = shs + (sh,)
     return xs, ws, bs, scs, shs
 
 
@@ -322,17 +340,34 @@ else:
     _layernorm_modulate_warp_row_kernel = warp_row_layout = None
 
 
-def can_use(x, weight, bias, eps, scale, shift, scale_plus_one=True, x_dtype=None, out_dtype=None) -> bool:
+def can_use(x, weight, bias, eps, scale, shift, scale_plus_one=True, x_dtype=None, out_dtype=None,
+            scale_addend=None, shift_addend=None) -> bool:
     """Inputs on which eager takes ATen's vectorized LayerNorm and every operand is one dtype."""
-    return x.is_cuda and supported_layout(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype)
+    return x.is_cuda and supported_layout(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype,
+                                          scale_addend, shift_addend)
 
 
-def supported_layout(x, weight, bias, eps, scale, shift, scale_plus_one=True, x_dtype=None, out_dtype=None) -> bool:
-    """can_use without the device check (the interpreter runs the kernel on CPU tensors)."""
+def supported_layout(x, weight, bias, eps, scale, shift, scale_plus_one=True, x_dtype=None, out_dtype=None,
+                     scale_addend=None, shift_addend=None) -> bool:
+    """can_use without the device check (the interpreter runs the kernel on CPU tensors). A
+    scale (shift) with an addend is their sum, which must promote to the dtype normalized in."""
     if not _norm_ok(x, weight, bias, x_dtype, out_dtype):
         return False
-    for p in (scale, shift):
-        if p is not None and (p.dtype != (x_dtype or x.dtype) or p.device != x.device or p.dim() > x.dim()):
+    if shift_addend is not None and shift is None:
+        return False
+    dtype = x_dtype or x.dtype
+    for p, a in ((scale, scale_addend), (shift, shift_addend)):
+        if p is None:
+            continue
+        summed = p.dtype if a is None else torch.promote_types(p.dtype, a.dtype)
+        for t in (p, a) if a is not None else (p,):
+            if t.dtype not in DTYPES or t.device != x.device or t.dim() > x.dim():
+                return False
+        if summed != dtype:
+            return False
+        try:
+            torch.broadcast_shapes(*(t.shape for t in (x, p, a) if t is not None))
+        except RuntimeError:
             return False
     return scale is not None
 
@@ -365,14 +400,16 @@ def _norm_ok(x, weight, bias, x_dtype=None, out_dtype=None, device=None) -> bool
 
 
 @cached_plan
-def _plan(x, scale, shift):
+def _plan(x, scale, shift, scale_addend=None, shift_addend=None):
     shape = (1, *x.shape) if x.dim() == 2 else tuple(x.shape)
     B, S, N = shape
     x3 = x.view(shape)
-    sc_strides = scale.expand(shape).stride() if scale is not None else (0, 0, 0)
-    sh_strides = shift.expand(shape).stride() if shift is not None else (0, 0, 0)
-    return shape, (B * S,), (S, N, x3.stride(0), x3.stride(1), *sc_strides, *sh_strides), \
-        triton.cdiv(N // VEC, THREADS)
+
+    def strides(t):
+        return t.expand(shape).stride() if t is not None else (0, 0, 0)
+
+    return shape, (B * S,), (S, N, x3.stride(0), x3.stride(1), *strides(scale), *strides(shift)), \
+        triton.cdiv(N // VEC, THREADS), (*strides(scale_addend), *strides(shift_addend))
 
 
 WARP_ROW_ITERS = 6  # _warp_row: rows of at most this many vectors a thread
@@ -441,10 +478,13 @@ def _warp_row_second_pass(rows: int, S: int, iters: int, affine: bool, device: t
     return dict(KEEP_ROW=False, GROUP=group, S_CONST=S)
 
 
-def _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype, device=None):
-    """The launch for inputs of this signature: ``launch(x, weight, bias, scale, shift)``; ``device``
-    where x stands in (meta) for the rows."""
-    shape, grid, ints, iters = _plan(x, scale, shift)
+def _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype, device=None,
+          scale_addend=None, shift_addend=None):
+    """The launch for inputs of this signature: ``launch(x, weight, bias, scale, shift, scale_addend,
+    shift_addend)``; ``device`` where x stands in (meta) for the rows. Addends take the 4-warp
+    kernel (the warp-row kernel has none)."""
+    shape, grid, ints, iters, add_ints = _plan(x, scale, shift, scale_addend, shift_addend)
+    has_adds = (scale_addend is not None, shift_addend is not None)
     rows, N = grid[0], shape[-1]
     dtype = x_dtype or x.dtype
     out_dtype, view = out_dtype or dtype, x.shape
@@ -466,38 +506,47 @@ def _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype
             TREE=warp_row_tree_terms(N), **second_pass, num_warps=warps, **options)
 
     def bind_triton():
-        return _layernorm_modulate_kernel.bind(grid, KEEP_ROW=keep, GROUP=1 if keep else iters, num_warps=4,
-                                                **options)
+        kernel = _layernorm_modulate_kernel.bind(grid, KEEP_ROW=keep, GROUP=1 if keep else iters, num_warps=4,
+                                                 HAS_SCALE_ADD=has_adds[0], HAS_SHIFT_ADD=has_adds[1], **options)
+        pointers = () if any(has_adds) else (None,)  # none: x stands in for both addends
+        return lambda *args: kernel(*args, *(pointers and (args[0], args[0])), *add_ints)
 
-    warp_row = _layernorm_modulate_warp_row_kernel is not None and _warp_row(N, iters)
+    warp_row = _layernorm_modulate_warp_row_kernel is not None and _warp_row(N, iters) and not any(has_adds)
     kernel = _gluon_or_triton(bind_gluon if warp_row else None, bind_triton,
                               f"layernorm_modulate's Gluon kernel for rows of {N}")
 
-    def launch(x, weight, bias, scale, shift):
+    def launch(x, weight, bias, scale, shift, scale_addend=None, shift_addend=None):
         out = torch.empty(view, dtype=out_dtype, device=x.device)  # the kernel takes pointers: no view
         scale_arg = scale if scale is not None else x
+        adds = () if not any(has_adds) else (scale_addend if scale_addend is not None else x,
+                                              shift_addend if shift_addend is not None else x)
         kernel(x, weight if weight is not None else x, bias if bias is not None else x,
-               scale_arg, shift if shift is not None else scale_arg, out, *ints, eps, rows)
+               scale_arg, shift if shift is not None else scale_arg, out, *ints, eps, rows, *adds)
         return out
 
     return launch
 
 
-def bind(x, weight, bias, eps, scale, shift, scale_plus_one=True, x_dtype=None, out_dtype=None):
+def bind(x, weight, bias, eps, scale, shift, scale_plus_one=True, x_dtype=None, out_dtype=None, scale_addend=None,
+         shift_addend=None):
     """:func:`layernorm_modulate` for inputs of this signature, its host arithmetic done. An x
     whose last dim is strided (a transposed channels-first tensor) is made contiguous first, as
     ATen's LayerNorm makes it (the same copy, then the same rows: the same bits)."""
+    adds = dict(scale_addend=scale_addend, shift_addend=shift_addend)
     if x.stride(-1) != 1:
-        launch = _bind(x.contiguous(), weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype)
-        return lambda x, weight, bias, eps, scale, shift, *_: launch(x.contiguous(), weight, bias, scale, shift)
-    launch = _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype)
-    return lambda x, weight, bias, eps, scale, shift, *_: launch(x, weight, bias, scale, shift)
+        launch = _bind(x.contiguous(), weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype, **adds)
+        return lambda x, weight, bias, eps, scale, shift, _p=None, _x=None, _o=None, sa=None, ha=None: launch(
+            x.contiguous(), weight, bias, scale, shift, sa, ha)
+    launch = _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype, **adds)
+    return lambda x, weight, bias, eps, scale, shift, _p=None, _x=None, _o=None, sa=None, ha=None: launch(
+        x, weight, bias, scale, shift, sa, ha)
 
 
-def layernorm_modulate(x, weight, bias, eps, scale, shift, scale_plus_one=True, x_dtype=None, out_dtype=None):
+def layernorm_modulate(x, weight, bias, eps, scale, shift, scale_plus_one=True, x_dtype=None, out_dtype=None,
+                       scale_addend=None, shift_addend=None):
     """Launch; the caller has checked :func:`can_use`."""
-    return bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype)(x, weight, bias, eps, scale,
-                                                                                         shift)
+    return bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype, scale_addend, shift_addend)(
+        x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype, scale_addend, shift_addend)
 
 
 _gluon_failed: list = []  # why the Gluon kernels could not run in this process, if they could not

@@ -42,6 +42,7 @@ def _residual_gate_kernel(
     gate_ptr,  # gate broadcast to [B, S, D] through (stride_gb, stride_gs, stride_gd)
     upd_ptr,  # update, likewise
     bias_ptr,  # the update's bias, likewise (unused unless HAS_BIAS)
+    gate_add_ptr,  # what eager added to the gate first, likewise (unused unless HAS_GATE_ADD)
     out_ptr,  # [B, S, D] contiguous output
     n_rows,  # B * S
     S: tl.constexpr,  # rows per batch entry (compiled in: divisions by it are multiplications)
@@ -50,12 +51,15 @@ def _residual_gate_kernel(
     stride_gb: tl.constexpr, stride_gs: tl.constexpr, stride_gd: tl.constexpr,
     stride_ub: tl.constexpr, stride_us: tl.constexpr, stride_ud: tl.constexpr,
     stride_bb: tl.constexpr, stride_bs: tl.constexpr, stride_bd: tl.constexpr,
+    stride_ab: tl.constexpr, stride_as: tl.constexpr, stride_ad: tl.constexpr,
     inv_divisor,  # 1 / divisor rounded to fp32, as ATen takes it on the host (unused unless DIVIDE)
     UPDATE_DTYPE: tl.constexpr,  # promote(update, bias)
+    GATE_DTYPE: tl.constexpr,  # the gate's, or promote(gate, gate_add) with HAS_GATE_ADD
     PRODUCT_DTYPE: tl.constexpr,  # promote(gate, update + bias)
     SUM_DTYPE: tl.constexpr,  # promote(residual, product); out_ptr's dtype may differ (a cast)
     GATE_FN: tl.constexpr,  # GATE_FNS[gate_kind]: 0 the gate itself, 1 tanh, 2 sigmoid
     HAS_BIAS: tl.constexpr,
+    HAS_GATE_ADD: tl.constexpr,
     DIVIDE: tl.constexpr,
     GATED: tl.constexpr,  # False: residual + update (sgdiff::residual_add; gate_ptr unused)
     BLOCK_R: tl.constexpr,  # rows a program
@@ -77,11 +81,14 @@ def _residual_gate_kernel(
         u = (u.to(tl.float32) * inv_divisor).to(UPDATE_DTYPE)
     if GATED:
         g = tl.load(gate_ptr + bi * stride_gb + si * stride_gs + d * stride_gd, mask=mask, other=0.0)
+        if HAS_GATE_ADD:  # eager's sum of the two, stored in GATE_DTYPE
+            ga = tl.load(gate_add_ptr + bi * stride_ab + si * stride_as + d * stride_ad, mask=mask, other=0.0)
+            g = (g.to(tl.float32) + ga.to(tl.float32)).to(GATE_DTYPE)
         if GATE_FN == 1:
-            g = tanhf(g.to(tl.float32), INTERPRET).to(gate_ptr.dtype.element_ty)
+            g = tanhf(g.to(tl.float32), INTERPRET).to(GATE_DTYPE)
         elif GATE_FN == 2:
             e = expf(g.to(tl.float32) * -1.0, INTERPRET)
-            g = tl.math.div_rn(tl.full(e.shape, 1.0, tl.float32), 1.0 + e).to(gate_ptr.dtype.element_ty)
+            g = tl.math.div_rn(tl.full(e.shape, 1.0, tl.float32), 1.0 + e).to(GATE_DTYPE)
         y = (g.to(tl.float32) * u.to(tl.float32)).to(PRODUCT_DTYPE)
     else:
         y = u
@@ -94,13 +101,13 @@ GATE_FNS = {"plain": 0, "tanh": 1, "sigmoid": 2}
 
 
 def can_use(residual, gate, update, gate_kind, residual_layout=True, update_bias=None, update_divisor=None,
-            out_dtype=None) -> bool:
+            out_dtype=None, gate_addend=None) -> bool:
     return residual.is_cuda and supported_layout(residual, gate, update, gate_kind, residual_layout, update_bias,
-                                                 update_divisor, out_dtype)
+                                                 update_divisor, out_dtype, gate_addend)
 
 
 def supported_layout(residual, gate, update, gate_kind, residual_layout=True, update_bias=None,
-                     update_divisor=None, out_dtype=None) -> bool:
+                     update_divisor=None, out_dtype=None, gate_addend=None) -> bool:
     """can_use without the device check (the interpreter runs the kernel on CPU tensors).
 
     The residual must be contiguous, where its layout and the contiguous one coincide, so
@@ -111,7 +118,9 @@ def supported_layout(residual, gate, update, gate_kind, residual_layout=True, up
         return False
     if residual.shape[-1] > 16384 or out_dtype not in (None, *DTYPES) or gate_kind not in GATE_FNS:
         return False
-    operands = [t for t in (residual, gate, update, update_bias) if t is not None]
+    if gate_addend is not None and gate is None:
+        return False
+    operands = [t for t in (residual, gate, update, update_bias, gate_addend) if t is not None]
     for t in operands:
         if t.dtype not in DTYPES or t.device != residual.device or t.dim() > residual.dim():
             return False
@@ -152,58 +161,65 @@ WARPS, WARPS_LARGE, LARGE = 8, 16, 1 << 25
 
 
 @cached_plan
-def _plan(residual, gate, update, update_bias):
+def _plan(residual, gate, update, update_bias, gate_addend=None):
     shape = (1, *residual.shape) if residual.dim() == 2 else tuple(residual.shape)
     B, S, D = shape
-    bias_strides = update_bias.expand(shape).stride() if update_bias is not None else (0, 0, 0)
-    gate_strides = gate.expand(shape).stride() if gate is not None else (0, 0, 0)
+
+    def strides(t):
+        return t.expand(shape).stride() if t is not None else (0, 0, 0)
+
     updated = torch.promote_types(update.dtype, update_bias.dtype) if update_bias is not None else update.dtype
-    product = torch.promote_types(gate.dtype, updated) if gate is not None else updated
-    ints = (B * S, S, D, *gate_strides, *update.expand(shape).stride(), *bias_strides)
+    gated = None if gate is None else gate.dtype if gate_addend is None else torch.promote_types(gate.dtype,
+                                                                                              gate_addend.dtype)
+    product = torch.promote_types(gated, updated) if gate is not None else updated
+    ints = (B * S, S, D, *strides(gate), *strides(update), *strides(update_bias), *strides(gate_addend))
     warps = WARPS_LARGE if residual.numel() >= LARGE else WARPS
     vector = 16 // residual.element_size()  # elements a thread: 8 bf16 or 4 fp32
     grid, block_r, block_d = launch_rows(B * S, D, max_block=warps * 32 * vector, flat=True)
-    return grid, ints, updated, product, torch.promote_types(residual.dtype, product), \
+    return grid, ints, updated, gated, product, torch.promote_types(residual.dtype, product), \
         dict(BLOCK_R=block_r, BLOCK_D=block_d, EVEN=even_tiles(B * S, D, block_r, block_d),
              num_warps=max(1, min(warps, block_r * block_d // (32 * vector))))  # a small residual: fewer
 
 
-def _bind(residual, gate, update, gate_kind, update_bias, update_divisor, out_dtype=None):
-    """The launch for inputs of this signature: ``launch(residual, gate, update, bias)``."""
-    grid, ints, updated, product, total, blocks = _plan(residual, gate, update, update_bias)
+def _bind(residual, gate, update, gate_kind, update_bias, update_divisor, out_dtype=None, gate_addend=None):
+    """The launch for inputs of this signature: ``launch(residual, gate, update, bias, gate_addend)``."""
+    grid, ints, updated, gated, product, total, blocks = _plan(residual, gate, update, update_bias, gate_addend)
     dtype, view = out_dtype or total, residual.shape
     inv = reciprocal(update_divisor) if update_divisor is not None else 1.0
     kernel = _residual_gate_kernel.bind(
         grid, UPDATE_DTYPE=TL_DTYPE[updated], PRODUCT_DTYPE=TL_DTYPE[product], SUM_DTYPE=TL_DTYPE[total],
-        GATE_FN=GATE_FNS[gate_kind], HAS_BIAS=update_bias is not None, DIVIDE=divides(inv),
+        GATE_DTYPE=TL_DTYPE[gated] if gated is not None else TL_DTYPE[updated],
+        GATE_FN=GATE_FNS[gate_kind], HAS_BIAS=update_bias is not None, HAS_GATE_ADD=gate_addend is not None,
+        DIVIDE=divides(inv),
         GATED=gate is not None, **blocks, INTERPRET=INTERPRET,
         enable_fp_fusion=False, **libdevice_options())
 
-    def launch(residual, gate, update, bias):
+    def launch(residual, gate, update, bias, gate_addend=None):
         out = torch.empty(view, dtype=dtype, device=residual.device)  # the kernel takes pointers: no view
         kernel(residual, gate if gate is not None else update, update, bias if bias is not None else update,
-               out, *ints, inv)
+               gate_addend if gate_addend is not None else update, out, *ints, inv)
         return out
 
     return launch
 
 
 def bind(residual, gate, update, gate_kind, residual_layout=True, update_bias=None, update_divisor=None,
-         out_dtype=None):
+         out_dtype=None, gate_addend=None):
     """:func:`residual_gate` for inputs of this signature, its host arithmetic done."""
-    launch = _bind(residual, gate, update, gate_kind, update_bias, update_divisor, out_dtype)
+    launch = _bind(residual, gate, update, gate_kind, update_bias, update_divisor, out_dtype, gate_addend)
 
-    def bound(residual, gate, update, gate_kind, residual_layout=True, update_bias=None, *_):
-        return launch(residual, gate, update, update_bias)
+    def bound(residual, gate, update, gate_kind, residual_layout=True, update_bias=None, _d=None, _o=None,
+              gate_addend=None):
+        return launch(residual, gate, update, update_bias, gate_addend)
 
     return bound
 
 
 def residual_gate(residual, gate, update, gate_kind, residual_layout=True, update_bias=None, update_divisor=None,
-                  out_dtype=None):
+                  out_dtype=None, gate_addend=None):
     """Launch; the caller has checked :func:`can_use`."""
-    return _bind(residual, gate, update, gate_kind, update_bias, update_divisor, out_dtype)(
-        residual, gate, update, update_bias)
+    return _bind(residual, gate, update, gate_kind, update_bias, update_divisor, out_dtype, gate_addend)(
+        residual, gate, update, update_bias, gate_addend)
 
 
 def residual_add_bind(residual, update, update_divisor, update_first):
