@@ -5,8 +5,10 @@ against Inductor against sgdiff, and their VAE decodes.
 
 Per pipeline, each variant on a pipeline built anew from the same seed: eager; Inductor
 (``torch.compile`` on the denoiser and on ``vae.decode``); sgdiff lossless
-(``sgdiff.optimize(pipe)``). A first call compiles; the next is timed end to end (seconds,
-synchronized), then the VAE decode alone on the latents the eager run decoded (ms, CUDA events,
+(``sgdiff.optimize(pipe)``). A first call compiles and ``--warmup`` more run untimed (a graph
+of a new shape is captured at its third call, and a VAE decoding frame by frame compiles some
+frames again on later calls, until dynamo's recompile limit: the steady state a user's second
+and later calls see); the next is timed end to end (seconds, synchronized), then the VAE decode alone on the latents the eager run decoded (ms, CUDA events,
 median of ``--repeats``; wall clock on the CPU); peak memory of the timed call; whether the output tensor (and the
 decode's) is ``torch.equal`` to eager's. Writes pipelines.json and pipelines.md: ``{gpu, torch,
 triton, commit, cases: [{pipeline, steps, eager_s, inductor_s, sgdiff_s, sgdiff_equal,
@@ -58,7 +60,7 @@ def _decode_ms(pipe, latents, device: torch.device, repeats: int):
 
 
 def run_pipeline(name: str, size: str, device: torch.device, dtype, steps, repeats: int,
-                 variants=VARIANTS) -> dict:
+                 variants=VARIANTS, warmup: int = 2) -> dict:
     from sgdiff import zoo
 
     row = dict(pipeline=name, size=size)
@@ -68,14 +70,15 @@ def run_pipeline(name: str, size: str, device: torch.device, dtype, steps, repea
         pipe, call = zoo.build_pipeline(name, size, dtype=dtype, device=device)
         if steps:
             call["num_inference_steps"] = steps
-        row["steps"] = call["num_inference_steps"]
+        row["steps"], row["warmup_calls"] = call["num_inference_steps"], warmup
         if latents is None:  # the latents the eager run decodes, for the decode's own timing
             decode = pipe.vae.decode
             seen = []
             pipe.vae.decode = lambda z, *a, **k: (seen.append(z), decode(z, *a, **k))[1]
         pipe = _compiled(variant, pipe)
         with torch.no_grad():
-            _output(pipe(**dict(call, generator=torch.Generator().manual_seed(0))))  # compiles
+            for _ in range(1 + (warmup if variant != "eager" else 0)):  # compiles, then warms up
+                _output(pipe(**dict(call, generator=torch.Generator().manual_seed(0))))
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             _sync(device)
@@ -103,16 +106,18 @@ def write_report(result: dict, out: pathlib.Path) -> None:
     versions = _write_json(result, out, "pipelines")
     lines = [f"# Whole pipelines ({result['gpu']})",
              f"{versions} End-to-end seconds of a "
-             "call after a compiling one; the VAE decode alone in ms (median); equal: torch.equal to eager's.", "",
-             "| pipeline | steps | eager s | Inductor s | sgdiff s | sgdiff equal | VAE eager ms | VAE Inductor ms | "
-             "VAE sgdiff ms | VAE sgdiff equal | peak GiB (eager / Inductor / sgdiff) |",
-             "|" + " --- |" * 11]
+             "call after a compiling one and the warm-up calls (untimed; eager has none); the VAE decode alone in ms "
+             "(median); equal: torch.equal to eager's.", "",
+             "| pipeline | steps | warm-up calls | eager s | Inductor s | sgdiff s | sgdiff equal | VAE eager ms | "
+             "VAE Inductor ms | VAE sgdiff ms | VAE sgdiff equal | peak GiB (eager / Inductor / sgdiff) |",
+             "|" + " --- |" * 12]
     def num(value, digits):
         return "-" if value is None else f"{value:.{digits}f}"
 
     for c in result["cases"]:
         peak = c.get("peak_gib", {})
-        lines.append(f"| {c['pipeline']} ({c['size']}) | {c['steps']} | {num(c.get('eager_s'), 2)} | "
+        lines.append(f"| {c['pipeline']} ({c['size']}) | {c['steps']} | {c.get('warmup_calls', 0)} | "
+                     f"{num(c.get('eager_s'), 2)} | "
                      f"{num(c.get('inductor_s'), 2)} | {num(c.get('sgdiff_s'), 2)} | {c.get('sgdiff_equal', '-')} | "
                      f"{num(c.get('vae_eager_ms'), 1)} | {num(c.get('vae_inductor_ms'), 1)} | "
                      f"{num(c.get('vae_sgdiff_ms'), 1)} | {c.get('vae_sgdiff_equal', '-')} | "
@@ -128,6 +133,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--steps", type=int, default=0, help="denoising steps (0: the pipeline's own)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls after the compiling one")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args(argv)
@@ -137,7 +143,7 @@ def main(argv=None) -> int:
     cases = []
     for name in args.pipelines.split(","):
         cases.append(run_pipeline(name, args.size, torch.device(args.device), getattr(torch, args.dtype), args.steps,
-                                  args.repeats, args.variants.split(",")))
+                                  args.repeats, args.variants.split(","), args.warmup))
         write_report(dict(meta, cases=cases), pathlib.Path(args.out))  # a run cut short keeps what it measured
     return 0
 

@@ -284,7 +284,7 @@ def test_pipeline_bench_on_tiny_pipelines(tmp_path):
     for c in cases:
         assert c["sgdiff_equal"] is True and c["vae_sgdiff_equal"] is True and c["steps"] == 2
         assert c["eager_s"] > 0 and c["sgdiff_s"] > 0 and c["vae_sgdiff_ms"] > 0
-    assert "| wan (tiny) | 2 |" in (tmp_path / "pipelines.md").read_text()
+    assert "| wan (tiny) | 2 | 2 |" in (tmp_path / "pipelines.md").read_text()
 
 
 @pytest.mark.parametrize("name,latents,image", [("flux", (1, 16, 128, 128), (1, 3, 1024, 1024)),
