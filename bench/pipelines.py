@@ -1,7 +1,7 @@
 """Pipeline bench: whole diffusers pipelines (random weights, prompt embeddings given), eager
 against Inductor against sgdiff, and their VAE decodes.
 
-    python -m bench.pipelines [--pipelines flux,wan] [--size full] [--steps N] [--out bench/results]
+    python -m bench.pipelines [--pipelines flux,wan,sana] [--size full] [--steps N] [--warmup N] [--out bench/results]
 
 Per pipeline, each variant on a pipeline built anew from the same seed: eager; Inductor
 (``torch.compile`` on the denoiser and on ``vae.decode``); sgdiff lossless
@@ -127,7 +127,7 @@ def write_report(result: dict, out: pathlib.Path) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pipelines", default="flux,wan")
+    parser.add_argument("--pipelines", default="flux,wan,sana")
     parser.add_argument("--size", default="full")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bfloat16")

@@ -273,14 +273,14 @@ def test_tier_bench_on_a_tiny_flux(tmp_path):
 
 
 def test_pipeline_bench_on_tiny_pipelines(tmp_path):
-    """bench/pipelines.py end to end (CPU, tiny Flux and Wan pipelines, eager and sgdiff): the
+    """bench/pipelines.py end to end (CPU, tiny Flux, Wan and Sana pipelines, eager and sgdiff): the
     pipelines' outputs and their VAE decodes torch.equal to eager's, the table written."""
     from bench import pipelines
 
     assert pipelines.main(["--size", "tiny", "--device", "cpu", "--dtype", "float32", "--repeats", "1",
                            "--variants", "eager,sgdiff", "--out", str(tmp_path)]) == 0
     cases = json.loads((tmp_path / "pipelines.json").read_text())["cases"]
-    assert [c["pipeline"] for c in cases] == ["flux", "wan"]
+    assert [c["pipeline"] for c in cases] == ["flux", "wan", "sana"]
     for c in cases:
         assert c["sgdiff_equal"] is True and c["vae_sgdiff_equal"] is True and c["steps"] == 2
         assert c["eager_s"] > 0 and c["sgdiff_s"] > 0 and c["vae_sgdiff_ms"] > 0
@@ -288,13 +288,14 @@ def test_pipeline_bench_on_tiny_pipelines(tmp_path):
 
 
 @pytest.mark.parametrize("name,latents,image", [("flux", (1, 16, 128, 128), (1, 3, 1024, 1024)),
-                                                ("wan", (1, 16, 21, 60, 104), (1, 3, 81, 480, 832))])
+                                                ("wan", (1, 16, 21, 60, 104), (1, 3, 81, 480, 832)),
+                                                ("sana", (1, 32, 32, 32), (1, 3, 1024, 1024))])
 def test_full_vaes_decode_on_the_meta_device(name, latents, image):
     """The full pipelines' VAEs (bench/pipelines.py): Flux.1-dev's at 1024², Wan 2.1's at 480p x 81
-    frames, shapes checked without any memory."""
-    from sgdiff import zoo
+    frames, Sana's DC-AE at 1024², shapes checked without any memory."""
+    from sgdiff.zoo import pipelines
 
-    vae = (zoo._flux_vae if name == "flux" else zoo._wan_vae)("full").to("meta")
+    vae = getattr(pipelines, f"_{name}_vae")("full").to("meta")
     with torch.no_grad():
         assert tuple(vae.decode(torch.empty(latents, device="meta"), return_dict=False)[0].shape) == image
 

@@ -18,6 +18,7 @@ from torch import fx
 from sgdiff import patterns as pattern_registry
 from sgdiff.fxpasses.addends import fold_addends
 from sgdiff.fxpasses.copies import drop_copies
+from sgdiff.fxpasses.narrow import narrow_elementwise
 from sgdiff.fxpasses.rewrite import PassResult, Skip, apply_family
 from sgdiff.kernels import registry
 from sgdiff.patterns.base import ChainPattern
@@ -92,6 +93,7 @@ class PassManager:
         _require_meta(gm)
         if graph_log.isEnabledFor(logging.DEBUG):
             graph_log.debug("sgdiff: graph before passes (%s):\n%s", self.tier.value, gm.code)
+        narrow_elementwise(gm)  # exact at every tier: the families then see the 16-bit chain
         results = {}
         for p in self.passes:
             results[p.family] = p.apply(gm, self.tier)

@@ -34,12 +34,30 @@ def _wan_vae(size):
     return AutoencoderKLWan()  # Wan 2.1's VAE
 
 
+def _sana_vae(size):
+    from diffusers import AutoencoderDC
+
+    blocks = ("ResBlock",) * 3 + ("EfficientViTBlock",) * 3
+    if size == "tiny":
+        return AutoencoderDC(latent_channels=4, attention_head_dim=8, encoder_block_types=blocks[2:4],
+                             decoder_block_types=blocks[2:4], encoder_block_out_channels=(8, 16),
+                             decoder_block_out_channels=(8, 16), encoder_layers_per_block=(1, 1),
+                             decoder_layers_per_block=(1, 1), encoder_qkv_multiscales=((), (5,)),
+                             decoder_qkv_multiscales=((), (5,)), downsample_block_type="conv",
+                             upsample_block_type="interpolate", scaling_factor=0.41407)
+    # Sana 1.0's DC-AE (dc-ae-f32c32-sana-1.0): 32 latent channels, 32x spatial
+    return AutoencoderDC(latent_channels=32, encoder_block_types=blocks, decoder_block_types=blocks,
+                         encoder_layers_per_block=(2, 2, 2, 3, 3, 3), decoder_layers_per_block=(3, 3, 3, 3, 3, 3),
+                         downsample_block_type="conv", upsample_block_type="interpolate", scaling_factor=0.41407)
+
+
 def build_pipeline(name: str, size: str = "tiny", dtype: torch.dtype = torch.float32, device="cpu"):
     """``(pipe, call_kwargs)``: a diffusers pipeline with random weights (the denoiser of
     :func:`build`, a VAE of the model's, a flow-matching Euler scheduler), no text encoders;
     ``pipe(**call_kwargs)`` runs it from given prompt embeddings and returns a tensor
     (``output_type="pt"``). ``full``: Flux.1-dev at 1024², 28 steps; Wan 2.1 1.3B at 480p x 81
-    frames, 50 steps with classifier-free guidance."""
+    frames, 50 steps with classifier-free guidance; Sana 1.6B at 1024², 20 steps with guidance
+    (its DC-AE decoding 32x)."""
     import diffusers
 
     from sgdiff.zoo import build
@@ -66,10 +84,22 @@ def build_pipeline(name: str, size: str = "tiny", dtype: torch.dtype = torch.flo
                     height=16 if size != "full" else 480, width=16 if size != "full" else 832,
                     num_frames=5 if size != "full" else 81, num_inference_steps=2 if size != "full" else 50,
                     guidance_scale=5.0)
+    elif name == "sana":
+        vae = _sana_vae(size)
+        pipe = diffusers.SanaPipeline(tokenizer=None, text_encoder=None, vae=vae, transformer=transformer,
+                                      scheduler=scheduler)
+        c = transformer.config
+        text = 6 if size != "full" else 300
+        side = 32 if size != "full" else 1024  # the pipeline takes multiples of 32
+        call = dict(prompt_embeds=_randn(1, text, c.caption_channels, g=g), prompt_attention_mask=torch.ones(1, text),
+                    negative_prompt_embeds=_randn(1, text, c.caption_channels, g=g),
+                    negative_prompt_attention_mask=torch.ones(1, text), negative_prompt=None, height=side, width=side,
+                    num_inference_steps=2 if size != "full" else 20, guidance_scale=4.5,
+                    use_resolution_binning=False)
     else:
-        raise ValueError(f"no pipeline for {name!r}; known: flux, wan")
+        raise ValueError(f"no pipeline for {name!r}; known: flux, wan, sana")
     pipe.vae.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    for key in ("prompt_embeds", "pooled_prompt_embeds", "negative_prompt_embeds"):
+    for key in ("prompt_embeds", "pooled_prompt_embeds", "negative_prompt_embeds"):  # the masks stay as they are
         if key in call:
             call[key] = call[key].to(device=device, dtype=dtype)
     return pipe, dict(call, output_type="pt", generator=torch.Generator(device="cpu").manual_seed(0))

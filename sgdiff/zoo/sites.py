@@ -159,9 +159,10 @@ REWRITTEN = {
     # 1 layer (shared adaLN table from the timestep, [S, B, H] layout): RMSNorm-modulates before attention and MLP,
     # `(x.float() * (1 + scale.float()) + shift.float()).to(x.dtype)`, + final_norm's LayerNorm-modulate (3); the
     # per-head RMSNorm QK norms (2). bf16: the modulate takes the fp32 product past the RMSNorm, so the two
-    # RMSNorms are the norm family's (2); the gated residuals `x + (gate.float() * y.float()).to(x.dtype)` are not
-    # taken (see MISSED); fp32: they are (2), and each RMSNorm joins its modulate (REWRITTEN_BY_DTYPE)
-    "ernie_image": (3, 0, 0, 2, 0, 0, 2),
+    # RMSNorms are the norm family's (2); the gated residuals `x + (gate.float() * y.float()).to(x.dtype)`, the
+    # 16-bit product spelled through fp32 (fxpasses/narrow.py) (2); fp32: each RMSNorm joins its modulate
+    # (REWRITTEN_BY_DTYPE)
+    "ernie_image": (3, 2, 0, 2, 0, 0, 2),
     # 1 layer: RMSNorm * (1 + scale) (no shift) before attention and FF + norm_final(x) * (1 + scale) (3); the
     # tanh-gated residuals `x + gate * rmsnorm(y)` of attention and FF (2); per-head RMSNorm QK norms (2); the SwiGLU
     # `silu(w1(x)) * w3(x)` (1); the RMSNorms on the attention and FF outputs and llm_cond_norm (3). Its RoPE,
@@ -288,8 +289,6 @@ MISSED: Dict[str, List[Miss]] = {
     "ernie_image": [Miss("rope", 2, 4, "rotate-half RoPE by x.chunk(2, -1) and cat((-x2, x1)) in x's dtype, cos/sin "
                                        "cast to x.dtype, then a cat with the x[..., rot_dim:] pass-through: no rope "
                                        "spelling takes it"),
-                    Miss("residual_gate", 2, 4, "`x + (gate.float() * y.float()).to(x.dtype)`: the product rounded "
-                                                "before the add (taken in fp32, where the casts vanish)", ("bf16",)),
                     Miss("activation", 1, 2, "GeGLU `up_proj(x) * F.gelu(gate_proj(x))` (exact GELU gate): the family "
                                              "has SiLU gates only")],
     "ideogram4": [Miss("rope", 2, 4, "rotate-half RoPE `q * cos + cat((-q[..., h:], q[..., :h])) * sin` in q's "
@@ -349,7 +348,7 @@ BLOCKS2: Dict[str, Tuple[int, ...]] = {
     "joyimage_edit_plus": (15, 6, 4, 8, 0, 0, 0),
     # ERNIE-Image, Ideogram 4 (autocast on the meta device fails), ChronoEdit and LTX-2 (dynamo's fake pass refuses
     # a real tensor their RoPE builds): the tiny config at two layers, on the CPU
-    "ernie_image": (5, 0, 0, 4, 0, 0, 4),
+    "ernie_image": (5, 4, 0, 4, 0, 0, 4),
     "ideogram4": (5, 4, 0, 4, 2, 0, 5),
     "chronoedit": (9, 4, 4, 10, 0, 0, 0),
     "ltx2": (18, 12, 16, 24, 0, 0, 4),
