@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import fx
 
-from sgdiff.fxpasses.rewrite import _propagate_meta
+from sgdiff.fxpasses.rewrite import _propagate_meta, settle
 from sgdiff.kernels import registry
 
 log = logging.getLogger("sgdiff")
@@ -163,8 +163,6 @@ def fold_addends(gm: fx.GraphModule) -> int:
             op_node.args = tuple(args)
         folded += 1
     if folded:
-        graph.eliminate_dead_code()
-        graph.lint()
-        gm.recompile()
+        settle(gm)
         log.info("sgdiff: %d sums read only as modulation operands are summed by their ops (never stored)", folded)
     return folded

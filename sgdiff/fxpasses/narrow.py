@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 from torch import fx
 
-from sgdiff.fxpasses.rewrite import _propagate_meta
+from sgdiff.fxpasses.rewrite import _propagate_meta, settle
 
 log = logging.getLogger("sgdiff")
 aten = torch.ops.aten
@@ -74,8 +74,6 @@ def narrow_elementwise(gm: fx.GraphModule) -> int:
         graph.erase_node(node)
         count += 1
     if count:
-        graph.eliminate_dead_code()
-        graph.lint()
-        gm.recompile()
+        settle(gm)
         log.debug("sgdiff: %d elementwise ops through fp32 and back written as the 16-bit op", count)
     return count

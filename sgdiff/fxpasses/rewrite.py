@@ -106,10 +106,15 @@ def apply_family(gm: fx.GraphModule, family: str, patterns: Sequence[ChainPatter
         result.matched_count += site.pattern.chains
         result.ops[site.pattern.op] = result.ops.get(site.pattern.op, 0) + site.pattern.chains
     if sites:
-        gm.graph.eliminate_dead_code()
-        gm.graph.lint()
-        gm.recompile()
+        settle(gm)
     return result
+
+
+def settle(gm: fx.GraphModule) -> None:
+    """After a pass's edits: drop the nodes nothing reads any more, check the graph, regenerate its code."""
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    gm.recompile()
 
 
 OVERLAP = "overlaps a site already rewritten"
