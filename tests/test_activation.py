@@ -75,6 +75,42 @@ def test_near_misses_are_not_silu_mul(name, fn):
     assert bits_equal(run(*args), fn(*args))
 
 
+GELU_MUL = registry.op_def("gelu_mul").load()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("spelling", ["up * gelu(gate)", "gelu(gate) * up", "GEGLU halves"])
+def test_a_geglu_is_one_bitexact_site(dtype, spelling):
+    """diffusers' GEGLU (halves of one projection) and ERNIE's ``up(x) * gelu(gate(x))``."""
+    g = torch.Generator().manual_seed(3)
+    h = (torch.randn(2, 5, 32, generator=g) * 3).to(dtype)
+
+    def fn(h):
+        if spelling == "GEGLU halves":
+            hidden, gate = h.chunk(2, dim=-1)
+            return hidden * F.gelu(gate)
+        up, gate = h[..., :16] + 1, h[..., 16:] * 2
+        return up * F.gelu(gate) if spelling.startswith("up") else F.gelu(gate) * up
+
+    run, gm, result = rewrite(fn, (h,), families=["activation"])
+    assert result.counts["activation"] == 1 and count_op(gm, GELU_MUL) == 1, result.skipped
+    assert aten.gelu.default not in targets(gm)
+    got, want = run(h), fn(h)
+    assert bits_equal(got, want) and got.stride() == want.stride()
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("the tanh GELU", lambda a, b: F.gelu(a, approximate="tanh") * b),
+    ("a broadcast multiplier", lambda a, b: F.gelu(a) * b[:, :1]),
+    ("GELU added", lambda a, b: F.gelu(a) + b),
+])
+def test_near_misses_are_not_gelu_mul(name, fn):
+    args = (torch.randn(2, 5, 8), torch.randn(2, 5, 8))
+    run, gm, result = rewrite(fn, args, families=["activation"])
+    assert count_op(gm, GELU_MUL) == 0, name
+    assert bits_equal(run(*args), fn(*args))
+
+
 def test_silu_with_another_user_is_skipped():
     def fn(a, b):
         s = F.silu(a)

@@ -6,6 +6,8 @@ The eager chains::
                                        projection), Sana ``GLUMBConv`` (``x * silu(gate)`` of a
                                        chunk), LLaMA-style ``silu(w1(x)) * w3(x)``, Lumina's
                                        ``FP32SiLU``: ``silu(a.float()).to(a.dtype) * b``  -> silu_mul
+    gelu(a) * b                        GeGLU: diffusers ``GEGLU`` (``hidden * gelu(gate)``),
+                                       ERNIE-Image's ``up(x) * gelu(gate(x))``  -> gelu_mul
     cat([head, gelu(x, "tanh")], -1)   Flux single blocks: attention output and MLP side by
                                        side before ``proj_out``      -> gelu_tanh_cat
     silu(conv(x, w, b))                Sana ``GLUMBConv.conv_inverted`` + SiLU  -> conv_silu
@@ -26,7 +28,6 @@ import dataclasses
 from typing import List, Optional
 
 import torch
-from torch import fx
 
 from sgdiff.patterns.matcher import AnyOf, Arg, Items, Lit, Match, Op, Views, getitem
 from sgdiff.patterns import parts
@@ -39,20 +40,23 @@ aten = torch.ops.aten
 
 @dataclasses.dataclass(frozen=True)
 class ActivationKey:
-    kind: str  # "silu_mul" | "gelu_tanh_cat" | "conv_silu" | "conv_silu_mul" | "linear_gelu_tanh"
+    kind: str  # "silu_mul" | "gelu_mul" | "gelu_tanh_cat" | "conv_silu" | "conv_silu_mul" | "linear_gelu_tanh"
 
     @property
     def priority(self) -> int:  # the cat takes its GELU before linear_gelu_tanh (close) can, and
         return 1 if self.kind in ("gelu_tanh_cat", "conv_silu", "conv_silu_mul") else 0  # a conv its GLU
 
 
-KINDS = ("silu_mul", "gelu_tanh_cat", "conv_silu", "conv_silu_mul", "linear_gelu_tanh")
+KINDS = ("silu_mul", "gelu_mul", "gelu_tanh_cat", "conv_silu", "conv_silu_mul", "linear_gelu_tanh")
 
 
 def chain(key: ActivationKey):
     if key.kind == "silu_mul":  # the SiLU maybe of a.float(), cast back (FP32SiLU)
         silu = parts.maybe_cast(Op(aten.silu.default, parts.maybe_upcast("a")), "silu_back")
         return Op(aten.mul.Tensor, silu, Arg("b"), commutative=True)
+    if key.kind == "gelu_mul":
+        return Op(aten.mul.Tensor, Op(aten.gelu.default, Arg("a"), approximate=Lit("none")), Arg("b"),
+                  commutative=True)
     if key.kind == "gelu_tanh_cat":
         gelu = Op(aten.gelu.default, Arg("x"), approximate=Lit("tanh"))
         return Op(aten.cat.default, Items(Arg("head"), gelu), Arg("dim"))
@@ -72,6 +76,8 @@ def chain(key: ActivationKey):
 def replacement(key: ActivationKey):
     if key.kind == "silu_mul":
         return lambda m: dict(a=m["a"], b=m["b"], wide_silu="a_upcast" in m)
+    if key.kind == "gelu_mul":
+        return lambda m: dict(a=m["a"], b=m["b"])
     if key.kind == "gelu_tanh_cat":
         return lambda m: dict(head=m["head"], x=m["x"])
     if key.kind in ("conv_silu", "conv_silu_mul"):
@@ -80,8 +86,8 @@ def replacement(key: ActivationKey):
 
 
 def check(key: ActivationKey):
-    operands_reason = {"silu_mul": _silu_mul_reason, "gelu_tanh_cat": _cat_reason, "conv_silu": _conv_reason,
-                       "conv_silu_mul": _conv_reason}.get(key.kind, _linear_reason)
+    operands_reason = {"silu_mul": _silu_mul_reason, "gelu_mul": _halves_reason, "gelu_tanh_cat": _cat_reason,
+                       "conv_silu": _conv_reason, "conv_silu_mul": _conv_reason}.get(key.kind, _linear_reason)
 
     def activation_check(m: Match) -> Optional[str]:
         out = tensor_meta(m.root)
@@ -90,7 +96,7 @@ def check(key: ActivationKey):
         reason = operands_reason(m, out)
         if reason:
             return reason
-        if key.kind == "silu_mul":  # elementwise: a's layout, like the chain
+        if key.kind in ("silu_mul", "gelu_mul"):  # elementwise: a's layout, like the chain
             return like_layout_reason(out, tensor_meta(m["a"]))
         if key.kind == "conv_silu":  # the SiLU over the convolution's output, in its layout
             return like_layout_reason(out, tensor_meta(m["conv"]))
@@ -109,6 +115,10 @@ def _silu_mul_reason(m: Match, out: torch.Tensor) -> Optional[str]:
             return "the SiLU of a widened a is not cast back to a's dtype"
     elif back is not None:
         return "the SiLU is cast to another dtype"
+    return _halves_reason(m, out)
+
+
+def _halves_reason(m: Match, out: torch.Tensor) -> Optional[str]:
     for name in ("a", "b"):
         t = tensor_meta(m[name])
         if t is None or not same_shape(t.shape, out.shape):

@@ -161,8 +161,8 @@ REWRITTEN = {
     # per-head RMSNorm QK norms (2). bf16: the modulate takes the fp32 product past the RMSNorm, so the two
     # RMSNorms are the norm family's (2); the gated residuals `x + (gate.float() * y.float()).to(x.dtype)`, the
     # 16-bit product spelled through fp32 (fxpasses/narrow.py) (2); fp32: each RMSNorm joins its modulate
-    # (REWRITTEN_BY_DTYPE)
-    "ernie_image": (3, 2, 0, 2, 0, 0, 2),
+    # (REWRITTEN_BY_DTYPE); the GeGLU `up_proj(x) * F.gelu(gate_proj(x))` (1)
+    "ernie_image": (3, 2, 0, 2, 1, 0, 2),
     # 1 layer: RMSNorm * (1 + scale) (no shift) before attention and FF + norm_final(x) * (1 + scale) (3); the
     # tanh-gated residuals `x + gate * rmsnorm(y)` of attention and FF (2); per-head RMSNorm QK norms (2); the SwiGLU
     # `silu(w1(x)) * w3(x)` (1); the RMSNorms on the attention and FF outputs and llm_cond_norm (3). Its RoPE,
@@ -257,7 +257,7 @@ REWRITTEN_BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3, 1), ("wan", "fp32"): 
                       ("wan_vace", "fp32"): (5, 5, 4, 8, 0, 0, 2),
                       # fp32: one LayerNorm-modulate a site (7 + norm_out)
                       ("easyanimate", "fp32"): (8, 6, 4, 6, 0, 0, 2),
-                      ("ernie_image", "fp32"): (3, 2, 0, 2, 0, 0, 0), ("ideogram4", "fp32"): (3, 2, 2, 2, 1, 0, 3),
+                      ("ernie_image", "fp32"): (3, 2, 0, 2, 1, 0, 0), ("ideogram4", "fp32"): (3, 2, 2, 2, 1, 0, 3),
                       ("joyimage", "fp32"): (3, 2, 2, 4, 0, 0, 1), ("joyimage_edit_plus", "fp32"): (3, 2, 2, 4, 0, 0, 1),
                       # fp32: no casts, so the cross-attention norm2 and the image embedder's norm1 / norm2 are plain
                       # LayerNorms (norm family, 3) and the adaLN sites one LayerNorm-modulate each (2 + norm_out)
@@ -288,9 +288,7 @@ MISSED: Dict[str, List[Miss]] = {
                                           "the RMSNorm alone")],
     "ernie_image": [Miss("rope", 2, 4, "rotate-half RoPE by x.chunk(2, -1) and cat((-x2, x1)) in x's dtype, cos/sin "
                                        "cast to x.dtype, then a cat with the x[..., rot_dim:] pass-through: no rope "
-                                       "spelling takes it"),
-                    Miss("activation", 1, 2, "GeGLU `up_proj(x) * F.gelu(gate_proj(x))` (exact GELU gate): the family "
-                                             "has SiLU gates only")],
+                                       "spelling takes it")],
     "ideogram4": [Miss("rope", 2, 4, "rotate-half RoPE `q * cos + cat((-q[..., h:], q[..., :h])) * sin` in q's "
                                      "dtype, no upcast: bf16 products, where the rope op computes fp32 ones (a site "
                                      "in fp32)", ("bf16",))],
@@ -348,7 +346,7 @@ BLOCKS2: Dict[str, Tuple[int, ...]] = {
     "joyimage_edit_plus": (15, 6, 4, 8, 0, 0, 0),
     # ERNIE-Image, Ideogram 4 (autocast on the meta device fails), ChronoEdit and LTX-2 (dynamo's fake pass refuses
     # a real tensor their RoPE builds): the tiny config at two layers, on the CPU
-    "ernie_image": (5, 4, 0, 4, 0, 0, 4),
+    "ernie_image": (5, 4, 0, 4, 2, 0, 4),
     "ideogram4": (5, 4, 0, 4, 2, 0, 5),
     "chronoedit": (9, 4, 4, 10, 0, 0, 0),
     "ltx2": (18, 12, 16, 24, 0, 0, 4),

@@ -288,6 +288,16 @@ def test_silu_mul_channels_last_chunks(dt):
     check(tsilu.silu_mul(gate, hidden), silu_mul_reference(gate, hidden), False)
 
 
+# gelu_mul (a GeGLU): numpy's erf is not CUDA's erff, a tolerance
+@DTYPES
+def test_gelu_mul_halves(dt):
+    from sgdiff.kernels.gelu_mul import gelu_mul_reference
+
+    g = torch.Generator().manual_seed(7)
+    b, a = (torch.randn(2, 9, 2 * 200, generator=g) * 3).to(dt).chunk(2, dim=-1)
+    check(tsilu.gelu_mul(a, b), gelu_mul_reference(a, b), False)
+
+
 # a biased convolution's epilogue: the bias (rounded as ATen's add_), then the SiLU or the GLU
 @DTYPES
 def test_bias_silu_mul_epilogue(dt):

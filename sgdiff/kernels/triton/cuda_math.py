@@ -168,3 +168,16 @@ def tanhf(x, INTERPRET: tl.constexpr):
         sign = x.to(tl.uint32, bitcast=True) & 0x80000000
         big = (big.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
         return tl.where(a >= TANH_SMALL, big, small)
+
+
+SQRT1_2 = tl.constexpr(0.7071067811865476)  # M_SQRT1_2, rounded to fp32 in the kernel
+
+
+@triton.jit
+def gelu_erf(x, INTERPRET: tl.constexpr):
+    """ATen's CUDA GELU (``approximate="none"``): ``x * 0.5 * (1 + erff(x * M_SQRT1_2))``."""
+    if INTERPRET:
+        e = tl.math.erf(x * SQRT1_2)
+    else:
+        e = libdevice.erf(x * SQRT1_2)
+    return (x * 0.5) * (1.0 + e)

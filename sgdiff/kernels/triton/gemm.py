@@ -36,10 +36,9 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from sgdiff.kernels.registry import Impl
-from sgdiff.kernels.triton.cuda_math import INTERPRET, libdevice_options, silu_rounded, tanhf, expf
+from sgdiff.kernels.triton.cuda_math import INTERPRET, expf, gelu_erf, libdevice_options, silu_rounded, tanhf
 from sgdiff.kernels.triton.gelu_tanh_cat import gelu_tanh
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.rows import TL_DTYPE
@@ -48,17 +47,6 @@ from sgdiff.kernels.triton.triton_compat import ensure_allocator
 HALF = (torch.float16, torch.bfloat16)
 ACTS = {"none": 0, "gelu_tanh": 1, "gelu": 2, "silu": 3}
 GATE_FNS = {"plain": 0, "tanh": 1, "sigmoid": 2}
-SQRT1_2 = tl.constexpr(0.7071067811865476)  # M_SQRT1_2, rounded to fp32 in the kernel
-
-
-@triton.jit
-def gelu_erf(x, INTERPRET: tl.constexpr):
-    """ATen's CUDA GELU (``approximate="none"``): ``x * 0.5 * (1 + erff(x * M_SQRT1_2))``."""
-    if INTERPRET:
-        e = tl.math.erf(x * SQRT1_2)
-    else:
-        e = libdevice.erf(x * SQRT1_2)
-    return (x * 0.5) * (1.0 + e)
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""Triton sgdiff::silu_mul, bitwise equal to eager on CUDA.
+"""Triton sgdiff::silu_mul and sgdiff::gelu_mul, bitwise equal to eager on CUDA.
 
 Eager chain and its rounding steps::
 
@@ -6,6 +6,9 @@ Eager chain and its rounding steps::
                                 # rounded to a.dtype (cuda_math.silu_rounded: for 16-bit a, a
                                 # cheaper quotient that rounds as IEEE's does)
     y = s * b                   # fp32 product, rounded to promote(a, b)
+
+gelu_mul (a GeGLU) takes ATen's exact GELU instead, ``(a * 0.5) * (1 + erff(a * M_SQRT1_2))`` in
+fp32 (``cuda_math.gelu_erf``), rounded to a.dtype, then the same product.
 
 Elementwise over the output (layout ``like(a)``), walked innermost dim last so that slices of
 a projection and Sana's channels-last GLU read and write whole rows. Programs go in memory order
@@ -27,7 +30,7 @@ import triton.language as tl
 
 from sgdiff.kernels.layout import like_strides
 from sgdiff.kernels.registry import Impl
-from sgdiff.kernels.triton.cuda_math import INTERPRET, libdevice_options, silu_rounded, to_fp32
+from sgdiff.kernels.triton.cuda_math import INTERPRET, gelu_erf, libdevice_options, silu_rounded, to_fp32
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.rows import (
     DTYPES,
@@ -64,6 +67,7 @@ def _silu_mul_kernel(
     FLAT: tl.constexpr,  # launch_rows(flat=...)
     INTERPRET: tl.constexpr,
     EVICT: tl.constexpr = "",  # a's and b's eviction policy (_input_eviction)
+    GELU: tl.constexpr = False,  # ATen's exact GELU of a rather than its SiLU (gelu_mul)
 ):
     rows, d, mask = row_tile(n_rows, D, BLOCK_R, BLOCK_D, FLAT, EVEN)
     grid_dependency_wait()
@@ -74,7 +78,10 @@ def _silu_mul_kernel(
                      mask=mask, other=0.0).to(tl.float32)
         a = (a.to(tl.float32) + ab).to(SILU_DTYPE)
     a = to_fp32(a)
-    s = silu_rounded(a, SILU_DTYPE, INTERPRET).to(tl.float32)
+    if GELU:
+        s = gelu_erf(a, INTERPRET).to(SILU_DTYPE).to(tl.float32)
+    else:
+        s = silu_rounded(a, SILU_DTYPE, INTERPRET).to(tl.float32)
     if HAS_B:
         b = tl.load(b_ptr + tile_offsets(rows, d, n1, n2, sb0, sb1, sb2, sb3),
                     mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
@@ -131,14 +138,15 @@ def _input_eviction(a, b, l2_bytes: int) -> str:
     return "evict_first" if read <= l2_bytes else ""
 
 
-def _bind(a, b, a_bias, b_bias):
-    """The launch for inputs of this signature: ``launch(a, b, a_bias, b_bias, out=None)``."""
+def _bind(a, b, a_bias, b_bias, gelu: bool = False):
+    """The launch for inputs of this signature: ``launch(a, b, a_bias, b_bias, out=None)``;
+    ``gelu``: the exact GELU of a (gelu_mul) rather than its SiLU."""
     out_strides, grid, ints, blocks = _plan(a, b, a_bias, b_bias)
     shape, dtype = a.shape, a.dtype if b is None else torch.promote_types(a.dtype, b.dtype)
     l2_bytes = torch.cuda.get_device_properties(a.device).L2_cache_size if a.is_cuda else 0
     kernel = _silu_mul_kernel.bind(
         grid, SILU_DTYPE=TL_DTYPE[a.dtype], HAS_B=b is not None, HAS_BIAS=a_bias is not None, **blocks,
-        INTERPRET=INTERPRET, EVICT=_input_eviction(a, b, l2_bytes), num_warps=4, enable_fp_fusion=False,
+        INTERPRET=INTERPRET, EVICT=_input_eviction(a, b, l2_bytes), GELU=gelu, num_warps=4, enable_fp_fusion=False,
         **libdevice_options())
 
     def launch(a, b, a_bias, b_bias, out=None):
@@ -189,4 +197,16 @@ def bias_silu_mul_bind(y, bias):
     return lambda y, bias: launch(*operands(y, bias))
 
 
+def gelu_mul_bind(a, b):
+    """:func:`gelu_mul` for inputs of this signature."""
+    launch = _bind(a, b, None, None, gelu=True)
+    return lambda a, b, *_: launch(a, b, None, None)
+
+
+def gelu_mul(a, b):
+    """Launch; the caller has checked :func:`supported_layout` (on CUDA)."""
+    return gelu_mul_bind(a, b)(a, b)
+
+
 SILU_MUL = Impl(run=silu_mul, supports=supported_layout, bind=bind)
+GELU_MUL = Impl(run=gelu_mul, supports=supported_layout, bind=gelu_mul_bind)
