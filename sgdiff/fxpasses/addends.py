@@ -29,6 +29,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import fx
 
+from sgdiff.fxpasses.narrow import is_cast
 from sgdiff.fxpasses.rewrite import _propagate_meta, settle
 from sgdiff.kernels import registry
 
@@ -102,14 +103,12 @@ def _per_token(operand: Optional[torch.Tensor], out: Optional[torch.Tensor]) -> 
 
 
 def _widened(node: fx.Node, dtype: torch.dtype) -> fx.Node:
-    """The 16-bit tensor ``node`` widens to ``dtype`` for this sum alone, else ``node``."""
-    inner = node.args[0] if node.op == "call_function" and node.target is aten._to_copy.default else None
-    src = _val(inner)
-    if (src is None or len(node.users) != 1 or set(node.kwargs) - {"dtype", "layout"}
-            or node.kwargs.get("dtype") != dtype or node.kwargs.get("layout", torch.strided) != torch.strided
-            or not src.is_floating_point() or src.element_size() > torch.empty((), dtype=dtype).element_size()):
+    """The narrower float tensor ``node`` widens to ``dtype`` for this sum alone, else ``node``."""
+    src = _val(node.args[0]) if is_cast(node, dtype) else None
+    if (src is None or len(node.users) != 1 or not src.is_floating_point()
+            or src.element_size() > torch.empty((), dtype=dtype).element_size()):
         return node
-    return inner
+    return node.args[0]
 
 
 def _operands(add: fx.Node) -> Optional[Tuple[fx.Node, fx.Node]]:

@@ -32,7 +32,7 @@ def _dtype(node) -> Optional[torch.dtype]:
     return v.dtype if isinstance(v, torch.Tensor) else None
 
 
-def _cast(node, dtype: torch.dtype) -> bool:
+def is_cast(node, dtype: torch.dtype) -> bool:
     """Whether ``node`` is ``_to_copy(x, dtype=dtype)`` and nothing more (layout kept, same device)."""
     return (isinstance(node, fx.Node) and node.op == "call_function" and node.target is aten._to_copy.default
             and len(node.args) == 1 and node.kwargs.get("dtype") == dtype
@@ -43,14 +43,14 @@ def _narrowed(node: fx.Node) -> Optional[tuple]:
     """``(op, a, b, kwargs)`` where ``node`` rounds ``op(a.float(), b.float())`` back to a's and b's
     16-bit dtype, else None."""
     half = node.kwargs.get("dtype")
-    if half not in HALF or not _cast(node, half) or _dtype(node.args[0]) != torch.float32:
+    if half not in HALF or not is_cast(node, half) or _dtype(node.args[0]) != torch.float32:
         return None
     op_node = node.args[0]
     if op_node.op != "call_function" or op_node.target not in OPS or len(op_node.args) != 2:
         return None
     if set(op_node.kwargs) - {"alpha"} or op_node.kwargs.get("alpha", 1) != 1:
         return None
-    if not all(_cast(a, torch.float32) and _dtype(a.args[0]) == half for a in op_node.args):
+    if not all(is_cast(a, torch.float32) and _dtype(a.args[0]) == half for a in op_node.args):
         return None
     return op_node.target, op_node.args[0].args[0], op_node.args[1].args[0]
 
