@@ -205,3 +205,15 @@ def hold_stream(cycles: int) -> None:
     sleep = getattr(torch.cuda, "_sleep", None)
     if sleep is not None:
         sleep(int(cycles))
+
+
+@contextlib.contextmanager
+def cuda_allocation_history(max_entries: int = 400_000):
+    """Within the block, the caching allocator records every allocation and free with its Python
+    frames; yields a callable returning the trace of device 0 so far (torch's snapshot events:
+    ``action``, ``addr``, ``size``, ``frames``)."""
+    torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks="python")
+    try:
+        yield lambda: torch.cuda.memory._snapshot()["device_traces"][0]
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)

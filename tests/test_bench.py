@@ -386,3 +386,28 @@ def test_zoo_runs_merge_with_todays_expected_counts(tmp_path):
     due = sum(flux.values()) + sum(sites.expected("dit", "bf16", "blocks2").values())
     assert merged["coverage"]["expected"] == due and merged["coverage"]["found"] == due - 4
     assert "| flux |" in (tmp_path / "out" / "zoo.md").read_text()
+
+
+def test_memory_bench_finds_the_blocks_alive_at_the_peak():
+    """bench/memory.py's reading of the allocator's history: the peak, the blocks alive there in
+    allocation order, and where each came from (a compiled graph's line by its text)."""
+    from bench.memory import origin, peak_blocks
+
+    def alloc(addr, size, frames=()):
+        return dict(action="alloc", addr=addr, size=size, frames=list(frames))
+
+    def free(addr, size):
+        return dict(action="free_completed", addr=addr, size=size)
+
+    graph = dict(filename="<eval_with_key>.7", line=2, name="forward")
+    trace = [alloc(1, 100), alloc(2, 50, [graph]), free(1, 100), alloc(3, 120), alloc(4, 10), free(3, 120),
+             alloc(5, 500), free(5, 500)]
+    total, blocks = peak_blocks(trace)
+    assert total == 50 + 10 + 500 and [b["addr"] for b in blocks] == [2, 4, 5]
+    total, blocks = peak_blocks(trace[:6])
+    assert total == 180 and [b["addr"] for b in blocks] == [2, 3, 4]
+    graphs = {"<eval_with_key>.7": ["def forward(self, x):", "    y = torch.ops.aten.mul.Tensor(x, 2)"]}
+    sgdiff_frame = dict(filename="/site/sgdiff/kernels/x.py", line=9, name="launch")
+    assert origin([sgdiff_frame, graph], graphs) == \
+        "x.py:9:launch <- graph 7:2: y = torch.ops.aten.mul.Tensor(x, 2)"
+    assert origin([dict(filename="/usr/lib/python3/threading.py", line=1, name="run")], graphs) == "?"

@@ -48,7 +48,7 @@ def _count(sass: str, opcode: str) -> int:
 UNIT = dict(n1=1, n2=1, D=4096, so0=4096, so1=0, so2=0, so3=1, sa0=8192, sa1=0, sa2=0, sa3=1,
             sb0=8192, sb1=0, sb2=0, sb3=1, **{f"s{o}{d}": 0 for o in ("ab", "bb") for d in range(4)})
 SWIGLU = dict(UNIT, SILU_DTYPE=tl.bfloat16, HAS_B=True, HAS_BIAS=False, INTERPRET=False, BLOCK_R=1, FLAT=True,
-              EVICT="")
+              EVICT="", GELU=False)
 
 
 def _per_4_elements(opcode: str, **consts) -> int:

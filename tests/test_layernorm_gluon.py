@@ -358,7 +358,8 @@ def test_four_warp_kernel_groups_its_loads_unless_it_keeps_the_row(monkeypatch):
     def ptx(group):
         from triton.compiler import ASTSource
         const = dict(N=5120, ITERS=10, HAS_WEIGHT=True, HAS_BIAS=True, HAS_SHIFT=True, PLUS_ONE=True,
-                     DTYPE=tl.bfloat16, INTERPRET=False, HAS_SCALE=True, KEEP_ROW=False, GROUP=group)
+                     DTYPE=tl.bfloat16, INTERPRET=False, HAS_SCALE=True, KEEP_ROW=False, GROUP=group,
+                     HAS_SCALE_ADD=False, HAS_SHIFT_ADD=False)
         sig = {n: "constexpr" if n in const else "*bf16" if n.endswith("_ptr") else "fp32" if n == "eps" else "i32"
                for n in fn.arg_names}
         return triton.compile(ASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
