@@ -121,14 +121,42 @@ def _interleave(a, b):
     ("rotation with the sign on the other half", _real_rope(lambda re, im: _interleave(im, -re))),
     ("pairs not rotated", _real_rope(lambda re, im: _interleave(re, -im))),
     ("interleaved pairs joined as halves", _real_rope(lambda re, im: torch.cat([-im, re], -1))),
-    ("no cast back to bf16", _real_rope(lambda re, im: _interleave(-im, re), cast_back=False)),
-    ("bf16 tables, no upcast", _real_rope(lambda re, im: _interleave(-im, re), upcast=False)),
 ])
 def test_near_misses_are_not_rope(name, fn):
     args = (torch.randn(2, 5, 3, 8, dtype=torch.bfloat16), torch.randn(5, 8), torch.randn(5, 8))
     run, gm, result = rewrite(fn, args, families=["rope"])
     assert count_op(gm, OPS["interleaved"]) == (1 if name == "the reference spelling" else 0), name
     assert bits_equal(run(*args), fn(*args))
+
+
+@pytest.mark.parametrize("name,fn,arith", [
+    ("not cast back: the result left in fp32", _real_rope(lambda re, im: _interleave(-im, re), cast_back=False),
+     torch.float32),
+    ("bf16 tables, no upcast: bf16 products and sum", _real_rope(lambda re, im: _interleave(-im, re), upcast=False),
+     torch.bfloat16),
+])
+def test_a_rope_computed_in_one_dtype_is_a_site(name, fn, arith):
+    """Written without the usual casts, the chain computes every op in one dtype: the op takes
+    that dtype (``arith_dtype``) and gives eager's bits in it."""
+    args = (torch.randn(2, 5, 3, 8, dtype=torch.bfloat16), torch.randn(5, 8), torch.randn(5, 8))
+    run, gm, result = rewrite(fn, args, families=["rope"])
+    node, = [n for n in gm.graph.nodes if n.target == OPS["interleaved"]]
+    assert node.args[4] == arith, name
+    got, want = run(*args), fn(*args)
+    assert got.dtype == want.dtype == arith and bits_equal(got, want)
+
+
+def test_a_rope_of_mixed_tables_is_not_a_site():
+    """x * cos + x_rot * sin with a bf16 cos and an fp32 sin: the two products round to other
+    dtypes, which no single arith_dtype gives."""
+    x, cos, sin = torch.randn(2, 5, 3, 8, dtype=torch.bfloat16), torch.randn(5, 8), torch.randn(5, 8)
+
+    def mixed(x, cos, sin):
+        real, imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
+        return x * cos[None, :, None].to(x.dtype) + _interleave(-imag, real) * sin[None, :, None]
+
+    run, gm, result = rewrite(mixed, (x, cos, sin), families=["rope"])
+    assert count_op(gm, OPS["interleaved"]) == 0 and bits_equal(run(x, cos, sin), mixed(x, cos, sin))
 
 
 def test_rotation_of_another_tensor_is_not_rope():

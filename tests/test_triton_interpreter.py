@@ -40,7 +40,7 @@ EXPECTED = {
     # rms_norm_rope 2 layouts x 2, rms_norm_cat_rope 2, gelu_tanh_cat 4; rms_norm_rope's refusals a
     # dtype; rope_matrix 2 layouts x 2 forms; then the refused layouts
     "test_rowwise_interp.py": 2 * (4 * 2 + 3 * 2 * 2 + 2 + 1 + 6 * 3 * 2 + 1 + 2 + 2 + 4 + 2 * 2 + 3 + 2 + 4 * 4
-                                   + 2 * 2 + 2 + 4 + 1 + 2 * 2 + 1) + 1,  # ..., gelu_mul a dtype
+                                   + 2 * 2 + 2 + 4 + 1 + 2 * 2 + 1 + 1) + 1,  # ..., gelu_mul and rope's arith a dtype
     # the power-of-two reciprocal against IEEE division
     "test_welford_interp.py": 1,
     # every Triton op's bound launch on its first example (18 ops), and that count itself

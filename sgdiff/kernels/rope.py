@@ -12,10 +12,15 @@ Eager chain, for ``x`` of shape [B, S, H, D] or [B, H, S, D]::
 
 ``cos``/``sin`` are the tables as the products see them (e.g. ``cos[None, :, None, :]``), usually
 fp32. Rounding: each product and the sum in the promoted dtype (fp32), one rounding to
-``x.dtype`` at the end; ``.float()``/``.to`` vanish for fp32 ``x``. The output has ``x``'s layout
+``x.dtype`` at the end; ``.float()``/``.to`` vanish for fp32 ``x``. With ``arith_dtype`` the chain
+is ``x * cos + x_rot * sin`` as written, without casts: each product and the sum in their
+promoted dtype, ``arith_dtype`` (bf16 products of bf16 tables: Ideogram 4; fp32 ones of fp32
+tables, the result left in fp32). The output has ``x``'s layout
 (:mod:`sgdiff.kernels.layout`). The reference implementation *is* that chain, op for op.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 
@@ -44,8 +49,11 @@ def rope_reference(
     cos: torch.Tensor,
     sin: torch.Tensor,
     interleaved: bool,
+    arith_dtype: Optional[torch.dtype] = None,
 ) -> torch.Tensor:
     rot = rotate(x, interleaved)
+    if arith_dtype is not None:  # as written, no casts: each op in its promoted dtype (arith_dtype)
+        return in_layout_of(aten.add.Tensor(aten.mul.Tensor(x, cos), aten.mul.Tensor(rot, sin)), x)
     x_term = aten.mul.Tensor(to(x, torch.float32), cos)
     rot_term = aten.mul.Tensor(to(rot, torch.float32), sin)
     del rot  # freed where the graph frees it: the allocator then reuses its memory
@@ -72,10 +80,17 @@ rope = dispatch.define_op(OpDef(
                 small=dict(S=64, H=3), chain=_flux_chain),
         Example("Flux.1-dev q, rotate-half", dict(B=1, S=4608, H=24, D=128), _flux(False),
                 small=dict(S=64, H=3), chain=_flux_chain),
+        Example("rotate-half in bf16 throughout (bf16 tables, no casts: Ideogram 4)", dict(B=1, S=4096, H=16, D=128),
+                lambda t: (t.randn(t.B, t.S, t.H, t.D), t.randn(t.S, t.D)[None, :, None],
+                           t.randn(t.S, t.D)[None, :, None], False, torch.bfloat16),
+                small=dict(S=64, H=3), bench=False),
+        Example("interleaved, widened and left in fp32 (not cast back)", dict(B=1, S=4608, H=24, D=128),
+                lambda t: (*_flux(True)(t)[:4], torch.float32), small=dict(S=64, H=3), bench=False),
         Example("rotate-half, heads first", dict(B=1, S=4608, H=24, D=128),
                 lambda t: (t.randn(t.B, t.H, t.S, t.D), t.randn(t.S, t.D, dtype=torch.float32)[None, None],
                            t.randn(t.S, t.D, dtype=torch.float32)[None, None], False),
                 small=dict(S=64, H=3), bench=False),
     ),
-    doc="(x.float() * cos + rotate(x).float() * sin).to(x.dtype), interleaved pairs or rotate-half",
+    doc="(x.float() * cos + rotate(x).float() * sin).to(x.dtype), interleaved pairs or rotate-half; with "
+        "arith_dtype, x * cos + rotate(x) * sin with no casts (each op in arith_dtype, the promoted one)",
 ))

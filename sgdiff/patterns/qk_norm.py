@@ -73,9 +73,15 @@ def check(key: QkNormKey):
     return qk_norm_check
 
 
+def _fp32_rope(rope) -> bool:
+    """``rope`` (an sgdiff::rope node) computes in fp32 and casts back (no ``arith_dtype``): the
+    rotation the fused kernels apply."""
+    return 0 < len(rope.args) <= 4 and not rope.kwargs
+
+
 def _fused_rms_norm_only_into(rope) -> bool:
     """``rope`` (an sgdiff::rope node) rotates one :func:`_fused_rms_128` norm."""
-    return bool(rope.args) and _fused_rms_128(rope.args[0])
+    return _fp32_rope(rope) and _fused_rms_128(rope.args[0])
 
 
 def _fused_rms_128(node) -> bool:
@@ -91,7 +97,7 @@ def _fused_rms_128(node) -> bool:
 
 def _two_fused_rms_norms_only_into(rope) -> bool:
     """``rope`` rotates ``cat([norm0, norm1], 1)`` of two :func:`_fused_rms_128` norms, read once."""
-    cat = rope.args[0] if rope.args else None
+    cat = rope.args[0] if _fp32_rope(rope) else None
     return (parts.is_call(cat, (torch.ops.aten.cat.default,)) and len(cat.users) == 1
             and isinstance(cat.args[0], (list, tuple)) and len(cat.args[0]) == 2
             and all(_fused_rms_128(n) for n in cat.args[0]))

@@ -200,7 +200,12 @@ def replacement(key: RopeKey):
         return lambda m: dict(x=m["x"], freqs=m["freqs"])
     if key.form in ("even_odd", "even_odd_stack"):
         return lambda m: dict(x=m["x"], cos=m["cos"], sin=m["sin"])
-    return lambda m: dict(x=m["x"], cos=m["cos"], sin=m["sin"], interleaved=key.form == "interleaved")
+    def real(m: Match) -> dict:
+        arith = _arith_dtype(key.form, m, tensor_meta(m["x"]))
+        return dict(x=m["x"], cos=m["cos"], sin=m["sin"], interleaved=key.form == "interleaved",
+                    **({} if arith is None else dict(arith_dtype=arith)))
+
+    return real
 
 
 def check(key: RopeKey):
@@ -293,10 +298,35 @@ def _to_the_end(end, d) -> bool:
     return isinstance(end, int) and isinstance(d, int) and end >= d
 
 
+def _arith_dtype(form: str, m: Match, x: torch.Tensor) -> Optional[torch.dtype]:
+    """The dtype a real-table RoPE computes in where it is not the op's usual ``(x.float() * cos
+    + x_rot.float() * sin).to(x.dtype)``: written without casts on a 16-bit x (each product and
+    the sum in the tables' promotion with x: bf16 products of bf16 tables), or widened but not
+    cast back (fp32, left in fp32); else None."""
+    if form not in ("interleaved", "rotate_half") or "rope_downcast" in m:
+        return None
+    inner, cos, sin = tensor_meta(m.root), tensor_meta(m["cos"]), tensor_meta(m["sin"])
+    if inner is None or cos is None or sin is None:
+        return None
+    upcasts = {name for name in ("rope_upcast_x", "rope_upcast_rot", "rope_upcast_pairs") if name in m}
+    if not upcasts:
+        if x.dtype == torch.float32:  # no cast to make: the op as it is
+            return None
+        arith = inner.dtype
+    elif (upcasts in ({"rope_upcast_x", "rope_upcast_rot"}, {"rope_upcast_x", "rope_upcast_pairs"})
+          and all(parts.cast_dtype(m, name) == torch.float32 for name in upcasts)):
+        arith = torch.float32  # x.float() * cos is x * cos promoted where the tables are fp32
+    else:
+        return None
+    promoted = {torch.promote_types(x.dtype, cos.dtype), torch.promote_types(x.dtype, sin.dtype), inner.dtype}
+    return arith if promoted == {arith} else None
+
+
 def _cast_reason(form: str, m: Match, x: torch.Tensor) -> Optional[str]:
     """``.float()`` on every operand the form upcasts, ``.to(x.dtype)`` at the end: present
-    exactly when they are not no-ops (an fp32 ``x``)."""
-    if form == "even_odd":
+    exactly when they are not no-ops (an fp32 ``x``); or a chain computed in one dtype
+    throughout (:func:`_arith_dtype`)."""
+    if form == "even_odd" or _arith_dtype(form, m, x) is not None:
         return None
     if form == "even_odd_stack":  # the products in the promoted dtype, the result cast to x's
         inner = m["rope_downcast"].args[0] if "rope_downcast" in m else m.root

@@ -165,9 +165,9 @@ REWRITTEN = {
     "ernie_image": (3, 2, 0, 2, 1, 0, 2),
     # 1 layer: RMSNorm * (1 + scale) (no shift) before attention and FF + norm_final(x) * (1 + scale) (3); the
     # tanh-gated residuals `x + gate * rmsnorm(y)` of attention and FF (2); per-head RMSNorm QK norms (2); the SwiGLU
-    # `silu(w1(x)) * w3(x)` (1); the RMSNorms on the attention and FF outputs and llm_cond_norm (3). Its RoPE,
-    # rotate-half by sliced halves in q's dtype: a site in fp32 (REWRITTEN_BY_DTYPE), in bf16 see MISSED
-    "ideogram4": (3, 2, 0, 2, 1, 0, 3),
+    # `silu(w1(x)) * w3(x)` (1); the RMSNorms on the attention and FF outputs and llm_cond_norm (3); its RoPE on q
+    # and k, rotate-half by sliced halves in q's dtype (bf16 products and sum: the rope op's arith_dtype) (2)
+    "ideogram4": (3, 2, 2, 2, 1, 0, 3),
     # 1 double block, bf16: its adaLN norms are FP32LayerNorms cast back before the modulation, two ops a site (see
     # "auraflow"); only the image stream reaches norm_out, so the text stream's FF (txt_norm2 modulate, its
     # residuals) is dead: 3 sites (img_norm1, txt_norm1, img_norm2) x 2 + norm_out's cast LayerNorm (7). Gated
@@ -289,9 +289,6 @@ MISSED: Dict[str, List[Miss]] = {
     "ernie_image": [Miss("rope", 2, 4, "rotate-half RoPE by x.chunk(2, -1) and cat((-x2, x1)) in x's dtype, cos/sin "
                                        "cast to x.dtype, then a cat with the x[..., rot_dim:] pass-through: no rope "
                                        "spelling takes it")],
-    "ideogram4": [Miss("rope", 2, 4, "rotate-half RoPE `q * cos + cat((-q[..., h:], q[..., :h])) * sin` in q's "
-                                     "dtype, no upcast: bf16 products, where the rope op computes fp32 ones (a site "
-                                     "in fp32)", ("bf16",))],
     "minimax_h3": [Miss("rope", 2, 4, "partial rotate-half RoPE: the leading rotary_dim channels of each head sliced "
                                       "off, rotated by cat((-x2, x1)) with cos/sin cast to the input dtype, "
                                       "concatenated back with the pass-through channels: no rope spelling takes it")],
@@ -308,7 +305,6 @@ SKIPS: Dict[str, set] = {
     # a cast_copy candidate on an integer tensor and a cat_pad on the bool attention mask: no chains
     "motif_video": {("linear_attention", "cast_copy", "not a 4-D floating-point tensor"),
                     ("pad", "cat_pad", "not tensors of one dtype (float32, float16 or bfloat16), up to 5 dims")},
-    "ideogram4": {("rope", "rope", "the rotation is not computed from x.float()")},  # bf16: see MISSED
     "anyflow": {("rope", "rope_complex", "x is cast before the rotation"),  # fp32
                 ("rope", "rope_complex", "the rotation is not computed from x.float()")},  # bf16: in float64
 }
@@ -347,7 +343,7 @@ BLOCKS2: Dict[str, Tuple[int, ...]] = {
     # ERNIE-Image, Ideogram 4 (autocast on the meta device fails), ChronoEdit and LTX-2 (dynamo's fake pass refuses
     # a real tensor their RoPE builds): the tiny config at two layers, on the CPU
     "ernie_image": (5, 4, 0, 4, 2, 0, 4),
-    "ideogram4": (5, 4, 0, 4, 2, 0, 5),
+    "ideogram4": (5, 4, 4, 4, 2, 0, 5),
     "chronoedit": (9, 4, 4, 10, 0, 0, 0),
     "ltx2": (18, 12, 16, 24, 0, 0, 4),
     "cosmos": (7, 6, 4, 8, 0, 0, 1),

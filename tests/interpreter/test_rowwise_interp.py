@@ -288,6 +288,20 @@ def test_silu_mul_channels_last_chunks(dt):
     check(tsilu.silu_mul(gate, hidden), silu_mul_reference(gate, hidden), False)
 
 
+# rope computed in one dtype (arith_dtype): fp32 left in fp32, or bf16 products and sum
+@pytest.mark.parametrize("arith", [torch.float32, torch.bfloat16], ids=ids)
+def test_rope_arith_dtype(arith):
+    from sgdiff.kernels.rope import rope_reference
+
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(2, 7, 3, 64, generator=g).to(torch.bfloat16)
+    cos, sin = (torch.randn(1, 7, 1, 64, generator=g).to(arith) for _ in range(2))
+    for interleaved in (True, False):
+        assert trope.supported_layout(x, cos, sin, interleaved, arith)
+        check(trope.rope(x, cos, sin, interleaved, arith), rope_reference(x, cos, sin, interleaved, arith),
+              arith == torch.float32)
+
+
 # gelu_mul (a GeGLU): numpy's erf is not CUDA's erff, a tolerance
 @DTYPES
 def test_gelu_mul_halves(dt):

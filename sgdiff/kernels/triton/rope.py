@@ -75,10 +75,14 @@ def _rope_kernel(
         e2 = e + half
         x1 = tl.load(x_row + e[None, :] * sx3, mask=hmask, other=0.0).to(tl.float32)
         x2 = tl.load(x_row + e2[None, :] * sx3, mask=hmask, other=0.0).to(tl.float32)
-        out1 = (x1 * tl.load(c_row + e[None, :] * sc3, mask=hmask, other=0.0).to(tl.float32)
-                + (x2 * -1.0) * tl.load(s_row + e[None, :] * ss3, mask=hmask, other=0.0).to(tl.float32))
-        out2 = (x2 * tl.load(c_row + e2[None, :] * sc3, mask=hmask, other=0.0).to(tl.float32)
-                + x1 * tl.load(s_row + e2[None, :] * ss3, mask=hmask, other=0.0).to(tl.float32))
+        # each product and the sum rounded to PRODUCT_DTYPE (fp32: as computed)
+        out1 = (_round(x1 * tl.load(c_row + e[None, :] * sc3, mask=hmask, other=0.0).to(tl.float32), PRODUCT_DTYPE)
+                + _round((x2 * -1.0) * tl.load(s_row + e[None, :] * ss3, mask=hmask, other=0.0).to(tl.float32),
+                         PRODUCT_DTYPE))
+        out2 = (_round(x2 * tl.load(c_row + e2[None, :] * sc3, mask=hmask, other=0.0).to(tl.float32), PRODUCT_DTYPE)
+                + _round(x1 * tl.load(s_row + e2[None, :] * ss3, mask=hmask, other=0.0).to(tl.float32),
+                         PRODUCT_DTYPE))
+        out1, out2 = _round(out1, PRODUCT_DTYPE), _round(out2, PRODUCT_DTYPE)
         tl.store(o_row + e[None, :] * so3, out1.to(out_ptr.dtype.element_ty), mask=hmask)
         tl.store(o_row + e2[None, :] * so3, out2.to(out_ptr.dtype.element_ty), mask=hmask)
     else:  # pairs (2j, 2j + 1) sit side by side: split the tile into its even and odd columns
@@ -91,8 +95,10 @@ def _rope_kernel(
             sin = tl.load(s_row + d[None, :] * ss3, mask=mask, other=0.0).to(tl.float32)
             cos_even, cos_odd = tl.split(tl.reshape(cos, (BLOCK_R, BLOCK_D // 2, 2)))
             sin_even, sin_odd = tl.split(tl.reshape(sin, (BLOCK_R, BLOCK_D // 2, 2)))
-            out_even = x_even * cos_even + (x_odd * -1.0) * sin_even
-            out_odd = x_odd * cos_odd + x_even * sin_odd
+            out_even = _round(_round(x_even * cos_even, PRODUCT_DTYPE)
+                              + _round((x_odd * -1.0) * sin_even, PRODUCT_DTYPE), PRODUCT_DTYPE)
+            out_odd = _round(_round(x_odd * cos_odd, PRODUCT_DTYPE) + _round(x_even * sin_odd, PRODUCT_DTYPE),
+                             PRODUCT_DTYPE)
         elif FORM == 4:  # out[2j + i] = t[j, i, 0] * x[2j] + t[j, i, 1] * x[2j + 1], the table's 4 entries a pair
             j = tl.program_id(1) * (BLOCK_D // 2) + tl.arange(0, BLOCK_D // 2)
             pair_mask = (rows < n_rows)[:, None] & (2 * j < D)[None, :]
@@ -170,16 +176,18 @@ def _x_ok(x) -> bool:
             and x.shape[-1] % 2 == 0 and x.shape[-1] <= 1024)
 
 
-def supported_layout(x, cos, sin, interleaved) -> bool:
+def supported_layout(x, cos, sin, interleaved, arith_dtype=None) -> bool:
     """can_use without the device check (the interpreter runs the kernel on CPU tensors)."""
     if not _x_ok(x) or not tables_ok(x, cos, sin, x.shape):
         return False
+    if arith_dtype is not None:  # x * cos + rot * sin as written: both products in arith_dtype
+        return torch.promote_types(x.dtype, cos.dtype) == torch.promote_types(x.dtype, sin.dtype) == arith_dtype
     # eager computes x * cos in promote(fp32, cos) and rounds once to x.dtype
     return torch.promote_types(torch.float32, torch.promote_types(cos.dtype, sin.dtype)) == torch.float32
 
 
-def can_use(x, cos, sin, interleaved) -> bool:
-    return x.is_cuda and supported_layout(x, cos, sin, interleaved)
+def can_use(x, cos, sin, interleaved, arith_dtype=None) -> bool:
+    return x.is_cuda and supported_layout(x, cos, sin, interleaved, arith_dtype)
 
 
 def supported_layout_even_odd(x, cos, sin) -> bool:
@@ -217,15 +225,16 @@ def _bind(x, cos, sin, table_shape, form, product_dtype, complex_fma=0, from_zer
     return launch
 
 
-def bind(x, cos, sin, interleaved):
+def bind(x, cos, sin, interleaved, arith_dtype=None):
     """:func:`rope` for inputs of this signature, its host arithmetic done."""
-    launch = _bind(x, cos, sin, x.shape, 0 if interleaved else 1, torch.float32)
+    launch = _bind(x, cos, sin, x.shape, 0 if interleaved else 1, arith_dtype or torch.float32,
+                   out_dtype=arith_dtype)
     return lambda x, cos, sin, *_: launch(x, cos, sin)
 
 
-def rope(x, cos, sin, interleaved):
+def rope(x, cos, sin, interleaved, arith_dtype=None):
     """Launch; the caller has checked :func:`can_use`."""
-    return bind(x, cos, sin, interleaved)(x, cos, sin)
+    return bind(x, cos, sin, interleaved, arith_dtype)(x, cos, sin)
 
 
 def bind_even_odd(x, cos, sin):
