@@ -396,3 +396,36 @@ def test_pairs_split_from_the_widened_x_are_interleaved_rope(dtype):
     run, gm, result = rewrite(joyimage_rope, (x, cos, sin), families=["rope"])
     assert result.counts == {"rope": 1} and count_op(gm, OPS["interleaved"]) == 1, result.skipped
     assert bits_equal(run(x, cos, sin), joyimage_rope(x, cos, sin))
+
+
+def _chunked_rope(rot_dim, swap=False, other=False):
+    """ERNIE-Image's and MiniMax H3's RoPE: the leading ``rot_dim`` channels rotated by
+    ``x.chunk(2, -1)`` in x's dtype (tables cast to it), the rest concatenated after."""
+    def fn(x, cos, sin):
+        rot, rest = x[..., :rot_dim], x[..., rot_dim:]
+        x1, x2 = (rot.flip(1) if other else rot).chunk(2, dim=-1)
+        rotated = torch.cat((x1, -x2) if swap else (-x2, x1), dim=-1)
+        return torch.cat((rot * cos.to(x.dtype) + rotated * sin.to(x.dtype), rest), dim=-1)
+
+    return fn
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rot_dim", [16, 8])
+def test_chunked_partial_rope_is_a_site(dtype, rot_dim):
+    x = torch.randn(2, 5, 3, 16).to(dtype)
+    cos, sin = torch.randn(1, 5, 1, rot_dim), torch.randn(1, 5, 1, rot_dim)
+    fn = _chunked_rope(rot_dim)
+    run, gm, result = rewrite(fn, (x, cos, sin), families=["rope"])
+    assert result.counts["rope"] == 1 and count_op(gm, OPS["rotate_half"]) == 1, result.skipped
+    assert bits_equal(run(x, cos, sin), fn(x, cos, sin))
+
+
+@pytest.mark.parametrize("name,fn", [("halves swapped", _chunked_rope(16, swap=True)),
+                                     ("the halves of another tensor", _chunked_rope(16, other=True))])
+def test_chunked_near_misses_are_not_rope(name, fn):
+    x = torch.randn(2, 5, 2, 16)
+    cos, sin = torch.randn(1, 5, 1, 16), torch.randn(1, 5, 1, 16)
+    run, gm, _ = rewrite(fn, (x, cos, sin), families=["rope"])
+    assert count_op(gm, OPS["rotate_half"]) == 0, name
+    assert bits_equal(run(x, cos, sin), fn(x, cos, sin))

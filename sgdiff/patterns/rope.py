@@ -10,6 +10,8 @@ rounding steps)::
     rotate_half  (use_real_unbind_dim=-2: Stable Audio, CogView4, Cosmos)
         x_rot = cat([-x_imag, x_real], -1)                of x.reshape(..., 2, -1).unbind(-2)
                       or cat([-x[..., D/2:], x[..., :D/2]], -1)        (Allegro, on each third of x)
+                      or cat([-x2, x1], -1) of x1, x2 = x.chunk(2, -1)  (ERNIE-Image, MiniMax H3: on
+                         x[..., :rotary_dim], the rest concatenated after, as it stays)
     complex      (use_real=False: QwenImage, Lumina)
         out = view_as_real(view_as_complex(x.float().reshape(..., -1, 2)) * freqs).flatten(3).type_as(x)
     even_odd     (Wan: strided writes into empty_like)
@@ -74,7 +76,11 @@ def _rotated(form: str) -> Expr:
     sliced = Items(Op(aten.neg.default, Op(aten.slice.Tensor, Arg("x"), Arg("rope_hi_dim"), Arg("rope_hi_start"),
                                            Arg("rope_hi_end"), Lit(1))),
                    Op(aten.slice.Tensor, Arg("x"), Arg("rope_lo_dim"), Lit(0), Arg("rope_lo_end"), Lit(1)))
-    return AnyOf(Op(aten.cat.default, negated, Arg("rope_join_dim")), Op(aten.cat.default, sliced, Arg("rope_join_dim")))
+    # or chunked (ERNIE-Image, MiniMax H3: x1, x2 = x.chunk(2, -1); cat((-x2, x1), -1))
+    halves = Op(aten.split.Tensor, Arg("x"), Arg("rope_split_size"), Arg("rope_split_dim"), name="rope_split")
+    chunked = Items(Op(aten.neg.default, getitem(halves, 1)), getitem(halves, 0))
+    return AnyOf(Op(aten.cat.default, negated, Arg("rope_join_dim")), Op(aten.cat.default, sliced, Arg("rope_join_dim")),
+                 Op(aten.cat.default, chunked, Arg("rope_join_dim")))
 
 
 def _real(form: str) -> Expr:
@@ -236,6 +242,8 @@ def _structure_reason(form: str, m: Match, x: torch.Tensor) -> Optional[str]:
         return _stack_structure_reason(m, x, lead, d)
     if form == "rotate_half" and "rope_hi_dim" in m:
         return _sliced_halves_reason(m, x, d)
+    if form == "rotate_half" and "rope_split" in m:
+        return _chunked_halves_reason(m, x, d)
     if form == "rotate_half":
         pair_shape, unbind_dim = lead + (2, d // 2), -2
     else:
@@ -284,6 +292,17 @@ def _sliced_halves_reason(m: Match, x: torch.Tensor, d) -> Optional[str]:
     if not (parts.is_last_dim(m["rope_hi_dim"], x.dim()) and parts.is_last_dim(m["rope_lo_dim"], x.dim())
             and half is not None and d % 2 == 0 and m["rope_hi_start"] == half and m["rope_lo_end"] == half
             and _to_the_end(m["rope_hi_end"], d)):
+        return "the halves are not x's last dim cut in two"
+    if not parts.is_last_dim(m["rope_join_dim"], x.dim()):
+        return "the rotated halves are not concatenated along the last dim"
+    return None
+
+
+def _chunked_halves_reason(m: Match, x: torch.Tensor, d) -> Optional[str]:
+    """rotate_half with chunked halves: ``x.chunk(2, -1)`` (a split in two of D/2) joined as
+    ``cat((-x2, x1), -1)``."""
+    if not (isinstance(d, int) and d % 2 == 0 and m["rope_split_size"] == d // 2
+            and parts.is_last_dim(m["rope_split_dim"], x.dim()) and len(m["rope_split"].users) == 2):
         return "the halves are not x's last dim cut in two"
     if not parts.is_last_dim(m["rope_join_dim"], x.dim()):
         return "the rotated halves are not concatenated along the last dim"

@@ -161,8 +161,9 @@ REWRITTEN = {
     # per-head RMSNorm QK norms (2). bf16: the modulate takes the fp32 product past the RMSNorm, so the two
     # RMSNorms are the norm family's (2); the gated residuals `x + (gate.float() * y.float()).to(x.dtype)`, the
     # 16-bit product spelled through fp32 (fxpasses/narrow.py) (2); fp32: each RMSNorm joins its modulate
-    # (REWRITTEN_BY_DTYPE); the GeGLU `up_proj(x) * F.gelu(gate_proj(x))` (1)
-    "ernie_image": (3, 2, 0, 2, 1, 0, 2),
+    # (REWRITTEN_BY_DTYPE); the GeGLU `up_proj(x) * F.gelu(gate_proj(x))` (1); its RoPE on q and k, rotate-half by
+    # x.chunk(2, -1) on the leading rot_dim channels in x's dtype (bf16: the rope op's arith_dtype) (2)
+    "ernie_image": (3, 2, 2, 2, 1, 0, 2),
     # 1 layer: RMSNorm * (1 + scale) (no shift) before attention and FF + norm_final(x) * (1 + scale) (3); the
     # tanh-gated residuals `x + gate * rmsnorm(y)` of attention and FF (2); per-head RMSNorm QK norms (2); the SwiGLU
     # `silu(w1(x)) * w3(x)` (1); the RMSNorms on the attention and FF outputs and llm_cond_norm (3); its RoPE on q
@@ -202,8 +203,10 @@ REWRITTEN = {
     # 1 layer + 1 refiner layer: RMSNorm-modulates (index_select'ed rows) before attention and FF + norm_out (3);
     # gated attention and FF residuals (2); per-head RMSNorm on q and k of the block's and the refiner's
     # attention (4); SwiGLU of both FFs (2); the refiner's norm1, norm2 and final_norm (3). Not sites: the
-    # refiner's plain residuals. Layer differencing (+1 layer, +1 refiner layer): +2, +2, 0, +4, +2, 0, +2
-    "minimax_h3": (3, 2, 0, 4, 2, 0, 3),
+    # refiner's plain residuals. Its partial RoPE on q and k (the leading rotary_dim channels rotated by
+    # x.chunk(2, -1) in x's dtype, the rest concatenated after) (2). Layer differencing (+1 layer, +1 refiner
+    # layer): +2, +2, +2, +4, +2, 0, +2
+    "minimax_h3": (3, 2, 2, 4, 2, 0, 3),
     # 1 text (encoder) block + 1 visual (decoder) block; every chain in fp32 and cast back:
     # `(norm(x.float()) * (scale.float() + 1.0) + shift.float()).type_as(x)` LayerNorm-modulates: 2 a text block
     # (attention, FF), 3 a visual block (self-attention, cross-attention, FF), + the out layer's (6); gated
@@ -257,7 +260,7 @@ REWRITTEN_BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3, 1), ("wan", "fp32"): 
                       ("wan_vace", "fp32"): (5, 5, 4, 8, 0, 0, 2),
                       # fp32: one LayerNorm-modulate a site (7 + norm_out)
                       ("easyanimate", "fp32"): (8, 6, 4, 6, 0, 0, 2),
-                      ("ernie_image", "fp32"): (3, 2, 0, 2, 1, 0, 0), ("ideogram4", "fp32"): (3, 2, 2, 2, 1, 0, 3),
+                      ("ernie_image", "fp32"): (3, 2, 2, 2, 1, 0, 0), ("ideogram4", "fp32"): (3, 2, 2, 2, 1, 0, 3),
                       ("joyimage", "fp32"): (3, 2, 2, 4, 0, 0, 1), ("joyimage_edit_plus", "fp32"): (3, 2, 2, 4, 0, 0, 1),
                       # fp32: no casts, so the cross-attention norm2 and the image embedder's norm1 / norm2 are plain
                       # LayerNorms (norm family, 3) and the adaLN sites one LayerNorm-modulate each (2 + norm_out)
@@ -286,12 +289,6 @@ MISSED: Dict[str, List[Miss]] = {
                                           "torch.where(noise_mask == 1, 1 + scale_noisy, 1 + scale_clean): the `1 +` "
                                           "before a per-token select is no modulate spelling; the norm family takes "
                                           "the RMSNorm alone")],
-    "ernie_image": [Miss("rope", 2, 4, "rotate-half RoPE by x.chunk(2, -1) and cat((-x2, x1)) in x's dtype, cos/sin "
-                                       "cast to x.dtype, then a cat with the x[..., rot_dim:] pass-through: no rope "
-                                       "spelling takes it")],
-    "minimax_h3": [Miss("rope", 2, 4, "partial rotate-half RoPE: the leading rotary_dim channels of each head sliced "
-                                      "off, rotated by cat((-x2, x1)) with cos/sin cast to the input dtype, "
-                                      "concatenated back with the pass-through channels: no rope spelling takes it")],
     "anyflow": [Miss("rope", 2, 4, "complex RoPE in float64: view_as_complex(x.to(torch.float64)...) * freqs "
                                    "(complex128), type_as(x): rope_complex takes x.float() only")],
 }
@@ -342,12 +339,12 @@ BLOCKS2: Dict[str, Tuple[int, ...]] = {
     "joyimage_edit_plus": (15, 6, 4, 8, 0, 0, 0),
     # ERNIE-Image, Ideogram 4 (autocast on the meta device fails), ChronoEdit and LTX-2 (dynamo's fake pass refuses
     # a real tensor their RoPE builds): the tiny config at two layers, on the CPU
-    "ernie_image": (5, 4, 0, 4, 2, 0, 4),
+    "ernie_image": (5, 4, 4, 4, 2, 0, 4),
     "ideogram4": (5, 4, 4, 4, 2, 0, 5),
     "chronoedit": (9, 4, 4, 10, 0, 0, 0),
     "ltx2": (18, 12, 16, 24, 0, 0, 4),
     "cosmos": (7, 6, 4, 8, 0, 0, 1),
-    "minimax_h3": (5, 4, 0, 6, 3, 0, 3),
+    "minimax_h3": (5, 4, 4, 6, 3, 0, 3),
     "anyflow": (7, 4, 0, 8, 0, 0, 0),
 }
 
