@@ -64,20 +64,25 @@ def origin(frames: List[dict], graphs: Dict[str, List[str]], depth: int = 3) -> 
     return " <- ".join(out) or "?"
 
 
-def _graph_code() -> Dict[str, List[str]]:
-    """Every graph sgdiff builds from now on, by the file name its code runs under."""
+#: every graph sgdiff builds once :func:`record_graph_code` ran, by the file name its code runs under
+GRAPHS: Dict[str, List[str]] = {}
+
+
+def record_graph_code() -> None:
+    """From now on, keep the code of each graph sgdiff builds in :data:`GRAPHS` (once a process)."""
     import sgdiff.backend as backend
 
-    graphs: Dict[str, List[str]] = {}
     build_variant = backend.TieredGraph._build
+    if getattr(build_variant, "records_code", False):
+        return
 
     def recorded(self, tier, gm):
         fn = build_variant(self, tier, gm)
-        graphs[gm.forward.__code__.co_filename] = gm.code.splitlines()
+        GRAPHS[gm.forward.__code__.co_filename] = gm.code.splitlines()
         return fn
 
+    recorded.records_code = True
     backend.TieredGraph._build = recorded
-    return graphs
 
 
 def run_case(case: str, variants, min_mib: float, dtype=torch.bfloat16) -> dict:
@@ -85,7 +90,7 @@ def run_case(case: str, variants, min_mib: float, dtype=torch.bfloat16) -> dict:
     from sgdiff.fxpasses import manager
 
     device = torch.device("cuda")
-    graphs = _graph_code()
+    record_graph_code()
     call, target = build(case, device, dtype)
     row: dict = {"model": case}
     want: Optional[torch.Tensor] = None
@@ -108,7 +113,7 @@ def run_case(case: str, variants, min_mib: float, dtype=torch.bfloat16) -> dict:
             traced, blocks = peak_blocks(events)
             row[f"{variant}_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 3)
             row[f"{variant}_traced_peak_gib"] = round(traced / 2 ** 30, 3)
-            row[f"{variant}_blocks"] = [dict(mib=round(b["size"] / MIB, 1), origin=origin(b.get("frames", []), graphs))
+            row[f"{variant}_blocks"] = [dict(mib=round(b["size"] / MIB, 1), origin=origin(b.get("frames", []), GRAPHS))
                                         for b in blocks if b["size"] >= min_mib * MIB]
             if want is None:
                 want = out

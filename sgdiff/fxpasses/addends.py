@@ -29,9 +29,11 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import fx
 
-from sgdiff.fxpasses.narrow import is_cast
-from sgdiff.fxpasses.rewrite import _propagate_meta, settle
+from sgdiff.fxpasses.rewrite import _is_symbolic, _propagate_meta, settle
 from sgdiff.kernels import registry
+from sgdiff.patterns import parts
+from sgdiff.patterns.base import tensor_meta
+from sgdiff.patterns.matcher import Arg, Match
 
 log = logging.getLogger("sgdiff")
 aten = torch.ops.aten
@@ -55,15 +57,6 @@ def _ops_with_addends() -> Dict[object, Tuple[List[inspect.Parameter], Dict[str,
     return found
 
 
-def _val(node) -> Optional[torch.Tensor]:
-    v = node.meta.get("val") if isinstance(node, fx.Node) else None
-    return v if isinstance(v, torch.Tensor) else None
-
-
-def _static(t: torch.Tensor) -> bool:
-    return not any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride()))
-
-
 def _is_view(node: fx.Node) -> bool:
     return node.op == "call_function" and node.target in VIEWS and bool(node.args) and isinstance(node.args[0], fx.Node)
 
@@ -80,7 +73,7 @@ def _readers(source: fx.Node, ops) -> Optional[List[Tuple[fx.Node, str, List[fx.
                 continue
             if user.op != "call_function" or user.target not in ops or user.kwargs:
                 return None
-            if not _per_token(_val(node), _val(user)):  # a sum smaller than the rows it modulates
+            if not _per_token(tensor_meta(node), tensor_meta(user)):  # a sum smaller than the rows it modulates
                 return None
             names, addends = [p.name for p in ops[user.target][0]], ops[user.target][1]
             positions = [i for i, a in enumerate(user.args) if a is node]
@@ -102,27 +95,31 @@ def _per_token(operand: Optional[torch.Tensor], out: Optional[torch.Tensor]) -> 
             and operand.shape[-2] == out.shape[-2] > 1)
 
 
+WIDENED = parts.cast(Arg("src"), "widened")
+
+
 def _widened(node: fx.Node, dtype: torch.dtype) -> fx.Node:
     """The narrower float tensor ``node`` widens to ``dtype`` for this sum alone, else ``node``."""
-    src = _val(node.args[0]) if is_cast(node, dtype) else None
-    if (src is None or len(node.users) != 1 or not src.is_floating_point()
-            or src.element_size() > torch.empty((), dtype=dtype).element_size()):
-        return node
-    return node.args[0]
+    for m in WIDENED.matches(node, Match(root=node)):
+        src = tensor_meta(m["src"])
+        if (parts.cast_dtype(m, "widened") == dtype and len(node.users) == 1 and src is not None
+                and src.is_floating_point() and src.element_size() <= torch.empty((), dtype=dtype).element_size()):
+            return m["src"]
+    return node
 
 
 def _operands(add: fx.Node) -> Optional[Tuple[fx.Node, fx.Node]]:
     """The two tensors the op may take for ``add``'s output, in its order, or None."""
     if add.op != "call_function" or add.target is not aten.add.Tensor or len(add.args) != 2 or add.kwargs:
         return None
-    out, (a, b) = _val(add), add.args
-    if out is None or _val(a) is None or _val(b) is None or not out.is_floating_point() or not _static(out):
+    out, (a, b) = tensor_meta(add), add.args
+    if out is None or tensor_meta(a) is None or tensor_meta(b) is None or not out.is_floating_point() or _is_symbolic(out):
         return None
-    if not all(_static(_val(n)) and _val(n).device == out.device for n in (a, b)):
+    if any(_is_symbolic(tensor_meta(n)) or tensor_meta(n).device != out.device for n in (a, b)):
         return None
     a2, b2 = _widened(a, out.dtype), _widened(b, out.dtype)
     for first, second in ((a2, b2), (a2, b), (a, b2), (a, b)):
-        if torch.promote_types(_val(first).dtype, _val(second).dtype) == out.dtype:
+        if torch.promote_types(tensor_meta(first).dtype, tensor_meta(second).dtype) == out.dtype:
             return first, second
     return None
 
@@ -130,7 +127,7 @@ def _operands(add: fx.Node) -> Optional[Tuple[fx.Node, fx.Node]]:
 def _replay(graph: fx.Graph, base: fx.Node, shape, chain: List[fx.Node]) -> fx.Node:
     """``chain`` (views of the sum, outermost last) applied to ``base`` expanded to ``shape``."""
     node = base
-    if tuple(_val(base).shape) != tuple(shape):
+    if tuple(tensor_meta(base).shape) != tuple(shape):
         node = graph.call_function(aten.expand.default, (base, list(shape)))
         _propagate_meta(node)
     for view in chain:
@@ -150,7 +147,7 @@ def fold_addends(gm: fx.GraphModule) -> int:
         readers = _readers(add, ops) if pair is not None else None
         if not readers:
             continue
-        shape = _val(add).shape
+        shape = tensor_meta(add).shape
         for op_node, operand, chain in readers:
             params, addends = ops[op_node.target]
             names = [p.name for p in params]

@@ -26,6 +26,7 @@ import torch
 from torch import fx
 
 from sgdiff import _compat
+from sgdiff.fxpasses.copies import op_output
 
 log = logging.getLogger("sgdiff")
 
@@ -54,11 +55,7 @@ def _foldable(node: fx.Node, const: Set[fx.Node]) -> bool:
 
 def _is_view(node: fx.Node) -> bool:
     """An op whose output aliases its (first) input: ``view``, ``select``, ``unsqueeze``, ``expand``..."""
-    if node.op != "call_function" or not _compat.is_op_overload(node.target):
-        return False
-    schema = _compat.op_schema(node.target)
-    return (len(schema.returns) == 1 and schema.returns[0].alias_info is not None and bool(node.args)
-            and isinstance(node.args[0], fx.Node))
+    return op_output(node)[1] and bool(node.args) and isinstance(node.args[0], fx.Node)
 
 
 def _tensors(value) -> List[torch.Tensor]:

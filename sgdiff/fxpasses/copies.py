@@ -24,7 +24,7 @@ log = logging.getLogger("sgdiff")
 aten = torch.ops.aten
 
 
-def _op_output(node: fx.Node):
+def op_output(node: fx.Node):
     """``(fresh, alias)``: whether ``node`` is an op's single output, and whether it is a view."""
     target = node.target
     schema = _compat.op_schema(target) if node.op == "call_function" and _compat.is_op_overload(target) else None
@@ -38,7 +38,7 @@ def _owns_storage(node: fx.Node, numel: int) -> bool:
     """Whether ``node`` is a fresh op output, or a chain of views of one that each nothing else
     reads, covering all ``numel`` elements of that output (a reshape of a linear's output)."""
     while True:
-        fresh, alias = _op_output(node)
+        fresh, alias = op_output(node)
         if fresh:
             base = node.meta.get("val")
             return isinstance(base, torch.Tensor) and base.numel() == numel and base.storage_offset() == 0

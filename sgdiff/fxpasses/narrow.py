@@ -19,55 +19,50 @@ import torch
 from torch import fx
 
 from sgdiff.fxpasses.rewrite import _propagate_meta, settle
+from sgdiff.patterns import parts
+from sgdiff.patterns.base import tensor_meta
+from sgdiff.patterns.matcher import AnyOf, Arg, Lit, Match, Op
 
 log = logging.getLogger("sgdiff")
 aten = torch.ops.aten
 
-OPS = (aten.mul.Tensor, aten.add.Tensor, aten.sub.Tensor)
-HALF = (torch.bfloat16, torch.float16)
+
+def _widened(name: str):
+    return parts.cast(Arg(name), f"{name}_widened", shared=True)
 
 
-def _dtype(node) -> Optional[torch.dtype]:
-    v = node.meta.get("val") if isinstance(node, fx.Node) else None
-    return v.dtype if isinstance(v, torch.Tensor) else None
+#: ``op(a.float(), b.float()).to(dtype)``: the op node bound as ``op``, the final cast as the root
+SPELLING = parts.cast(AnyOf(Op(aten.mul.Tensor, _widened("a"), _widened("b"), name="op", shared=True),
+                            *(Op(target, _widened("a"), _widened("b"), alpha=Lit(1), name="op", shared=True)
+                              for target in (aten.add.Tensor, aten.sub.Tensor))), "narrowed")
 
 
-def is_cast(node, dtype: torch.dtype) -> bool:
-    """Whether ``node`` is ``_to_copy(x, dtype=dtype)`` and nothing more (layout kept, same device)."""
-    return (isinstance(node, fx.Node) and node.op == "call_function" and node.target is aten._to_copy.default
-            and len(node.args) == 1 and node.kwargs.get("dtype") == dtype
-            and set(node.kwargs) <= {"dtype", "layout"} and node.kwargs.get("layout", torch.strided) == torch.strided)
-
-
-def _narrowed(node: fx.Node) -> Optional[tuple]:
-    """``(op, a, b, kwargs)`` where ``node`` rounds ``op(a.float(), b.float())`` back to a's and b's
-    16-bit dtype, else None."""
-    half = node.kwargs.get("dtype")
-    if half not in HALF or not is_cast(node, half) or _dtype(node.args[0]) != torch.float32:
-        return None
-    op_node = node.args[0]
-    if op_node.op != "call_function" or op_node.target not in OPS or len(op_node.args) != 2:
-        return None
-    if set(op_node.kwargs) - {"alpha"} or op_node.kwargs.get("alpha", 1) != 1:
-        return None
-    if not all(is_cast(a, torch.float32) and _dtype(a.args[0]) == half for a in op_node.args):
-        return None
-    return op_node.target, op_node.args[0].args[0], op_node.args[1].args[0]
+def _narrowed(node: fx.Node) -> Optional[Match]:
+    """The match where ``node`` rounds ``op(a.float(), b.float())`` back to a's and b's 16-bit
+    dtype, else None."""
+    for m in SPELLING.matches(node, Match(root=node)):
+        a, b, op = tensor_meta(m["a"]), tensor_meta(m["b"]), tensor_meta(m["op"])
+        half = parts.cast_dtype(m, "narrowed")
+        if (a is not None and b is not None and op is not None and half in parts.HALF and a.dtype == b.dtype == half
+                and op.dtype == torch.float32 and parts.cast_dtype(m, "a_widened") == torch.float32
+                and parts.cast_dtype(m, "b_widened") == torch.float32):
+            return m
+    return None
 
 
 def narrow_elementwise(gm: fx.GraphModule) -> int:
     """Rewrite every such spelling of ``gm`` as the 16-bit op (in place); returns how many."""
     graph, count = gm.graph, 0
     for node in list(graph.nodes):
-        found = _narrowed(node) if node.op == "call_function" and node.target is aten._to_copy.default else None
-        if found is None:
+        m = _narrowed(node) if node.op == "call_function" and node.target is aten._to_copy.default else None
+        if m is None:
             continue
-        op, a, b = found
         with graph.inserting_before(node):
-            narrow = graph.call_function(op, (a, b))
+            narrow = graph.call_function(m["op"].target, (m["a"], m["b"]))
         narrow.meta.update({k: v for k, v in node.meta.items() if k != "val"})
         _propagate_meta(narrow)
-        if _dtype(narrow) != node.kwargs["dtype"] or tuple(narrow.meta["val"].shape) != tuple(node.meta["val"].shape):
+        out, want = tensor_meta(narrow), tensor_meta(node)
+        if out is None or out.dtype != want.dtype or tuple(out.shape) != tuple(want.shape):
             graph.erase_node(narrow)
             continue
         node.replace_all_uses_with(narrow)

@@ -508,8 +508,9 @@ def _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype
     def bind_triton():
         kernel = _layernorm_modulate_kernel.bind(grid, KEEP_ROW=keep, GROUP=1 if keep else iters, num_warps=4,
                                                  HAS_SCALE_ADD=has_adds[0], HAS_SHIFT_ADD=has_adds[1], **options)
-        pointers = () if any(has_adds) else (None,)  # none: x stands in for both addends
-        return lambda *args: kernel(*args, *(pointers and (args[0], args[0])), *add_ints)
+        if any(has_adds):  # the launch passes the addends
+            return lambda *args: kernel(*args, *add_ints)
+        return lambda *args: kernel(*args, args[0], args[0], *add_ints)  # x stands in for both addends
 
     warp_row = _layernorm_modulate_warp_row_kernel is not None and _warp_row(N, iters) and not any(has_adds)
     kernel = _gluon_or_triton(bind_gluon if warp_row else None, bind_triton,
