@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "optimize": "sgdiff.api",
     "explain": "sgdiff.api",
+    "refresh_weights": "sgdiff.api",
     "Report": "sgdiff.report",
     "quality": "sgdiff.tiers",
     "Tier": "sgdiff.tiers",

@@ -198,6 +198,14 @@ def addmm_gelu_tanh(bias: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor) 
     return torch._addmm_activation(bias, mat1, mat2, use_gelu=True)
 
 
+def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+              bias: Optional[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
+    """``(a @ b) * scale_a * scale_b + bias`` of FP8 ``a`` (row-major) and ``b`` (column-major),
+    accumulated in fp32 and rounded once to ``out_dtype``; ``[M, 1]`` and ``[1, N]`` scales
+    scale rows and columns (``torch._scaled_mm``: cuBLASLt, or CUTLASS's row-wise kernel)."""
+    return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, bias=bias, out_dtype=out_dtype)
+
+
 def hold_stream(cycles: int) -> None:
     """Keep the current CUDA stream busy for ``cycles`` GPU clock cycles (``torch.cuda._sleep``),
     so that kernels the host enqueues meanwhile start back to back when it ends; nothing where

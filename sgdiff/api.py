@@ -103,3 +103,13 @@ def _explain_pipeline(pipe, opts: Options, args: tuple, kwargs: dict) -> "pipeli
         pipe(*args, **kwargs)
     reports = {part: Report.from_results(opts.quality, results.get(part, []), patterns.families()) for part in parts}
     return pipelines.PipelineReport(reports, breaks)
+
+
+def refresh_weights() -> int:
+    """Remake the copies sgdiff keeps of weights (at ``high``, each FP8 GEMM's e4m3 weight) from
+    the weights as they are now, in their own memory (CUDA graphs that read them read the new
+    ones). An in-place update (``with torch.no_grad(): w.add_(d)``) or a new tensor
+    (``w.data = ...``) is seen on its own; an edit through ``w.data`` in place (PEFT's
+    ``fuse_lora`` and ``unfuse_lora``) changes neither the weight's address nor its version: call
+    this after it. Returns how many copies were remade."""
+    return dispatch.refresh_input_copies()

@@ -50,3 +50,8 @@ def assert_linear_gelu_contract(got, want, share):
 
 #: why a close site stays eager at lossless, as explain reports it
 NOT_ADMITTED = "contract close is not admitted at lossless (its numerics are not eager's bit for bit; quality='extra-high' admits it)"
+
+
+def not_admitted(reason: str, at: str = "lossless") -> bool:
+    """Whether a skip's reason is that the tier ``at`` does not admit the op's contract (close or approx)."""
+    return reason.startswith("contract ") and f" is not admitted at {at} " in reason

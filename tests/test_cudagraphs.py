@@ -198,3 +198,30 @@ def test_a_replay_that_does_not_pay_is_dropped(monkeypatch, caplog, wall, gpu, k
     assert FakeGraph.replays == timed_runs + (2 if kept else 0)
     assert fn.runs == runs + (0 if kept else 1)
     assert kept or torch.equal(out, x * w + b)  # (a fake replay computes nothing)
+
+
+def _graph_running(*ops):
+    """A GraphModule whose lowering left ``ops`` in it (what the runner reads)."""
+    gm = torch.fx.symbolic_trace(lambda x, w, b: x * w + b)
+    gm.meta["sgdiff_ops"] = ops
+    return gm
+
+
+@pytest.mark.parametrize("ops,watched", [(("linear_fp8",), True), (("residual_gate",), False), ((), False)])
+def test_an_in_place_weight_change_is_captured_again_where_an_op_caches_a_copy(caplog, ops, watched):
+    w, b = torch.randn(4, 8), torch.randn(8)
+    fn = Counted()
+    runner = CudaGraphRunner(fn, _graph_running(*ops))
+    assert runner.watch_versions is watched
+    for _ in range(WARMUP + 1):
+        runner(torch.randn(4, 8), w, b)
+    assert runner.captures == 1
+    w.add_(1.0)  # same address, a new version: a cached FP8 copy of w would be stale
+    with caplog.at_level(logging.INFO, logger="sgdiff"):
+        runner(torch.randn(4, 8), w, b)
+    assert ("changed in place since the capture" in caplog.text) is watched
+    assert FakeGraph.replays == (1 if watched else 2)  # watched: warm-up calls again, no replay
+    if watched:
+        for _ in range(WARMUP):
+            runner(torch.randn(4, 8), w, b)
+        assert runner.captures == 2

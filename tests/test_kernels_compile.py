@@ -22,6 +22,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from sgdiff.kernels import registry  # noqa: E402
 from sgdiff.kernels.triton.cuda_math import INTERPRET  # noqa: E402
+from sgdiff.kernels.triton.attention_int8 import CONFIGS as ATTENTION_CONFIGS  # noqa: E402
 from sgdiff.kernels.triton.launch import LeanKernel  # noqa: E402
 
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -29,7 +30,7 @@ NVDISASM = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", 
 pytestmark = [pytest.mark.skipif(not os.path.exists(PTXAS), reason="this Triton bundles no ptxas"),
               pytest.mark.skipif(INTERPRET, reason="TRITON_INTERPRET=1: kernels are interpreted, not compiled")]
 
-POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",
+POINTER = {torch.float8_e4m3fn: "*fp8e4nv", torch.int8: "*i8", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",
            torch.int64: "*i64", torch.uint8: "*u8", torch.bool: "*i1"}
 
 
@@ -202,3 +203,16 @@ def test_before_hopper_a_kernel_waits_for_nothing(monkeypatch):
     assert "griddepcontrol" not in compiled.asm["ptx"]
     monkeypatch.setattr(target_info, "current_target", _target(90))
     assert "griddepcontrol.wait" in compile_launch(kernel, largs, kwargs).asm["ptx"]  # on sm_90 it waits
+
+
+@pytest.mark.parametrize("d,config", [(d, c) for d, configs in ATTENTION_CONFIGS.items() for c in configs])
+def test_every_attention_int8_configuration_compiles_within_an_h200s_shared_memory(monkeypatch, d, config):
+    """First sight times every configuration: each compiles for sm_90 and fits in 227 KiB."""
+    from sgdiff.kernels.triton import attention_int8 as ai
+
+    q, k, v = (_r(1, 200, 2, d).transpose(1, 2) for _ in range(3))
+    launches = recorded_launches(monkeypatch, lambda: ai._launcher(config)(q, k, v, False, None))
+    for kernel, largs, kwargs in launches:
+        compiled = compile_launch(kernel, largs, kwargs)
+        assert compiled.metadata.shared <= 227 * 1024, (kernel.__name__, compiled.metadata.shared)
+        assert_waits_before_memory(kernel, compiled)

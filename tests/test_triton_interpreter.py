@@ -41,10 +41,15 @@ EXPECTED = {
     # dtype; rope_matrix 2 layouts x 2 forms; then the refused layouts
     "test_rowwise_interp.py": 2 * (4 * 2 + 3 * 2 * 2 + 2 + 1 + 6 * 3 * 2 + 1 + 2 + 2 + 4 + 2 * 2 + 3 + 2 + 4 * 4
                                    + 2 * 2 + 2 + 4 + 1 + 2 * 2 + 1 + 1) + 1,  # ..., gelu_mul and rope's arith a dtype
+    # linear_fp8: the scales at 4 shapes, the weight copies kept, remade and dropped, one quantization
+    # for the projections of one input
+    "test_linear_fp8_interp.py": 4 + 3,
+    # attention_int8: keys and attention at 4 geometries, heads-first inputs, the refusals
+    "test_attention_int8_interp.py": 4 + 1 + 1,
     # the power-of-two reciprocal against IEEE division
     "test_welford_interp.py": 1,
-    # every Triton op's bound launch on its first example (18 ops), and that count itself
-    "test_binds_interp.py": 18 * 2 + 1,  # each op: a launch reads its call's tensors, holds none of its binding's
+    # every Triton op's bound launch on its first example (20 ops), and that count itself
+    "test_binds_interp.py": 20 * 2 + 1,  # each op: a launch reads its call's tensors, holds none of its binding's
     # channel_normalize: 4 geometries (one frame-major) x 2 dtypes x SiLU or not, a scale tensor, the refusals
     "test_channel_normalize_interp.py": 4 * 2 * 2 + 2,
     # cat_pad bit for bit: 6 geometries x 3 dtypes, the pad alone 2 dtypes, strided inputs, the refusals

@@ -36,7 +36,10 @@ test is not yet measured there.
 Anything the capture cannot serve safely runs the graph normally, with one log line: inputs
 off the GPU; a graph that writes into its inputs; a failed capture; shapes beyond the cap.
 A weight or buffer given new storage after the capture (``param.data = ...``) is captured
-again under its new address (a LoRA swap), up to the cap.
+again under its new address (a LoRA swap), up to the cap. Where the graph runs an op that keeps
+a derived copy of an input (``caches_inputs``: a weight's FP8 copy), an in-place change of a
+fixed input (its version) is captured again the same way, after warm-up calls that remake the
+copy: the replay would read the old one.
 """
 from __future__ import annotations
 
@@ -48,7 +51,7 @@ import torch
 from torch import fx
 
 from sgdiff import _compat
-from sgdiff.kernels import tuning
+from sgdiff.kernels import registry, tuning
 
 log = logging.getLogger("sgdiff")
 
@@ -82,6 +85,8 @@ class CudaGraphRunner:
         self.shapes: Dict[Tuple, _ShapeGraph] = {}
         self.sized = _symbolic_positions(gm)  # inputs whose shape the key must hold (dynamic shapes)
         self.reason: Optional[str] = _mutates_inputs(gm) if gm is not None else None
+        self.watch_versions = gm is not None and any(
+            registry.op_def(op).caches_inputs for op in gm.meta.get("sgdiff_ops", ()))
         self._said_full = False
         if self.reason:
             log.info("sgdiff: CUDA graphs off for a graph: %s", self.reason)
@@ -168,6 +173,7 @@ class _ShapeGraph:
                                                device=args[i].device) for i in moving}
         self.fixed = [i for i in tensors if self.addresses[i] is not None]
         self.fixed_addresses = [self.addresses[i] for i in self.fixed]
+        self.fixed_versions = self._versions(args)
         static = [self.buffers.get(i, a) for i, a in enumerate(args)]
         for i, buf in self.buffers.items():
             buf.copy_(args[i])
@@ -220,9 +226,11 @@ class _ShapeGraph:
         # is this check.
         if [args[i].data_ptr() for i in self.fixed] != self.fixed_addresses:
             log.info("sgdiff: a weight or buffer moved since the capture; capturing the graph again")
-            self.graph = self.outputs = self.buffers = None
-            self.calls = 0
-            return self._warm_up_or_capture(args)
+            return self._recapture(args)
+        if self.runner.watch_versions and self._versions(args) != self.fixed_versions:
+            log.info("sgdiff: a weight or buffer changed in place since the capture, and the graph keeps a copy "
+                     "derived from it; capturing the graph again")
+            return self._recapture(args)
         for i, buf in self.buffers.items():
             if _meta(args[i]) != self.meta[i]:
                 log.info("sgdiff: input %d differs from the captured one; running without the CUDA graph", i)
@@ -230,6 +238,17 @@ class _ShapeGraph:
             buf.copy_(args[i])
         self.graph.replay()
         return [o.clone() if isinstance(o, torch.Tensor) else o for o in self.outputs]
+
+    def _recapture(self, args):
+        self.graph = self.outputs = self.buffers = None
+        self.calls = 0
+        return self._warm_up_or_capture(args)
+
+    def _versions(self, args) -> Optional[List[int]]:
+        """The fixed inputs' version counters, where the runner watches them (else None)."""
+        if not self.runner.watch_versions:
+            return None
+        return [_version(args[i]) for i in self.fixed]
 
 
 def _seconds(call: Callable[[], Any], device: torch.device) -> float:
@@ -246,6 +265,14 @@ def _gpu_seconds(call: Callable[[], Any], device: torch.device, hold_cycles: int
     torch.cuda.synchronize(device)
     with torch.cuda.device(device):
         return tuning.gpu_seconds(call, hold_cycles)
+
+
+def _version(t: torch.Tensor) -> int:
+    """``t``'s version counter; 0 for an inference tensor, which has none."""
+    try:
+        return t._version
+    except RuntimeError:
+        return 0
 
 
 def _meta(t: torch.Tensor):

@@ -7,7 +7,8 @@ the site's own (:class:`sgdiff.kernels.dispatch.CallSite`, which settles per poi
 alignment and then skips the signature and the host arithmetic), else the op's
 (:func:`sgdiff.kernels.dispatch.runner`); or, where the op has nothing but its reference on
 that device and dtype, the reference itself: the eager chain, at the eager chain's cost.
-Graphs meant for export keep the ops.
+Graphs meant for export keep the ops. The names of the ops lowered are left in
+``gm.meta["sgdiff_ops"]`` (what a CUDA graph of it must watch: :mod:`sgdiff.fxpasses.cudagraphs`).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def lower_to_call_sites(gm: fx.GraphModule) -> int:
             by_overload[op.load()] = op.name
         except (ImportError, AttributeError):
             continue
-    lowered = 0
+    lowered, names = 0, set()
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in by_overload and not node.kwargs:
             op = by_overload[node.target]
@@ -37,7 +38,9 @@ def lower_to_call_sites(gm: fx.GraphModule) -> int:
             else:
                 tensors = _static_tensor_positions(node)
                 node.target = dispatch.runner(op) if tensors is None else dispatch.CallSite(op, tensors)
+                names.add(op)
             lowered += 1
+    gm.meta["sgdiff_ops"] = tuple(sorted(names))
     if lowered:
         gm.recompile()
     return lowered

@@ -69,8 +69,8 @@ def apply_family(gm: fx.GraphModule, family: str, patterns: Sequence[ChainPatter
             if match is None:
                 continue
             contract = registry.op_def(pattern.op).contract
-            if reason is None and not tier.admits(contract):
-                reason = _not_admitted(contract, tier)
+            if not tier.admits(contract):  # its guard matters only where the tier admits the op
+                reason = OVERLAP if reason == OVERLAP else _not_admitted(contract, tier)
             elif reason is not None:
                 guard_failed = True
             if reason is not None and node in inside and reason == OVERLAP:
@@ -112,9 +112,25 @@ def apply_family(gm: fx.GraphModule, family: str, patterns: Sequence[ChainPatter
 
 def settle(gm: fx.GraphModule) -> None:
     """After a pass's edits: drop the nodes nothing reads any more, check the graph, regenerate its code."""
-    gm.graph.eliminate_dead_code()
+    gm.graph.eliminate_dead_code(is_impure_node=_impure)
     gm.graph.lint()
     gm.recompile()
+
+
+#: ATen's fused attention kernels, tagged nondeterministic (their dropout): without dropout, what
+#: they compute is all they do, so one nothing reads any more is dropped like any other node
+_ATTENTION_KERNELS = {torch.ops.aten._scaled_dot_product_flash_attention.default: 3,
+                      torch.ops.aten._scaled_dot_product_efficient_attention.default: 5,
+                      torch.ops.aten._scaled_dot_product_cudnn_attention.default: 5,
+                      torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default: 3}
+
+
+def _impure(node: fx.Node) -> bool:
+    position = _ATTENTION_KERNELS.get(node.target) if node.op == "call_function" else None
+    if position is not None:
+        dropout = node.kwargs.get("dropout_p", node.args[position] if len(node.args) > position else 0.0)
+        return dropout != 0.0
+    return node.is_impure()
 
 
 OVERLAP = "overlaps a site already rewritten"

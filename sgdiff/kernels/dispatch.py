@@ -19,7 +19,7 @@ import contextvars
 import functools
 import inspect
 import logging
-from typing import Any, Callable, Dict, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 
@@ -42,6 +42,22 @@ def disable(op: str, backend: str, reason: str) -> None:
         _chosen.clear()
         _epoch[0] += 1
         log.warning("sgdiff: %s implementation of %s disabled, falling back: %s", backend, op, reason)
+
+
+_input_caches: List[Any] = []  # objects with refresh(): derived copies of inputs an implementation keeps
+
+
+def keep_input_copies(cache: Any) -> Any:
+    """Register a cache of copies derived from op inputs (an object with ``refresh() -> int``,
+    which remakes every copy from its input as it is now), for :func:`refresh_input_copies`."""
+    if cache not in _input_caches:
+        _input_caches.append(cache)
+    return cache
+
+
+def refresh_input_copies() -> int:
+    """Remake every kept copy (a weight's FP8 copy) from its input; returns how many."""
+    return sum(cache.refresh() for cache in _input_caches)
 
 
 def disabled() -> Dict[Tuple[str, str], str]:

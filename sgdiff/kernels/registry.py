@@ -95,6 +95,9 @@ class OpDef:
     follow the kernel cuBLAS picks for that shape). ``addends`` name the operands the op can
     take as the two tensors eager summed into them (each pair: the operand's parameter and
     the addend's), so that a sum whose every reader is such an operand is never made.
+    ``caches_inputs``: the op keeps a derived copy of an input between calls (a weight's FP8
+    copy), remade when the input's version changes; a CUDA graph that replays the op checks its
+    fixed inputs' versions too (:mod:`sgdiff.fxpasses.cudagraphs`).
     """
 
     name: str  # "layernorm_modulate" (namespace sgdiff) or "mylib::my_op"
@@ -106,6 +109,7 @@ class OpDef:
     module: Optional[str] = None
     tuned: bool = False
     addends: Tuple[Tuple[str, str], ...] = ()  # (operand, its addend's parameter): see fxpasses.addends
+    caches_inputs: bool = False
 
     @property
     def qualname(self) -> str:

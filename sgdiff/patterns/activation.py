@@ -33,7 +33,7 @@ from sgdiff.patterns.matcher import AnyOf, Arg, Items, Lit, Match, Op, Views, ge
 from sgdiff.patterns import parts
 from sgdiff.patterns.base import ChainPattern, Family, like_layout_reason, same_shape, same_size, tensor_meta
 
-FAMILY = Family("activation")
+FAMILY = Family("activation", after=("fp8_gemm",))  # at high, the FP8 GEMM takes the feed-forward's linear
 
 aten = torch.ops.aten
 

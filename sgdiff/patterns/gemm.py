@@ -36,7 +36,7 @@ from sgdiff.patterns.matcher import AnyOf, Arg, Items, Lit, Match, Op, Views, Wh
 # after the activation family: where Flux single blocks' GELU feeds the cat before proj_out,
 # gelu_tanh_cat writes it there in one pass (a GEMM epilogue would still leave the cat to make);
 # off by default (Options.gemm)
-FAMILY = Family("gemm", after=("residual_gate", "activation"), default=False)
+FAMILY = Family("gemm", after=("residual_gate", "activation", "fp8_gemm"), default=False)
 
 aten = torch.ops.aten
 

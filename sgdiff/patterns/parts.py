@@ -345,3 +345,49 @@ def norm_chain_reason(m: Match, norm_reason: Callable[[Match], Optional[str]]) -
     if x is None or not x.dtype.is_floating_point:
         return "input is not a floating-point tensor"
     return norm_reason(m)
+
+
+def sdpa() -> Expr:
+    """``F.scaled_dot_product_attention(q, k, v, is_causal=..., scale=...)`` without a mask or
+    dropout, as ATen traces it: the fused kernel torch's selector picked (FlashAttention,
+    memory-efficient, cuDNN; on the CPU its flash kernel), its output (item 0)."""
+    common = dict(query=Arg("q"), key=Arg("k"), value=Arg("v"), dropout_p=Lit(0.0), is_causal=Arg("is_causal"),
+                  scale=Arg("scale"))
+    return AnyOf(
+        getitem(Op(aten._scaled_dot_product_flash_attention.default, **common, name="sdpa"), 0),
+        getitem(Op(aten._scaled_dot_product_efficient_attention.default, **common, attn_bias=Lit(None), name="sdpa"), 0),
+        getitem(Op(aten._scaled_dot_product_cudnn_attention.default, **common, attn_bias=Lit(None), name="sdpa"), 0),
+        getitem(Op(aten._scaled_dot_product_flash_attention_for_cpu.default, **common, attn_mask=Lit(None),
+                   name="sdpa"), 0))
+
+
+def heads_last_output(node: Any) -> bool:
+    """A 16-bit ``[B, H, S, D]`` attention output in ``[B, S, H, D]`` memory order, as
+    FlashAttention writes it (what the attention ops write)."""
+    out = tensor_meta(node)
+    if out is None or out.dim() != 4 or out.dtype not in HALF:
+        return False
+    b, h, s, d = out.shape
+    want = (s * h * d, d, h * d, 1)
+    return all(same_size(n, 1) or same_size(st, w) for n, st, w in zip(out.shape, out.stride(), want))
+
+
+def sdpa_reason(m: Match) -> Optional[str]:
+    """Why an attention site is not one the attention ops take (q, k, v ``[B, H, S, D]`` of one
+    dtype, one head count and head dim, unit stride along it), or None."""
+    q, k, v = (tensor_meta(m[n]) for n in ("q", "k", "v"))
+    if q is None or k is None or v is None or not q.dim() == k.dim() == v.dim() == 4:
+        return "q, k and v are not [B, H, S, D] tensors"
+    if not q.dtype == k.dtype == v.dtype:
+        return "q, k and v differ in dtype"
+    if not (same_size(q.shape[1], k.shape[1]) and same_size(k.shape[1], v.shape[1])
+            and same_size(q.shape[-1], k.shape[-1]) and same_size(k.shape[-1], v.shape[-1])
+            and same_size(k.shape[2], v.shape[2])):
+        return "q, k and v differ in head count or head dim (grouped-query attention)"
+    if not all(same_size(t.stride(-1), 1) for t in (q, k, v)):
+        return "q, k or v is strided along the head dim"
+    return None
+
+
+def sdpa_arguments(m: Match) -> dict:
+    return dict(q=m["q"], k=m["k"], v=m["v"], is_causal=m["is_causal"], scale=m["scale"])

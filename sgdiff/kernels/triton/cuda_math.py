@@ -130,6 +130,18 @@ def silu_rounded(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
     return q.to(DTYPE)
 
 
+@triton.jit
+def dot_acc(a, b, acc):
+    """``acc + a @ b`` accumulated in fp32 on the tensor cores. The interpreter's dot mistakes
+    16-bit operands, so there it takes them converted to fp32 (exactly: e4m3 and 16-bit values
+    are fp32 values), which leaves the products exact as on the GPU and the order of the sums
+    numpy's."""
+    if INTERPRET_C:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    else:
+        return tl.dot(a, b, acc)
+
+
 @functools.lru_cache(maxsize=None)
 def libdevice_options() -> dict:
     """Launch options for kernels that call libdevice: keep denormals, as nvcc does for ATen

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.registry import Impl
-from sgdiff.kernels.triton.cuda_math import INTERPRET, expf, gelu_erf, libdevice_options, silu_rounded, tanhf
+from sgdiff.kernels.triton.cuda_math import INTERPRET, dot_acc, expf, gelu_erf, libdevice_options, silu_rounded, tanhf
 from sgdiff.kernels.triton.gelu_tanh_cat import gelu_tanh
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.rows import TL_DTYPE
@@ -47,15 +47,6 @@ from sgdiff.kernels.triton.triton_compat import ensure_allocator
 HALF = (torch.float16, torch.bfloat16)
 ACTS = {"none": 0, "gelu_tanh": 1, "gelu": 2, "silu": 3}
 GATE_FNS = {"plain": 0, "tanh": 1, "sigmoid": 2}
-
-
-@triton.jit
-def _mma(a, w, acc, INTERPRET: tl.constexpr):
-    """``acc + a @ w.T`` in fp32 (the interpreter's dot mistakes bf16 operands: it takes fp32 ones)."""
-    if INTERPRET:
-        return tl.dot(a.to(tl.float32), w.to(tl.float32).T, acc)
-    else:
-        return tl.dot(a, w.T, acc)
 
 
 @triton.jit
@@ -155,10 +146,10 @@ def _gemm_kernel(
         on = pid_n * BN
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for ki in range(k1_tiles):  # K in increasing order: one accumulator, as cuBLAS's
-            acc = _mma(a_desc.load([om, ki * BK]), w_desc.load([on, ki * BK]), acc, INTERPRET)
+            acc = dot_acc(a_desc.load([om, ki * BK]), w_desc.load([on, ki * BK]).T, acc)
         if HAS_A2:  # the cat's second part: K1 is a multiple of BK, so the weight's columns line up
             for ki in range(tl.cdiv(K2, BK)):
-                acc = _mma(a2_desc.load([om, ki * BK]), w_desc.load([on, K1 + ki * BK]), acc, INTERPRET)
+                acc = dot_acc(a2_desc.load([om, ki * BK]), w_desc.load([on, K1 + ki * BK]).T, acc)
         if SUBTILE:
             left, right = tl.split(tl.permute(tl.reshape(acc, (BM, 2, EN)), (0, 2, 1)))
             _epilogue(left, om, on, M, N, S, bias_ptr, res_desc, gate_ptr, out_desc, stride_gb, stride_gs,

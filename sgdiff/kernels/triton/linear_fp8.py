@@ -1,0 +1,208 @@
+"""sgdiff::linear_fp8 on CUDA: rows quantized to e4m3 by a Triton kernel, the GEMM by
+``torch._scaled_mm`` with row-wise scales.
+
+The quantization is the reference's, bit for bit: a row's largest magnitude (a max: exact in
+any order), ``scale = max(amax, SCALE_FLOOR) / 448`` and ``x / scale`` as IEEE divisions
+(``div_rn``), clamped to ±448 and rounded to e4m3 to nearest even (``cvt.rn.satfinite``). One
+program quantizes ``ROWS`` rows whole (a row is at most a few thousand values). The activation
+is quantized on every call; the weight once: its e4m3 copy and scales are kept per weight
+tensor and remade when the weight changes (:class:`QuantizedWeights`). The GEMM is
+``torch._scaled_mm`` (cuBLASLt / CUTLASS's row-wise kernel on sm_89 and later): the e4m3
+product accumulated in fp32, times the row's and the channel's scale, plus the bias, rounded
+once to bf16.
+"""
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import Dict, Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from sgdiff import _compat
+from sgdiff.kernels import dispatch
+from sgdiff.kernels.linear_fp8 import DTYPES, E4M3, E4M3_MAX, MAX_K, SCALE_FLOOR
+from sgdiff.kernels.registry import Impl
+from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
+
+log = logging.getLogger("sgdiff")
+
+ALIGN = 16  # the FP8 GEMM's K and N are multiples of 16
+
+
+@LeanKernel
+@triton.jit
+def _quantize_rows_kernel(
+    x_ptr, q_ptr, scale_ptr,
+    M, stride_x,
+    K: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SCALE_FLOOR_: tl.constexpr,
+    E4M3_MAX_: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_K)
+    inside = (rows < M)[:, None] & (cols < K)[None, :]
+    rows64 = rows.to(tl.int64)
+    grid_dependency_wait()
+    x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=inside, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.math.div_rn(tl.maximum(amax, SCALE_FLOOR_), tl.full(amax.shape, E4M3_MAX_, tl.float32))
+    v = tl.math.div_rn(x, scale[:, None])
+    v = tl.minimum(tl.maximum(v, -E4M3_MAX_), E4M3_MAX_)
+    tl.store(q_ptr + rows64[:, None] * K + cols[None, :], v.to(tl.float8e4nv), mask=inside)
+    tl.store(scale_ptr + rows, scale, mask=rows < M)
+
+
+def _geometry(k: int) -> Tuple[int, int, int]:
+    """``(ROWS, BLOCK_K, num_warps)`` for rows of ``k`` values: about 4096 values a program."""
+    block_k = triton.next_power_of_2(k)
+    rows = max(1, 4096 // block_k)
+    warps = max(4, min(16, block_k // 1024))
+    return rows, block_k, warps
+
+
+def quantize_rows(x: torch.Tensor, out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None):
+    """``(q, scale)`` of a 2-D ``x`` (unit column stride): e4m3 ``[M, K]`` and fp32 ``[M, 1]``,
+    as :func:`sgdiff.kernels.linear_fp8.quantize_rows_reference` computes them (into ``out``'s
+    two contiguous tensors where given)."""
+    m, k = x.shape
+    q, scale = out if out is not None else (torch.empty((m, k), dtype=E4M3, device=x.device),
+                                            torch.empty((m, 1), dtype=torch.float32, device=x.device))
+    rows, block_k, warps = _geometry(k)
+    _quantize_rows_kernel[(triton.cdiv(m, rows),)](
+        x, q, scale, m, x.stride(0), K=k, ROWS=rows, BLOCK_K=block_k,
+        SCALE_FLOOR_=SCALE_FLOOR, E4M3_MAX_=E4M3_MAX, num_warps=warps)
+    return q, scale
+
+
+def _state(t: torch.Tensor) -> Tuple[int, int]:
+    """``t``'s address and version: what an in-place update or new storage changes (an
+    inference tensor has no version counter, nor may it be updated outside inference mode)."""
+    try:
+        return t.data_ptr(), t._version
+    except RuntimeError:
+        return t.data_ptr(), 0
+
+
+class QuantizedWeights:
+    """The e4m3 copy and scales of each weight tensor seen, made once and remade when it changes.
+
+    An entry belongs to one tensor object (held weakly, dropped with it) and is good while that
+    object keeps its storage address and version (an in-place update bumps the version; ``.data``
+    reassigned moves the address). Another tensor over the same memory (an alias made per call)
+    gets an entry of its own: a copy too many, never a stale one. A copy is remade in its own
+    memory, where a CUDA graph that read it reads it again. An edit through ``.data`` changes
+    neither address nor version: :meth:`refresh` (``sgdiff.refresh_weights()``) remakes every copy.
+    """
+
+    def __init__(self):
+        self._entries: Dict[int, list] = {}
+
+    def get(self, w: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        entry = self._entries.get(id(w))
+        if entry is not None and entry[0]() is w and entry[2].shape == w.shape:
+            if entry[1] != _state(w):
+                self._remake(w, entry)
+            return entry[2], entry[3]
+        q, scale = quantize_rows(w)
+        try:
+            ref = weakref.ref(w, lambda _, key=id(w), entries=self._entries: entries.pop(key, None))
+        except TypeError:  # not weakly referable: keep nothing
+            return q, scale.view(1, -1)
+        entry = self._entries[id(w)] = [ref, _state(w), q, scale.view(1, -1)]
+        log.debug("sgdiff: linear_fp8 quantized a %s weight", tuple(w.shape))
+        return entry[2], entry[3]
+
+    def _remake(self, w: torch.Tensor, entry: list) -> None:
+        quantize_rows(w, (entry[2], entry[3].view(-1, 1)))
+        entry[1] = _state(w)
+
+    def refresh(self) -> int:
+        """Remake every copy from its weight as it is now; returns how many."""
+        live = [(e[0](), e) for e in list(self._entries.values())]
+        live = [(w, e) for w, e in live if w is not None and e[2].shape == w.shape]  # else remade on use
+        for w, entry in live:
+            self._remake(w, entry)
+        return len(live)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+WEIGHTS = dispatch.keep_input_copies(QuantizedWeights())
+
+
+class LastActivation:
+    """The e4m3 rows of the activation quantized last, for the next projection of the same tensor
+    (q, k and v of one input: one quantization). Good while that tensor object is alive and keeps
+    its address and version; holds the tensor weakly."""
+
+    def __init__(self):
+        self._entry: Optional[tuple] = None
+
+    def get(self, x: torch.Tensor, quantize=None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``x``'s rows quantized: the last ones where ``x`` is the tensor quantized last, else by
+        ``quantize`` (a bound :func:`quantize_rows`) or :func:`quantize_rows`."""
+        entry = self._entry
+        if entry is not None and entry[0]() is x and entry[1] == _state(x):
+            return entry[2], entry[3]
+        q, scale = (quantize or quantize_rows)(x.view(-1, x.shape[-1]))
+        try:
+            self._entry = (weakref.ref(x), _state(x), q, scale)
+        except TypeError:
+            self._entry = None
+        return q, scale
+
+
+ACTIVATIONS = LastActivation()
+
+
+def supported_layout(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
+    """A contiguous bf16 ``x`` of at least 2 dims and a 2-D weight of its dtype (unit column
+    stride), K and N multiples of 16, K at most MAX_K; a 1-D bias of the dtype or none."""
+    return (x.dim() >= 2 and weight.dim() == 2 and x.dtype in DTYPES and weight.dtype == x.dtype
+            and x.shape[-1] == weight.shape[1] and x.shape[-1] % ALIGN == 0 and weight.shape[0] % ALIGN == 0
+            and 0 < x.shape[-1] <= MAX_K and x.numel() > 0
+            and x.is_contiguous() and weight.stride(1) == 1
+            and (bias is None or (bias.dim() == 1 and bias.dtype == x.dtype and bias.shape[0] == weight.shape[0])))
+
+
+def linear_fp8(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """Launch; the caller has checked :func:`supported_layout` and the device."""
+    return bind(x, weight, bias)(x, weight, bias)
+
+
+def bind(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]):
+    """:func:`linear_fp8` for inputs of this signature: the activation's quantization bound to
+    its geometry."""
+    k = x.shape[-1]
+    m = x.numel() // k
+    rows, block_k, warps = _geometry(k)
+    kernel = _quantize_rows_kernel.bind((triton.cdiv(m, rows),), K=k, ROWS=rows, BLOCK_K=block_k,
+                                        SCALE_FLOOR_=SCALE_FLOOR, E4M3_MAX_=E4M3_MAX, num_warps=warps)
+
+    def quantize(x2):
+        q = torch.empty((m, k), dtype=E4M3, device=x2.device)
+        scale = torch.empty((m, 1), dtype=torch.float32, device=x2.device)
+        kernel(x2, q, scale, m, x2.stride(0))
+        return q, scale
+
+    def launch(x, weight, bias):
+        xq, xs = ACTIVATIONS.get(x, quantize)
+        wq, ws = WEIGHTS.get(weight)
+        return _compat.scaled_mm(xq, wq.t(), xs, ws, bias, x.dtype)
+
+    return launch
+
+
+def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """The unquantized linear layer (``[M, N]``): on GPUs without FP8 GEMMs."""
+    return torch.nn.functional.linear(x.reshape(-1, x.shape[-1]), weight, bias)
+
+
+LINEAR_FP8 = Impl(run=linear_fp8, supports=supported_layout, bind=bind)
+LINEAR_BF16 = Impl(run=linear_bf16)

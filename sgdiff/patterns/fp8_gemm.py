@@ -1,0 +1,81 @@
+"""Family ``fp8_gemm``: large linear layers as FP8 GEMMs (``high`` tier only: an ``approx`` op).
+
+``F.linear`` traces to ``view(x) -> addmm(bias, ., t(weight)) -> view`` (``mm`` without a
+bias); the GEMM and the view to rows before it are the site::
+
+    addmm(bias, x.view(-1, K), weight.t())    a bf16 linear layer    -> linear_fp8 (x, weight, bias)
+
+A site is a linear layer of at least :data:`MIN_FLOP` (smaller GEMMs gain less than the
+activation's quantization pass costs: adaLN projections, GEMVs, text embedders), whose K and N
+are multiples of 16 (the FP8 GEMM's alignment), K at most 16384, and whose weight is a graph input (a parameter:
+its e4m3 copy is made once and kept); other linear layers are not sites. The op takes ``x``
+before its view to rows, so projections of one input (q, k and v) read one tensor, and the op
+quantizes it once for all of them (:mod:`sgdiff.kernels.triton.linear_fp8`).
+
+Runs before the activation family, whose ``linear_gelu_tanh`` (``close``) would otherwise take
+the feed-forward's GEMM at ``high`` too.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+from torch import fx
+
+from sgdiff.kernels.linear_fp8 import MAX_K
+from sgdiff.patterns import parts
+from sgdiff.patterns.base import ChainPattern, Family, same_size, tensor_meta
+from sgdiff.patterns.matcher import AnyOf, Arg, Lit, Match, Op, When
+
+FAMILY = Family("fp8_gemm")
+
+aten = torch.ops.aten
+
+MIN_FLOP = 2 ** 33  # about 8.6 GFLOP: Flux's 512-row text projections (9.7) are sites, Wan's (2.4) are not
+ALIGN = 16
+
+_ROWS = AnyOf(Op(parts.RESHAPES, Arg("x"), Arg("rows")), Arg("x"))  # x viewed as rows, or x itself
+_WEIGHT_T = Op(aten.t.default, Arg("weight"), shared=True)
+LINEAR = AnyOf(Op(aten.addmm.default, Arg("bias"), _ROWS, _WEIGHT_T, beta=Lit(1), alpha=Lit(1)),
+               Op(aten.mm.default, _ROWS, _WEIGHT_T))
+
+
+def _known(size) -> Optional[int]:
+    return size if isinstance(size, int) else None
+
+
+def _site(node) -> bool:
+    """A bf16 GEMM of at least MIN_FLOP (unknown sizes count as large) over a weight that is a
+    graph input, K and N multiples of 16, K at most the quantization kernel's MAX_K."""
+    if not isinstance(node, fx.Node) or node.target not in (aten.addmm.default, aten.mm.default):
+        return False
+    weight_t = node.args[-1]
+    weight = weight_t.args[0] if isinstance(weight_t, fx.Node) and weight_t.target is aten.t.default else None
+    out, w = tensor_meta(node), tensor_meta(weight)
+    if out is None or w is None or out.dtype != torch.bfloat16 or w.dim() != 2 or weight.op != "placeholder":
+        return False
+    n, k = (_known(s) for s in w.shape)
+    if (n is not None and n % ALIGN) or (k is not None and (k % ALIGN or k > MAX_K)):
+        return False
+    m = _known(out.shape[0])
+    return None in (m, n, k) or 2 * m * n * k >= MIN_FLOP
+
+
+def _reason(m: Match) -> Optional[str]:
+    out, x, weight = tensor_meta(m.root), tensor_meta(m["x"]), tensor_meta(m["weight"])
+    if x is None or x.dim() < 1 or x.dtype != torch.bfloat16 or not same_size(x.shape[-1], weight.shape[1]):
+        return "not a bf16 linear layer over the input's last dim"
+    if not same_size(x.numel(), out.shape[0] * weight.shape[1]):
+        return "the GEMM's rows are not the input's leading dims flattened"
+    if not x.is_contiguous():
+        return "the linear's input is not contiguous (its rows are quantized where they lie)"
+    bias = tensor_meta(m.get("bias"))
+    if m.get("bias") is not None and (bias is None or bias.dim() != 1 or bias.dtype != x.dtype):
+        return "the bias is not a 1-D tensor of the linear's dtype"
+    return None
+
+
+def patterns() -> List[ChainPattern]:
+    return [ChainPattern(family="fp8_gemm", name="linear_fp8", chain=When(LINEAR, _site), op="linear_fp8",
+                         replacement=lambda m: dict(x=m["x"], weight=m["weight"], bias=m.get("bias")),
+                         check=_reason)]

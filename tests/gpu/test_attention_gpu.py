@@ -1,0 +1,70 @@
+"""The attention ops on the GPU: ``attention`` (close) picks a fused kernel that runs and stays
+within bf16 rounding of eager's; ``attention_int8`` (approx) gives the reference's int8 keys bit
+for bit and stays near its fp32 math at Flux's and Wan's shapes; each is timed against eager's
+kernel in one process (printed; bench/tiers.py has the model figures)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sgdiff.kernels import dispatch, registry, tuning
+from sgdiff.kernels.attention_int8 import K_BLOCK, attention_int8_reference, quantize_blocks_reference, smoothed_keys
+
+pytestmark = pytest.mark.gpu
+BF16 = torch.bfloat16
+SHAPES = [(1, 24, 4608, 128),  # Flux.1-dev 1024²
+          (1, 12, 32760, 128),  # Wan 2.1 1.3B 480p x 81
+          (2, 4, 1000, 64), (1, 2, 333, 32)]
+
+
+def _qkv(b, h, s, d, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return tuple((torch.randn(b, s, h, d, device="cuda", generator=g) + shift).to(BF16).transpose(1, 2)
+                 for shift in (0.0, 0.5, 0.0))
+
+
+def _eager(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_attention_close_runs_a_fused_kernel_within_rounding_of_eager(fresh_dispatch, shape):
+    q, k, v = _qkv(*shape)
+    got = registry.op_def("attention").load()(q, k, v, False, None)
+    want = _eager(q, k, v)
+    assert got.shape == want.shape and got.transpose(1, 2).is_contiguous()
+    assert float((got.float() - want.float()).abs().max()) <= 2 ** -6 * float(want.float().abs().max())
+    assert not dispatch.disabled()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_attention_int8_is_near_its_math_and_keeps_the_keys_bits(fresh_dispatch, shape):
+    from sgdiff.kernels.triton import attention_int8 as ai
+
+    q, k, v = _qkv(*shape)
+    k8, scale = ai.quantize_keys(k)
+    b, h, s, d = shape
+    want8, want_scale = quantize_blocks_reference(smoothed_keys(k), K_BLOCK)
+    assert torch.equal(scale.view(b, h, -1), want_scale) and torch.equal(k8.view(b, h, -1, d)[:, :, :s], want8)
+    got = registry.op_def("attention_int8").load()(q, k, v, False, None)
+    chosen = [spec.backend for (op, *_), (spec, *_) in dispatch._chosen.items() if op == "attention_int8"]
+    assert chosen == ["triton"] and not dispatch.disabled()
+    if s <= 5000:  # the reference's fp32 scores of Wan's 32760 tokens would take 50 GB
+        want = attention_int8_reference(q, k, v, False, None)
+        assert float((got.float() - want.float()).abs().max()) <= 2 ** -6 * float(want.float().abs().max())
+    eager = _eager(q, k, v).float()
+    assert float((got.float() - eager).norm() / eager.norm()) < 0.03
+
+
+@pytest.mark.parametrize("shape", SHAPES[:2])
+def test_attention_times_against_eager(shape, capsys):
+    """GPU time of each op against eager's kernel, alternating (printed: run with -s)."""
+    q, k, v = _qkv(*shape)
+    ops = [registry.op_def(n).load() for n in ("attention", "attention_int8")]
+    calls = [lambda: _eager(q, k, v)] + [lambda op=op: op(q, k, v, False, None) for op in ops]
+    for c in calls:
+        c()
+    times = tuning.best_times([lambda _, c=c: c() for c in calls], (q,))  # q: the GPU is timed
+    with capsys.disabled():
+        print(f"\nattention {shape}: eager {times[0] * 1e3:.3f} ms, close {times[1] * 1e3:.3f} ms, "
+              f"int8 {times[2] * 1e3:.3f} ms")
+    assert all(t > 0 for t in times)

@@ -1,0 +1,75 @@
+"""linear_fp8 (``approx``, high) on the GPU: the Triton quantization gives the reference's e4m3
+bits, the FP8 GEMM stays within fp32 accumulation of the op's math at real projection shapes
+(and is chosen, not the bf16 fallback), and a compiled model at ``high`` under CUDA graphs sees a
+weight changed in place."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sgdiff.kernels import dispatch, registry
+from sgdiff.kernels.linear_fp8 import linear_fp8_reference, quantize_rows_reference
+
+pytestmark = pytest.mark.gpu
+OP = registry.op_def("linear_fp8").load()
+BF16 = torch.bfloat16
+
+
+def _randn(*shape, scale=1.0, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn(*shape, device="cuda", generator=g) * scale).to(BF16)
+
+
+@pytest.mark.parametrize("shape", [(4608, 3072), (512, 12288), (333, 96), (7, 15360), (32760, 1536)])
+def test_quantized_rows_are_the_references_bits(shape):
+    from sgdiff.kernels.triton.linear_fp8 import quantize_rows
+
+    x = _randn(*shape, scale=4.0)
+    x[0] = 0
+    x[1, :5] = torch.tensor([448.0, -1e-3, 3e4, -3e4, 1e-30])  # clamps, subnormals, the row's largest
+    q, scale = quantize_rows(x)
+    want_q, want_scale = quantize_rows_reference(x)
+    assert torch.equal(scale, want_scale)
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+
+
+@pytest.mark.parametrize("M,K,N", [(4608, 3072, 3072),  # Flux.1-dev's attention projections
+                                   (4608, 12288, 3072),  # its feed-forward down
+                                   (32760, 1536, 8960),  # Wan 2.1 1.3B's feed-forward up
+                                   (512, 3072, 3072)])  # Flux's text stream
+@pytest.mark.parametrize("bias", [True, False])
+def test_fp8_gemm_is_chosen_and_within_fp32_accumulation_of_the_ops_math(fresh_dispatch, M, K, N, bias):
+    x, w = _randn(1, M, K, seed=1), _randn(N, K, scale=K ** -0.5, seed=2)
+    b = _randn(N, scale=0.1, seed=3) if bias else None
+    got = OP(x, w, b)
+    want = linear_fp8_reference(x, w, b)
+    chosen = [spec.backend for (op, *_), (spec, *_) in dispatch._chosen.items() if op == "linear_fp8"]
+    assert chosen == ["triton"] and not dispatch.disabled()
+    err = (got.float() - want.float()).abs()
+    # the same e4m3 products summed in another order (and Hopper's FP8 accumulator promoted every
+    # few k-steps): at most a bf16 ulp or two of the output's scale
+    assert float(err.max()) <= 2 ** -6 * float(want.float().abs().max())
+    eager = F.linear(x, w, b).view(M, N).float()
+    rel = float((got.float() - eager).norm() / eager.norm())
+    assert rel < 0.05, rel  # FP8's own error against bf16
+
+
+def test_a_compiled_linear_at_high_under_cuda_graphs_sees_its_weight_change(fresh_dynamo):
+    import sgdiff
+
+    layer = torch.nn.Linear(3072, 3072, device="cuda", dtype=BF16)
+    x = _randn(1, 4608, 3072, seed=4)
+    compiled = torch.compile(layer, backend="sgdiff", options={"quality": "high"})
+    with torch.no_grad():
+        outs = [compiled(x) for _ in range(5)]  # warm-up, capture, replays
+        assert all(torch.equal(o, outs[0]) for o in outs)
+        want = linear_fp8_reference(x, layer.weight, layer.bias).view_as(outs[0])
+        assert float((outs[0].float() - want.float()).abs().max()) <= 2 ** -6 * float(want.float().abs().max())
+        layer.weight.mul_(-1)  # in place: a new version
+        flipped = [compiled(x) for _ in range(5)]
+        want = linear_fp8_reference(x, layer.weight, layer.bias).view_as(outs[0])
+        assert all(float((o.float() - want.float()).abs().max()) <= 2 ** -6 * float(want.float().abs().max())
+                   for o in flipped)
+        layer.weight.data.mul_(-1)  # through .data: seen after refresh_weights
+        assert sgdiff.refresh_weights() >= 1
+        back = compiled(x)
+        assert torch.equal(back, outs[0])

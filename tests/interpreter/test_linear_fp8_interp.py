@@ -1,0 +1,76 @@
+"""linear_fp8's Triton parts under the interpreter: the rows' scales (the interpreter's fp32
+division is IEEE's, so they are exact; its fp32 -> e4m3 conversion is not the GPU's
+``cvt.rn.satfinite``, so the e4m3 values' bits are tests/gpu/test_fp8_gpu.py's), the weight
+copies kept and remade, one quantization for the projections of one input."""
+import gc
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from sgdiff.kernels.linear_fp8 import E4M3_MAX, quantize_rows_reference  # noqa: E402
+from sgdiff.kernels.triton import linear_fp8 as lf  # noqa: E402
+
+pytestmark = pytest.mark.interpreter
+BF16 = torch.bfloat16
+
+
+@pytest.mark.parametrize("shape", [(5, 16), (37, 96), (3, 1536), (2, 3072)])
+def test_scales_are_the_references_and_values_in_range(shape):
+    x = (torch.randn(shape) * 3).to(BF16)
+    x[0] = 0  # a row of zeros keeps the floor scale
+    q, scale = lf.quantize_rows(x)
+    want_q, want_scale = quantize_rows_reference(x)
+    assert torch.equal(scale, want_scale)
+    assert q.dtype == torch.float8_e4m3fn and float(q.float().abs().max()) <= E4M3_MAX
+    assert torch.equal(q[0].float(), torch.zeros(shape[1]))
+
+
+def _weight(n=32, k=64):
+    return torch.nn.Parameter(torch.randn(n, k).to(BF16), requires_grad=False)
+
+
+def test_a_weights_copy_is_kept_and_remade_in_its_memory_when_the_weight_changes():
+    w = _weight()
+    q, scale = lf.WEIGHTS.get(w)
+    assert lf.WEIGHTS.get(w)[0] is q  # kept
+    assert torch.equal(scale, quantize_rows_reference(w)[1].view(1, -1))
+    with torch.no_grad():
+        w.mul_(4)  # in place: a new version
+    q2, scale2 = lf.WEIGHTS.get(w)
+    assert q2 is q and scale2 is scale and torch.equal(scale, quantize_rows_reference(w)[1].view(1, -1))
+    w.data.mul_(4)  # through .data: no version sees it ...
+    assert not torch.equal(lf.WEIGHTS.get(w)[1], quantize_rows_reference(w)[1].view(1, -1))
+    import sgdiff
+    assert sgdiff.refresh_weights() >= 1  # ... until the copies are remade
+    assert torch.equal(scale, quantize_rows_reference(w)[1].view(1, -1))
+    w.data = torch.randn(32, 64).to(BF16)  # new storage: remade
+    assert torch.equal(lf.WEIGHTS.get(w)[1], quantize_rows_reference(w)[1].view(1, -1))
+    w.data = torch.randn(48, 64).to(BF16)  # another shape: a copy of its own, never written over the old
+    q3, scale3 = lf.WEIGHTS.get(w)
+    assert q3.shape == (48, 64) and torch.equal(scale3, quantize_rows_reference(w)[1].view(1, -1))
+
+
+def test_a_copy_goes_with_its_weight():
+    before = len(lf.WEIGHTS)
+    w = _weight()
+    lf.WEIGHTS.get(w)
+    assert len(lf.WEIGHTS) == before + 1
+    del w
+    gc.collect()
+    assert len(lf.WEIGHTS) == before
+
+
+def test_projections_of_one_input_quantize_it_once(monkeypatch):
+    """The GEMMs of three projections of ``x`` read one e4m3 copy of it; another tensor gets its own."""
+    read = []
+    scaled_mm = lf._compat.scaled_mm
+    monkeypatch.setattr(lf._compat, "scaled_mm", lambda a, *rest: read.append(a) or scaled_mm(a, *rest))
+    x = torch.randn(2, 8, 64).to(BF16)
+    weights = [_weight(), _weight(), _weight()]
+    outs = [lf.linear_fp8(x, w, None) for w in weights]
+    assert all(o.shape == (16, 32) for o in outs) and read[0] is read[1] is read[2]
+    assert torch.equal(read[0].float(), lf.quantize_rows(x.view(16, 64))[0].float())
+    lf.linear_fp8(x.clone(), weights[0], None)
+    assert read[3] is not read[0]

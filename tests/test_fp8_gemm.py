@@ -1,0 +1,161 @@
+"""Family fp8_gemm and op linear_fp8 on the CPU: sites only at ``high``, exact site counts, the
+quantization's contract, near misses left alone, all-or-nothing per graph; on a Flux of real
+block structure, the output within FP8's error of eager's and equal to the op's fp32 math.
+(The Triton quantization's bits and the GEMM on the GPU: tests/gpu/test_fp8_gpu.py.)"""
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+from sgdiff.kernels.linear_fp8 import E4M3_MAX, linear_fp8_reference, quantize_rows_reference
+from sgdiff.patterns import fp8_gemm
+from tests.capture import rewrite
+from tests.helpers import count_op
+
+BF16 = torch.bfloat16
+LINEAR_FP8 = torch.ops.sgdiff.linear_fp8.default
+
+
+@pytest.fixture
+def every_size(monkeypatch):
+    """Small test shapes count as large GEMMs."""
+    monkeypatch.setattr(fp8_gemm, "MIN_FLOP", 0)
+
+
+def _w(n, k):
+    return torch.randn(n, k, dtype=BF16) / k ** 0.5
+
+
+def _linear(x, w, b):
+    return F.linear(x, w, b)
+
+
+def _args(m=64, k=128, n=96, bias=True, batch=(2,)):
+    return torch.randn(*batch, m, k, dtype=BF16), _w(n, k), (torch.randn(n, dtype=BF16) if bias else None)
+
+
+def _rel_err(got, want):
+    return float((got.float() - want.float()).norm() / want.float().norm())
+
+
+@pytest.mark.parametrize("tier,sites", [("lossless", 0), ("extra-high", 0), ("high", 1)])
+def test_only_high_admits_it(every_size, tier, sites):
+    args = _args()
+    run, gm, result = rewrite(_linear, args, quality=tier, families=["fp8_gemm"])
+    assert result.counts["fp8_gemm"] == sites and count_op(gm, LINEAR_FP8) == sites
+    assert result.passes["fp8_gemm"].found_count == 1
+    if not sites:
+        assert [s.reason for s in result.skipped] == [
+            f"contract approx is not admitted at {tier} (its numerics are not eager's bit for bit; "
+            "quality='high' admits it)"]
+        assert torch.equal(run(*args), _linear(*args))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_rewrite_computes_the_ops_math_within_fp8s_error_of_eager(every_size, bias):
+    x, w, b = _args(bias=bias)
+    args = (x, w, b) if bias else (x, w)
+    run, gm, result = rewrite(lambda x, w, b=None: F.linear(x, w, b), args, quality="high", families=["fp8_gemm"])
+    got = run(*args)
+    assert result.counts["fp8_gemm"] == 1
+    assert torch.equal(got, linear_fp8_reference(x, w, b).view(*x.shape[:-1], -1))
+    assert _rel_err(got, _linear(x, w, b)) < 0.08  # two operands each off by up to 2^-4 relative, mostly far less
+
+
+def test_q_k_v_of_one_input_read_that_input(every_size):
+    """Three projections of one tensor: each op takes the tensor itself (not a view of it per
+    projection), so the kernels quantize it once."""
+    def qkv(x, wq, wk, wv):
+        return F.linear(x, wq), F.linear(x, wk), F.linear(x, wv)
+
+    args = (torch.randn(1, 64, 128, dtype=BF16), _w(128, 128), _w(128, 128), _w(128, 128))
+    run, gm, result = rewrite(qkv, args, quality="high", families=["fp8_gemm"])
+    calls = [n for n in gm.graph.nodes if n.target is LINEAR_FP8]
+    assert result.counts["fp8_gemm"] == 3 and len({c.args[0] for c in calls}) == 1
+    assert calls[0].args[0].op == "placeholder"
+
+
+@pytest.mark.parametrize("case", ["fp16", "fp32", "computed weight", "k not a multiple of 16",
+                                  "n not a multiple of 16"])
+def test_linear_layers_the_fp8_gemm_does_not_take_are_not_sites(every_size, case):
+    x, w, b = _args()
+    fn = (lambda x, w, b: F.linear(x, w * 2, b)) if case == "computed weight" else _linear
+    if case == "fp16":
+        x, w, b = x.half(), w.half(), b.half()
+    elif case == "fp32":
+        x, w, b = x.float(), w.float(), b.float()
+    elif case == "k not a multiple of 16":
+        x, w = x[..., :120].contiguous(), w[:, :120].contiguous()
+    else:
+        w, b = w[:90].contiguous(), b[:90].contiguous()
+    run, gm, result = rewrite(fn, (x, w, b), quality="high", families=["fp8_gemm"])
+    assert result.passes["fp8_gemm"].found_count == 0 and not result.skipped
+    assert torch.equal(run(x, w, b), fn(x, w, b))
+
+
+def test_small_gemms_are_not_sites():
+    """At the default MIN_FLOP: an adaLN projection (one row) and a 64-row GEMM are not sites; a
+    Flux-sized projection is."""
+    def fn(emb, x, w_ada, w):
+        return F.linear(emb, w_ada), F.linear(x, w)
+
+    args = (torch.randn(1, 256, dtype=BF16), torch.randn(1, 4096, 1024, dtype=BF16), _w(1536, 256), _w(1024, 1024))
+    _, gm, result = rewrite(fn, args, quality="high", families=["fp8_gemm"])
+    assert 2 * 4096 * 1024 * 1024 >= fp8_gemm.MIN_FLOP > 2 * 1 * 1536 * 256
+    assert result.counts["fp8_gemm"] == 1 and result.passes["fp8_gemm"].found_count == 1
+
+
+def test_one_failed_guard_keeps_every_site_of_the_graph_eager(every_size):
+    """A GEMM over a transposed (non-contiguous) input fails the guard: the graph's other, valid
+    site stays eager too (approx rewrites are all-or-nothing per graph and family)."""
+    def fn(a, x, w):
+        return torch.mm(a.t(), w.t()), F.linear(x, w)
+
+    args = (torch.randn(128, 64, dtype=BF16), torch.randn(64, 128, dtype=BF16), _w(96, 128))
+    run, gm, result = rewrite(fn, args, quality="high", families=["fp8_gemm"])
+    reasons = sorted(s.reason for s in result.skipped)
+    assert result.counts["fp8_gemm"] == 0 and count_op(gm, LINEAR_FP8) == 0
+    assert reasons == ["another site of this family failed its guard (approx rewrites are all-or-nothing)",
+                       "the linear's input is not contiguous (its rows are quantized where they lie)"]
+    assert all(torch.equal(g, w) for g, w in zip(run(*args), fn(*args)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 9), k=st.sampled_from([16, 48, 128, 3072]), log_scale=st.floats(-20, 20),
+       zero_row=st.booleans())
+def test_quantized_rows_keep_fp8s_relative_error(rows, k, log_scale, zero_row):
+    x = (torch.randn(rows, k) * 2.0 ** log_scale).to(BF16)
+    if zero_row:
+        x[0] = 0
+    q, scale = quantize_rows_reference(x)
+    assert q.dtype == torch.float8_e4m3fn and scale.shape == (rows, 1) and bool((scale > 0).all())
+    qf = q.float()
+    assert float(qf.abs().max()) <= E4M3_MAX
+    back, xf = qf * scale, x.float()
+    # e4m3: 3 mantissa bits (half an ulp is 2^-4 of the value), subnormals spaced 2^-9 of the scale
+    assert bool(((back - xf).abs() <= torch.maximum(xf.abs() * 2 ** -4, scale * 2 ** -10) * 1.0001).all())
+    amax = xf.abs().amax(1, keepdim=True)
+    assert bool(((qf.abs().amax(1, keepdim=True) == E4M3_MAX) | (amax == 0)).all())  # each row's largest maps to 448
+
+
+def test_flux_at_high_takes_its_large_projections_and_stays_near_eager(monkeypatch):
+    """A Flux of 2 double and 4 single blocks, width 256, 1024 image and 64 text tokens, with
+    MIN_FLOP scaled down to 2^24: the sites are each double block's image-stream q, k, v, output
+    and feed-forward projections (6, 134M-537M FLOP) and its text stream's feed-forward (2, 34M),
+    each single block's q, k, v, proj_mlp and proj_out (5): 2 x 8 + 4 x 5 = 36. Not sites: the
+    text stream's attention projections (8.4M), the embedders and the final projection (8.4M),
+    adaLN's one-row GEMMs. The step's output stays within FP8's error of eager's."""
+    import sgdiff
+    from sgdiff import zoo
+
+    monkeypatch.setattr(fp8_gemm, "MIN_FLOP", 2 ** 24)
+    model, kw = zoo.build("flux", size="small", dtype=BF16)
+    with torch.no_grad():
+        want = model(**kw)[0]
+        lossless = sgdiff.explain(model, **kw)
+        high = sgdiff.explain(model, quality="high", **kw)
+        got = torch.compile(model, backend="sgdiff", options={"quality": "high"})(**kw)[0]
+    assert lossless.counts["fp8_gemm"] == 0
+    assert high.counts["fp8_gemm"] == high.found["fp8_gemm"] == 36
+    assert not [s for s in high.skipped if s[0] == "fp8_gemm"]
+    assert 0 < _rel_err(got, want) < 0.1
