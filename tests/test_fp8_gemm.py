@@ -159,3 +159,57 @@ def test_flux_at_high_takes_its_large_projections_and_stays_near_eager(monkeypat
     assert high.counts["fp8_gemm"] == high.found["fp8_gemm"] == 36
     assert not [s for s in high.skipped if s[0] == "fp8_gemm"]
     assert 0 < _rel_err(got, want) < 0.1
+
+
+def _map(c=64, h=4, w=8, channels_last=True):
+    x = torch.randn(2, h, w, c, dtype=BF16).permute(0, 3, 1, 2)  # a token stream viewed as a map
+    return x if channels_last else x.contiguous()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_pointwise_convolution_of_a_channels_last_map_is_an_fp8_gemm(every_size, bias):
+    from sgdiff.kernels.pointwise_conv_fp8 import pointwise_conv_fp8_reference
+
+    x, w = _map(), _w(96, 64).view(96, 64, 1, 1)
+    b = torch.randn(96, dtype=BF16) if bias else None
+    args = (x, w, b) if bias else (x, w)
+    run, gm, result = rewrite(lambda x, w, b=None: F.conv2d(x, w, b), args, quality="high", families=["fp8_gemm"])
+    assert result.counts["fp8_gemm"] == 1 and count_op(gm, torch.ops.sgdiff.pointwise_conv_fp8.default) == 1
+    got, eager = run(*args), F.conv2d(x, w, b)
+    assert got.stride() == eager.stride()  # channels-last, as eager's
+    assert torch.equal(got, pointwise_conv_fp8_reference(x, w, b))
+    assert _rel_err(got, eager) < 0.08
+
+
+@pytest.mark.parametrize("case", ["contiguous map", "3x3", "stride 2", "two groups", "fp16"])
+def test_convolutions_the_fp8_gemm_does_not_take_are_not_sites(every_size, case):
+    x, w, kw = _map(), _w(96, 64).view(96, 64, 1, 1), {}
+    if case == "contiguous map":
+        x = _map(channels_last=False)
+    elif case == "3x3":
+        w, kw = torch.randn(96, 64, 3, 3, dtype=BF16) / 24, dict(padding=1)
+    elif case == "stride 2":
+        kw = dict(stride=2)
+    elif case == "two groups":
+        w, kw = w[:, :32].contiguous(), dict(groups=2)
+    else:
+        x, w = x.half(), w.half()
+    run, gm, result = rewrite(lambda x, w: F.conv2d(x, w, **kw), (x, w), quality="high", families=["fp8_gemm"])
+    assert result.passes["fp8_gemm"].found_count == 0 and not result.skipped
+    assert torch.equal(run(x, w), F.conv2d(x, w, **kw))
+
+
+def test_sana_at_high_takes_its_projections_and_its_glumbconv(every_size):
+    """Sana (tiny: one block, width 16), every GEMM large enough: 12 sites, the timestep embedder's
+    two linears and adaLN's, the caption projection's two, self-attention's q, k and v,
+    cross-attention's k, v and output, and GLUMBConv's inverted 1x1 convolution. Not sites: the
+    two projections that read the transposed token stream (self-attention's output, cross-attention's
+    q: F.linear traces them as a bmm), GLUMBConv's point convolution (40 channels, not a multiple
+    of 16), the patch embedding's convolution (a contiguous map of 4 channels)."""
+    import sgdiff
+    from sgdiff import zoo
+
+    model, kw = zoo.build("sana", "tiny", dtype=BF16)
+    with torch.no_grad():
+        report = sgdiff.explain(model, quality="high", **kw)
+    assert report.counts["fp8_gemm"] == report.found["fp8_gemm"] == 12

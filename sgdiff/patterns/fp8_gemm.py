@@ -4,13 +4,17 @@
 bias); the GEMM and the view to rows before it are the site::
 
     addmm(bias, x.view(-1, K), weight.t())    a bf16 linear layer    -> linear_fp8 (x, weight, bias)
+    convolution(x, weight [N, K, 1, 1], bias)  a 1x1 convolution of a channels-last map (Sana's
+                                               GLUMBConv)             -> pointwise_conv_fp8
 
 A site is a linear layer of at least :data:`MIN_FLOP` (smaller GEMMs gain less than the
 activation's quantization pass costs: adaLN projections, GEMVs, text embedders), whose K and N
 are multiples of 16 (the FP8 GEMM's alignment), K at most 16384, and whose weight is a graph input (a parameter:
 its e4m3 copy is made once and kept); other linear layers are not sites. The op takes ``x``
 before its view to rows, so projections of one input (q, k and v) read one tensor, and the op
-quantizes it once for all of them (:mod:`sgdiff.kernels.triton.linear_fp8`).
+quantizes it once for all of them (:mod:`sgdiff.kernels.triton.linear_fp8`). A 1x1 convolution
+(stride 1, no padding, one group) of a channels-last map is the same GEMM over the map's tokens;
+one over another layout is not a site.
 
 Runs before the activation family, whose ``linear_gelu_tanh`` (``close``) would otherwise take
 the feed-forward's GEMM at ``high`` too.
@@ -61,6 +65,39 @@ def _site(node) -> bool:
     return None in (m, n, k) or 2 * m * n * k >= MIN_FLOP
 
 
+def _pointwise_site(node) -> bool:
+    """A bf16 1x1 convolution (stride 1, no padding, no dilation, one group) of a channels-last
+    map, over a weight that is a graph input, of at least MIN_FLOP, C and N multiples of 16."""
+    if not isinstance(node, fx.Node) or node.target is not aten.convolution.default or len(node.args) < 9:
+        return False
+    x, weight = node.args[0], node.args[1]
+    stride, padding, dilation, transposed, output_padding, groups = node.args[3:9]
+    xv, w = tensor_meta(x), tensor_meta(weight)
+    if xv is None or w is None or not isinstance(weight, fx.Node) or weight.op != "placeholder":
+        return False
+    if xv.dim() != 4 or w.dim() != 4 or xv.dtype != torch.bfloat16 or w.dtype != xv.dtype:
+        return False
+    if transposed or groups != 1 or any(s != 1 for s in (*stride, *dilation)) \
+            or any(p != 0 for p in (*padding, *output_padding)) or tuple(w.shape[2:]) != (1, 1):
+        return False
+    if not xv.permute(0, 2, 3, 1).is_contiguous():
+        return False
+    n, k = (_known(s) for s in w.shape[:2])
+    if (n is not None and n % ALIGN) or (k is not None and (k % ALIGN or k > MAX_K)):
+        return False
+    m = _known(xv.numel() // xv.shape[1]) if _known(xv.shape[1]) else None
+    return None in (m, n, k) or 2 * m * n * k >= MIN_FLOP
+
+
+def _pointwise_reason(m: Match) -> Optional[str]:
+    bias = tensor_meta(m.get("bias"))
+    if m.get("bias") is not None and (bias is None or bias.dim() != 1 or bias.dtype != torch.bfloat16):
+        return "the bias is not a 1-D bf16 tensor"
+    if not tensor_meta(m["weight"]).is_contiguous():
+        return "the weight is not contiguous"
+    return None
+
+
 def _reason(m: Match) -> Optional[str]:
     out, x, weight = tensor_meta(m.root), tensor_meta(m["x"]), tensor_meta(m["weight"])
     if x is None or x.dim() < 1 or x.dtype != torch.bfloat16 or not same_size(x.shape[-1], weight.shape[1]):
@@ -75,7 +112,15 @@ def _reason(m: Match) -> Optional[str]:
     return None
 
 
+POINTWISE_CONV = Op(aten.convolution.default, Arg("x"), Arg("weight"), Arg("bias"))
+
+
+def _arguments(m: Match) -> dict:
+    return dict(x=m["x"], weight=m["weight"], bias=m.get("bias"))
+
+
 def patterns() -> List[ChainPattern]:
     return [ChainPattern(family="fp8_gemm", name="linear_fp8", chain=When(LINEAR, _site), op="linear_fp8",
-                         replacement=lambda m: dict(x=m["x"], weight=m["weight"], bias=m.get("bias")),
-                         check=_reason)]
+                         replacement=_arguments, check=_reason),
+            ChainPattern(family="fp8_gemm", name="pointwise_conv_fp8", chain=When(POINTWISE_CONV, _pointwise_site),
+                         op="pointwise_conv_fp8", replacement=_arguments, check=_pointwise_reason)]

@@ -73,3 +73,19 @@ def test_a_compiled_linear_at_high_under_cuda_graphs_sees_its_weight_change(fres
         assert sgdiff.refresh_weights() >= 1
         back = compiled(x)
         assert torch.equal(back, outs[0])
+
+
+@pytest.mark.parametrize("C,N", [(2240, 11200), (5600, 2240)])  # Sana 1.6B's GLUMBConv, 1024², batch 2
+def test_pointwise_conv_fp8_is_chosen_and_within_fp32_accumulation_of_the_ops_math(fresh_dispatch, C, N):
+    from sgdiff.kernels.pointwise_conv_fp8 import pointwise_conv_fp8_reference
+
+    x = _randn(2, 32, 32, C, seed=5).permute(0, 3, 1, 2)
+    w, b = _randn(N, C, 1, 1, scale=C ** -0.5, seed=6), _randn(N, scale=0.1, seed=7)
+    got = registry.op_def("pointwise_conv_fp8").load()(x, w, b)
+    want = pointwise_conv_fp8_reference(x, w, b)
+    eager = F.conv2d(x, w, b)
+    chosen = [spec.backend for (op, *_), (spec, *_) in dispatch._chosen.items() if op == "pointwise_conv_fp8"]
+    assert chosen == ["triton"] and not dispatch.disabled()
+    assert got.stride() == eager.stride()
+    assert float((got.float() - want.float()).abs().max()) <= 2 ** -6 * float(want.float().abs().max())
+    assert float((got.float() - eager.float()).norm() / eager.float().norm()) < 0.05

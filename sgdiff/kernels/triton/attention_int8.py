@@ -79,6 +79,31 @@ def _quantize_keys_kernel(
     tl.store(scale_ptr + bh * NKB + blk, scale)
 
 
+@triton.jit
+def _key_tile(q8, q_scale, qk_scale, m_i, l_i, acc, start_n, k_base, kscale_base, v_base, svs, S_K,
+              D: tl.constexpr, BLOCK_N: tl.constexpr, KB: tl.constexpr, MASKED: tl.constexpr):
+    """One tile of keys folded into the online softmax: ``(m_i, l_i, acc)`` updated."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    k8 = tl.load(k_base + offs_n[:, None] * D + offs_d[None, :])  # zero rows past S_K (padded)
+    k_scale = tl.load(kscale_base + start_n // KB)
+    s = _int_scores(q8, k8) * (q_scale * k_scale * qk_scale)
+    if MASKED:
+        s = tl.where((offs_n < S_K)[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.math.exp2(s - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None]
+    v_ptrs = v_base + offs_n[:, None].to(tl.int64) * svs + offs_d[None, :]
+    if MASKED:
+        v = tl.load(v_ptrs, mask=(offs_n < S_K)[:, None], other=0.0)
+    else:
+        v = tl.load(v_ptrs)
+    acc = dot_acc(p.to(v.dtype), v, acc)
+    return m_new, l_i, acc
+
+
 @LeanKernel
 @triton.jit
 def _attention_kernel(
@@ -86,7 +111,7 @@ def _attention_kernel(
     qk_scale,  # scale * log2(e)
     H, S_Q, S_K, NPAD, NKB,
     sqb, sqh, sqs, svb, svh, svs, sob, soh, sos,
-    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KB: tl.constexpr, EVEN_N: tl.constexpr,
+    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KB: tl.constexpr,
     SCALE_FLOOR_: tl.constexpr, INT8_MAX_: tl.constexpr,
 ):
     pid_m, bh = tl.program_id(0), tl.program_id(1)
@@ -103,26 +128,15 @@ def _attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     k_base = k8_ptr + bh.to(tl.int64) * NPAD * D
+    kscale_base = kscale_ptr + bh * NKB
     v_base = v_ptr + b * svb + h * svh
-    for start_n in range(0, S_K, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        k8 = tl.load(k_base + offs_n[:, None] * D + offs_d[None, :])  # zero rows past S_K (padded)
-        k_scale = tl.load(kscale_ptr + bh * NKB + start_n // KB)
-        s = _int_scores(q8, k8) * (q_scale * k_scale * qk_scale)
-        if not EVEN_N:
-            s = tl.where((offs_n < S_K)[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.math.exp2(s - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None]
-        if EVEN_N:
-            v = tl.load(v_base + offs_n[:, None].to(tl.int64) * svs + offs_d[None, :])
-        else:
-            v = tl.load(v_base + offs_n[:, None].to(tl.int64) * svs + offs_d[None, :],
-                        mask=(offs_n < S_K)[:, None], other=0.0)
-        acc = dot_acc(p.to(v.dtype), v, acc)
-        m_i = m_new
+    full = S_K - S_K % BLOCK_N  # whole tiles without a mask, then the last one masked
+    for start_n in range(0, full, BLOCK_N):
+        m_i, l_i, acc = _key_tile(q8, q_scale, qk_scale, m_i, l_i, acc, start_n, k_base, kscale_base, v_base, svs,
+                                  S_K, D, BLOCK_N, KB, False)
+    if full < S_K:
+        m_i, l_i, acc = _key_tile(q8, q_scale, qk_scale, m_i, l_i, acc, full, k_base, kscale_base, v_base, svs,
+                                  S_K, D, BLOCK_N, KB, True)
     out = acc / l_i[:, None]
     tl.store(o_ptr + b * sob + h * soh + offs_m[:, None].to(tl.int64) * sos + offs_d[None, :],
              out.to(o_ptr.dtype.element_ty), mask=rows_q[:, None])
@@ -173,7 +187,7 @@ def _launcher(config):
         _attention_kernel[(triton.cdiv(s_q, Q_BLOCK), b * h)](
             q, k8, k_scale, v, out, qk_scale, h, s_q, s_k, k8.shape[1], k_scale.shape[1],
             *q.stride()[:3], *v.stride()[:3], *out.stride()[:3], D=d, BLOCK_M=Q_BLOCK, BLOCK_N=block_n, KB=K_BLOCK,
-            EVEN_N=s_k % block_n == 0, SCALE_FLOOR_=SCALE_FLOOR, INT8_MAX_=INT8_MAX, num_warps=warps,
+            SCALE_FLOOR_=SCALE_FLOOR, INT8_MAX_=INT8_MAX, num_warps=warps,
             num_stages=stages)
         return out
 

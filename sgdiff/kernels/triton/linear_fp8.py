@@ -79,6 +79,11 @@ def quantize_rows(x: torch.Tensor, out: Optional[Tuple[torch.Tensor, torch.Tenso
     return q, scale
 
 
+def _rows(w: torch.Tensor) -> torch.Tensor:
+    """A weight as ``[N, K]`` rows (a pointwise convolution's ``[N, K, 1, 1]`` viewed so)."""
+    return w.reshape(w.shape[0], -1)
+
+
 def _state(t: torch.Tensor) -> Tuple[int, int]:
     """``t``'s address and version: what an in-place update or new storage changes (an
     inference tensor has no version counter, nor may it be updated outside inference mode)."""
@@ -103,12 +108,14 @@ class QuantizedWeights:
         self._entries: Dict[int, list] = {}
 
     def get(self, w: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The copy of ``w`` (``[N, K]``, or a pointwise convolution's ``[N, K, 1, 1]``) as e4m3
+        ``[N, K]`` rows and their fp32 scales ``[1, N]``."""
         entry = self._entries.get(id(w))
-        if entry is not None and entry[0]() is w and entry[2].shape == w.shape:
+        if entry is not None and entry[0]() is w and entry[2].shape == _rows(w).shape:
             if entry[1] != _state(w):
                 self._remake(w, entry)
             return entry[2], entry[3]
-        q, scale = quantize_rows(w)
+        q, scale = quantize_rows(_rows(w))
         try:
             ref = weakref.ref(w, lambda _, key=id(w), entries=self._entries: entries.pop(key, None))
         except TypeError:  # not weakly referable: keep nothing
@@ -118,13 +125,13 @@ class QuantizedWeights:
         return entry[2], entry[3]
 
     def _remake(self, w: torch.Tensor, entry: list) -> None:
-        quantize_rows(w, (entry[2], entry[3].view(-1, 1)))
+        quantize_rows(_rows(w), (entry[2], entry[3].view(-1, 1)))
         entry[1] = _state(w)
 
     def refresh(self) -> int:
         """Remake every copy from its weight as it is now; returns how many."""
         live = [(e[0](), e) for e in list(self._entries.values())]
-        live = [(w, e) for w, e in live if w is not None and e[2].shape == w.shape]  # else remade on use
+        live = [(w, e) for w, e in live if w is not None and e[2].shape == _rows(w).shape]  # else remade on use
         for w, entry in live:
             self._remake(w, entry)
         return len(live)
@@ -204,5 +211,44 @@ def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     return torch.nn.functional.linear(x.reshape(-1, x.shape[-1]), weight, bias)
 
 
+def _tokens(x: torch.Tensor) -> torch.Tensor:
+    """A channels-last ``[B, C, H, W]`` map as its ``[B, H, W, C]`` tokens (a view)."""
+    return x.permute(0, 2, 3, 1)
+
+
+def _as_map(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The GEMM's ``[B H W, N]`` output as the convolution's channels-last ``[B, N, H, W]``."""
+    b, _, h, w = x.shape
+    return y.view(b, h, w, -1).permute(0, 3, 1, 2)
+
+
+def pointwise_supported_layout(x, weight, bias) -> bool:
+    """A channels-last bf16 ``[B, C, H, W]`` map and a ``[N, C, 1, 1]`` weight the linear layer takes."""
+    return (x.dim() == 4 and weight.dim() == 4 and tuple(weight.shape[2:]) == (1, 1) and weight.is_contiguous()
+            and supported_layout(_tokens(x), _rows(weight), bias))
+
+
+def pointwise_bind(x, weight, bias):
+    """:func:`pointwise_conv_fp8` for inputs of this signature."""
+    linear = bind(_tokens(x), _rows(weight), bias)
+
+    def launch(x, weight, bias):
+        return _as_map(linear(_tokens(x), weight, bias), x)
+
+    return launch
+
+
+def pointwise_conv_fp8(x, weight, bias):
+    """Launch; the caller has checked :func:`pointwise_supported_layout` and the device."""
+    return pointwise_bind(x, weight, bias)(x, weight, bias)
+
+
+def pointwise_conv_bf16(x, weight, bias):
+    """The unquantized convolution: on GPUs without FP8 GEMMs."""
+    return torch.nn.functional.conv2d(x, weight, bias)
+
+
 LINEAR_FP8 = Impl(run=linear_fp8, supports=supported_layout, bind=bind)
 LINEAR_BF16 = Impl(run=linear_bf16)
+POINTWISE_CONV_FP8 = Impl(run=pointwise_conv_fp8, supports=pointwise_supported_layout, bind=pointwise_bind)
+POINTWISE_CONV_BF16 = Impl(run=pointwise_conv_bf16)
