@@ -4,8 +4,9 @@
 
 Per model, in one process: the transformer compiled once with ``backend="sgdiff"`` and run at
 each tier through the per-call switch (``with sgdiff.quality(tier)``: one compiled variant per
-tier, none shared); each tier's step time (CUDA events, median of ``--repeats``, with
-lossless's timed in the same process); and a ``--steps``-step Euler flow-matching trajectory
+tier, none shared); each tier's step time (CUDA events, median of ``--repeats``; the tiers
+timed in turn, three rounds, the median round kept and the range given); the sites each tier's
+rewrites took, per family; and a ``--steps``-step Euler flow-matching trajectory
 per tier from the same noise (bench/models.py's ``euler``). Random weights make image metrics
 meaningless, so the figure is the PSNR of the final latents against lossless's,
 ``10 log10(peak^2 / MSE)`` with ``peak`` lossless's largest magnitude (inf where equal), and
@@ -39,29 +40,50 @@ def psnr_db(x: torch.Tensor, ref: torch.Tensor) -> float:
     return 10.0 * math.log10(peak * peak / mse)
 
 
-def run_model(name: str, size: str, device: torch.device, dtype, tiers, repeats: int, steps: int) -> list:
+def run_model(name: str, size: str, device: torch.device, dtype, tiers, repeats: int, steps: int,
+              rounds: int = 3) -> list:
+    import statistics
+
     import sgdiff
     from sgdiff import zoo
+    from sgdiff.backend import SgdiffBackend
+    from sgdiff.options import Options
 
     torch.manual_seed(0)
     model, kwargs = zoo.build(name, size, dtype=dtype, device=device)
-    compiled = torch.compile(model, backend="sgdiff")
-    trajectories, times = {}, {}
+    results = []  # every variant's pass results: the sites each tier's rewrites took
+    compiled = torch.compile(model, backend=SgdiffBackend(Options(), on_result=results.append))
+    order = ("lossless", *[t for t in tiers if t != "lossless"])
+    samples = {tier: [] for tier in order}
+    trajectories = {}
     with torch.no_grad():
-        for tier in ("lossless", *[t for t in tiers if t != "lossless"]):
+        for tier in order:
             with sgdiff.quality(tier):
-                for _ in range(3):  # compile this tier's variant, first sight of its kernels
+                for _ in range(3):  # compile this tier's variant, first sight of its kernels, its CUDA graphs
                     compiled(**kwargs)
-                times[tier] = step_times(lambda: compiled(**kwargs), device, repeats)["ms"]
+        for _ in range(rounds):  # the tiers alternate, round after round
+            for tier in order:
+                with sgdiff.quality(tier):
+                    samples[tier].append(step_times(lambda: compiled(**kwargs), device, repeats)["ms"])
+        for tier in order:
+            with sgdiff.quality(tier):
                 trajectories[tier] = euler(compiled, kwargs, steps)
+    times = {tier: statistics.median(ms) for tier, ms in samples.items()}
     ref = trajectories["lossless"]
     rows = []
     for tier in tiers:
         path = trajectories[tier]
+        sites = {}
+        for r in results:
+            if r.tier.value == tier:
+                for family, count in r.counts.items():
+                    if count:
+                        sites[family] = sites.get(family, 0) + count
         rows.append(dict(model=name, size=size, tier=tier, step_ms=round(times[tier], 3),
+                         step_ms_range=[round(min(samples[tier]), 3), round(max(samples[tier]), 3)],
                          lossless_ms=round(times["lossless"], 3), psnr_db_50=round(psnr_db(path[-1], ref[-1]), 2),
                          max_diff_step=max(float((a.float() - b.float()).abs().max()) for a, b in zip(path, ref)),
-                         steps=steps))
+                         steps=steps, sites=sites))
     return rows
 
 
@@ -71,12 +93,14 @@ def write_report(result: dict, out: pathlib.Path) -> None:
              f"{versions} Step time in ms (median), "
              "PSNR of the trajectory's final latents against lossless's (random weights: latents, not images), the "
              "largest per-step max |difference|.", "",
-             "| model | tier | step | lossless | / lossless | steps | PSNR (dB) | max diff a step |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| model | tier | step | (range) | lossless | / lossless | steps | PSNR (dB) | max diff a step | sites |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in result["cases"]:
-        lines.append(f"| {c['model']} ({c['size']}) | {c['tier']} | {c['step_ms']:.2f} | {c['lossless_ms']:.2f} | "
-                     f"{c['step_ms'] / c['lossless_ms']:.3f} | {c['steps']} | {c['psnr_db_50']} | "
-                     f"{c['max_diff_step']:.3g} |")
+        low, high = c.get("step_ms_range", (c["step_ms"], c["step_ms"]))
+        sites = ", ".join(f"{f} {n}" for f, n in sorted(c.get("sites", {}).items()))
+        lines.append(f"| {c['model']} ({c['size']}) | {c['tier']} | {c['step_ms']:.2f} | {low:.2f}-{high:.2f} | "
+                     f"{c['lossless_ms']:.2f} | {c['step_ms'] / c['lossless_ms']:.3f} | {c['steps']} | "
+                     f"{c['psnr_db_50']} | {c['max_diff_step']:.3g} | {sites} |")
     (out / "tiers.md").write_text("\n".join(lines) + "\n")
 
 

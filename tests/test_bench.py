@@ -267,6 +267,12 @@ def test_tier_bench_on_a_tiny_flux(tmp_path):
     lossless = cases[0]
     assert lossless["psnr_db_50"] == math.inf and lossless["max_diff_step"] == 0 and lossless["steps"] == 2
     assert all(c["step_ms"] > 0 and c["lossless_ms"] == lossless["step_ms"] for c in cases)
+    assert all(c["step_ms_range"][0] <= c["step_ms"] <= c["step_ms_range"][1] for c in cases)
+    # the sites each tier took: lossless's families in every tier, and from extra-high on the two
+    # feed-forwards' GEMM + GELU (fp32 here: no attention or FP8 GEMM site, those ops take 16-bit inputs)
+    assert lossless["sites"]["modulate"] == 6 and lossless["sites"]["activation"] == 1
+    assert all(c["sites"]["activation"] == 3 and c["sites"]["modulate"] == 6 for c in cases[1:])
+    assert not {"attention", "fp8_gemm", "int8_attention"} & {f for c in cases for f in c["sites"]}
     ref = torch.tensor([2.0, -1.0, 0.5, 0.0])
     assert tiers.psnr_db(ref + torch.tensor([0.02, 0.0, 0.0, 0.0]), ref) == pytest.approx(10 * math.log10(4 / 1e-4))
     assert "| flux (tiny) | high |" in (tmp_path / "tiers.md").read_text()
