@@ -63,6 +63,7 @@ class TieredGraph:
     def __call__(self, *args: Any):
         tier = current_call_tier() or self.options.quality
         fn = self._variants.get(tier) or self._build(tier, _copy(self._pristine))
+        dispatch.new_graph_call()
         with dispatch.verification(self.options.verify):
             return fn(*args)
 

@@ -60,6 +60,24 @@ def refresh_input_copies() -> int:
     return sum(cache.refresh() for cache in _input_caches)
 
 
+_call_memos: List[Any] = []  # objects with forget(): what an implementation remembers within one graph call
+
+
+def remember_within_a_call(memo: Any) -> Any:
+    """Register a memo (an object with ``forget()``) that holds only within one call of a compiled
+    graph (the rows of an activation quantized for the next projection of it), for
+    :func:`new_graph_call`."""
+    if memo not in _call_memos:
+        _call_memos.append(memo)
+    return memo
+
+
+def new_graph_call() -> None:
+    """A compiled graph starts a call: what its ops remembered from the last one is forgotten."""
+    for memo in _call_memos:
+        memo.forget()
+
+
 def disabled() -> Dict[Tuple[str, str], str]:
     return dict(_disabled)
 

@@ -74,3 +74,8 @@ def test_projections_of_one_input_quantize_it_once(monkeypatch):
     assert torch.equal(read[0].float(), lf.quantize_rows(x.view(16, 64))[0].float())
     lf.linear_fp8(x.clone(), weights[0], None)
     assert read[3] is not read[0]
+    from sgdiff.kernels import dispatch
+    lf.linear_fp8(x, weights[0], None)
+    dispatch.new_graph_call()  # a compiled graph's next call: x (a graph input, say) is quantized again
+    lf.linear_fp8(x, weights[1], None)
+    assert read[5] is not read[4]

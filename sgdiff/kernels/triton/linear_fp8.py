@@ -146,10 +146,14 @@ WEIGHTS = dispatch.keep_input_copies(QuantizedWeights())
 class LastActivation:
     """The e4m3 rows of the activation quantized last, for the next projection of the same tensor
     (q, k and v of one input: one quantization). Good while that tensor object is alive and keeps
-    its address and version; holds the tensor weakly."""
+    its address and version, and within one call of a compiled graph (a graph input edited
+    through ``.data`` between calls keeps both); holds the tensor weakly."""
 
     def __init__(self):
         self._entry: Optional[tuple] = None
+
+    def forget(self) -> None:
+        self._entry = None
 
     def get(self, x: torch.Tensor, quantize=None) -> Tuple[torch.Tensor, torch.Tensor]:
         """``x``'s rows quantized: the last ones where ``x`` is the tensor quantized last, else by
@@ -165,7 +169,7 @@ class LastActivation:
         return q, scale
 
 
-ACTIVATIONS = LastActivation()
+ACTIVATIONS = dispatch.remember_within_a_call(LastActivation())
 
 
 def supported_layout(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
