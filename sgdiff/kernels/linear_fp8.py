@@ -60,6 +60,15 @@ def linear_fp8_reference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[t
     return y.to(x.dtype)
 
 
+def fp8_impls(fallback_backend: str, fallback: str) -> tuple:
+    """An FP8 GEMM op's implementations: in :mod:`sgdiff.kernels.triton.linear_fp8` (the op's
+    name in capitals), on sm_89 and later; on GPUs without FP8 GEMMs, ``fallback`` of that module,
+    the unquantized bf16 op (within the contract, and as fast as eager)."""
+    return (triton("linear_fp8", dtypes=frozenset({"bfloat16"}), min_capability=(8, 9)),
+            KernelSpec("", fallback_backend, None, f"sgdiff.kernels.triton.linear_fp8:{fallback}",
+                       devices=frozenset({"cuda"}), priority=1))
+
+
 def _projection(t):
     return t.randn(t.M, t.K), t.randn(t.N, t.K, scale=t.K ** -0.5), t.randn(t.N, scale=0.1)
 
@@ -71,10 +80,7 @@ def _bf16_linear(x, weight, bias):
 
 linear_fp8 = dispatch.define_op(OpDef(
     "linear_fp8", Contract.APPROX, linear_fp8_reference,
-    impls=(triton("linear_fp8", dtypes=frozenset({"bfloat16"}), min_capability=(8, 9)),
-           # no FP8 GEMM on this GPU: the bf16 GEMM itself (within the contract, and as fast as eager)
-           KernelSpec("", "cublas", None, "sgdiff.kernels.triton.linear_fp8:LINEAR_BF16",
-                      devices=frozenset({"cuda"}), priority=1)),
+    impls=fp8_impls("cublas", "LINEAR_BF16"),
     examples=(
         Example("Flux.1-dev attention projection", dict(M=4608, K=3072, N=3072), _projection,
                 small=dict(M=64, K=128, N=96), chain=_bf16_linear),

@@ -19,8 +19,8 @@ import torch
 
 from sgdiff.kernels import dispatch
 from sgdiff.kernels.examples import Example
-from sgdiff.kernels.linear_fp8 import linear_fp8_reference
-from sgdiff.kernels.registry import KernelSpec, OpDef, triton
+from sgdiff.kernels.linear_fp8 import fp8_impls, linear_fp8_reference
+from sgdiff.kernels.registry import OpDef
 from sgdiff.tiers import Contract
 
 
@@ -43,9 +43,7 @@ def _bf16_conv(x, weight, bias):
 
 pointwise_conv_fp8 = dispatch.define_op(OpDef(
     "pointwise_conv_fp8", Contract.APPROX, pointwise_conv_fp8_reference,
-    impls=(triton("linear_fp8", dtypes=frozenset({"bfloat16"}), min_capability=(8, 9)),
-           KernelSpec("", "cudnn", None, "sgdiff.kernels.triton.linear_fp8:POINTWISE_CONV_BF16",
-                      devices=frozenset({"cuda"}), priority=1)),
+    impls=fp8_impls("cudnn", "POINTWISE_CONV_BF16"),
     examples=(
         Example("Sana 1.6B GLUMBConv inverted 1x1, 1024², batch 2", dict(B=2, H=32, W=32, C=2240, N=11200),
                 _sana_map, small=dict(H=4, W=8, C=64, N=96), chain=_bf16_conv),

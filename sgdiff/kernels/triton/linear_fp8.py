@@ -4,7 +4,7 @@
 The quantization is the reference's, bit for bit: a row's largest magnitude (a max: exact in
 any order), ``scale = max(amax, SCALE_FLOOR) / 448`` and ``x / scale`` as IEEE divisions
 (``div_rn``), clamped to ±448 and rounded to e4m3 to nearest even (``cvt.rn.satfinite``). One
-program quantizes ``ROWS`` rows whole (a row is at most a few thousand values). The activation
+program quantizes ``ROWS`` rows, each held whole (at most ``MAX_K`` values). The activation
 is quantized on every call; the weight once: its e4m3 copy and scales are kept per weight
 tensor and remade when the weight changes (:class:`QuantizedWeights`). The GEMM is
 ``torch._scaled_mm`` (cuBLASLt / CUTLASS's row-wise kernel on sm_89 and later): the e4m3
@@ -65,18 +65,27 @@ def _geometry(k: int) -> Tuple[int, int, int]:
     return rows, block_k, warps
 
 
+def _quantizer(m: int, k: int):
+    """``quantize(x, out=None)`` of ``[m, k]`` rows with unit column stride, its launch bound to
+    that geometry (a call site's calls keep it, and their row stride)."""
+    rows, block_k, warps = _geometry(k)
+    kernel = _quantize_rows_kernel.bind((triton.cdiv(m, rows),), K=k, ROWS=rows, BLOCK_K=block_k,
+                                        SCALE_FLOOR_=SCALE_FLOOR, E4M3_MAX_=E4M3_MAX, num_warps=warps)
+
+    def quantize(x, out=None):
+        q, scale = out if out is not None else (torch.empty((m, k), dtype=E4M3, device=x.device),
+                                                torch.empty((m, 1), dtype=torch.float32, device=x.device))
+        kernel(x, q, scale, m, x.stride(0))
+        return q, scale
+
+    return quantize
+
+
 def quantize_rows(x: torch.Tensor, out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None):
     """``(q, scale)`` of a 2-D ``x`` (unit column stride): e4m3 ``[M, K]`` and fp32 ``[M, 1]``,
     as :func:`sgdiff.kernels.linear_fp8.quantize_rows_reference` computes them (into ``out``'s
     two contiguous tensors where given)."""
-    m, k = x.shape
-    q, scale = out if out is not None else (torch.empty((m, k), dtype=E4M3, device=x.device),
-                                            torch.empty((m, 1), dtype=torch.float32, device=x.device))
-    rows, block_k, warps = _geometry(k)
-    _quantize_rows_kernel[(triton.cdiv(m, rows),)](
-        x, q, scale, m, x.stride(0), K=k, ROWS=rows, BLOCK_K=block_k,
-        SCALE_FLOOR_=SCALE_FLOOR, E4M3_MAX_=E4M3_MAX, num_warps=warps)
-    return q, scale
+    return _quantizer(*x.shape)(x, out)
 
 
 def _rows(w: torch.Tensor) -> torch.Tensor:
@@ -191,16 +200,7 @@ def bind(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]):
     """:func:`linear_fp8` for inputs of this signature: the activation's quantization bound to
     its geometry."""
     k = x.shape[-1]
-    m = x.numel() // k
-    rows, block_k, warps = _geometry(k)
-    kernel = _quantize_rows_kernel.bind((triton.cdiv(m, rows),), K=k, ROWS=rows, BLOCK_K=block_k,
-                                        SCALE_FLOOR_=SCALE_FLOOR, E4M3_MAX_=E4M3_MAX, num_warps=warps)
-
-    def quantize(x2):
-        q = torch.empty((m, k), dtype=E4M3, device=x2.device)
-        scale = torch.empty((m, 1), dtype=torch.float32, device=x2.device)
-        kernel(x2, q, scale, m, x2.stride(0))
-        return q, scale
+    quantize = _quantizer(x.numel() // k, k)
 
     def launch(x, weight, bias):
         xq, xs = ACTIVATIONS.get(x, quantize)
