@@ -69,6 +69,7 @@ def run_model(name: str, size: str, device: torch.device, dtype, tiers, repeats:
             with sgdiff.quality(tier):
                 trajectories[tier] = euler(compiled, kwargs, steps)
     times = {tier: statistics.median(ms) for tier, ms in samples.items()}
+    chosen = _attention_choices()
     ref = trajectories["lossless"]
     rows = []
     for tier in tiers:
@@ -83,8 +84,21 @@ def run_model(name: str, size: str, device: torch.device, dtype, tiers, repeats:
                          step_ms_range=[round(min(samples[tier]), 3), round(max(samples[tier]), 3)],
                          lossless_ms=round(times["lossless"], 3), psnr_db_50=round(psnr_db(path[-1], ref[-1]), 2),
                          max_diff_step=max(float((a.float() - b.float()).abs().max()) for a, b in zip(path, ref)),
-                         steps=steps, sites=sites))
+                         steps=steps, sites=sites, **({"attention_kernels": chosen} if tier != "lossless" else {})))
     return rows
+
+
+def _attention_choices() -> list:
+    """What first sight chose for the attention ops in this process: each signature's fused kernel
+    (extra-high) and INT8 tile configuration (high)."""
+    import sys
+
+    found = []
+    for name, label in (("sgdiff.kernels.sdpa", "attention"), ("sgdiff.kernels.triton.attention_int8", "attention_int8")):
+        module = sys.modules.get(name)
+        if module is not None:
+            found += [dict(op=label, q=list(shape), chosen=str(choice)) for shape, choice in module.choices()]
+    return found
 
 
 def write_report(result: dict, out: pathlib.Path) -> None:

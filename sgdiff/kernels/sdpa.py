@@ -72,6 +72,11 @@ def choose(q, k, v, is_causal, scale) -> Tuple[str, Callable]:
     return chosen
 
 
+def choices() -> list:
+    """``[(q's shape, kernel)]``: what first sight chose for each signature met so far."""
+    return [(tuple(key[4][0]), name) for key, (name, _) in _choices.items()]
+
+
 def supported_layout(q, k, v, is_causal, scale) -> bool:
     return (q.dim() == k.dim() == v.dim() == 4 and q.dtype == k.dtype == v.dtype
             and q.dtype in (torch.float16, torch.bfloat16) and q.numel() > 0 and k.numel() > 0)

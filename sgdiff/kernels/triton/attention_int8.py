@@ -194,6 +194,11 @@ def _launcher(config):
     return launch
 
 
+def choices() -> list:
+    """``[(q's shape, (keys a tile, warps, stages))]``: what first sight chose so far."""
+    return [(tuple(key[3][0]), config) for key, config in _configs.items()]
+
+
 def _runs(launch, args) -> bool:
     try:
         launch(*args)
