@@ -198,6 +198,15 @@ def addmm_gelu_tanh(bias: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor) 
     return torch._addmm_activation(bias, mat1, mat2, use_gelu=True)
 
 
+def version(t: torch.Tensor) -> int:
+    """``t``'s version counter (bumped by every in-place update); 0 for an inference tensor,
+    which has none (nor may it be updated outside inference mode)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return 0
+
+
 def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
               bias: Optional[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
     """``(a @ b) * scale_a * scale_b + bias`` of FP8 ``a`` (row-major) and ``b`` (column-major),

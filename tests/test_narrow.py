@@ -6,12 +6,13 @@ import torch
 
 from sgdiff.fxpasses.narrow import narrow_elementwise
 from tests.capture import capture, rewrite
+from tests.helpers import count_op
 
 aten = torch.ops.aten
 
 
 def casts(gm):
-    return sum(n.target is aten._to_copy.default for n in gm.graph.nodes)
+    return count_op(gm, aten._to_copy.default)
 
 
 def narrowed(fn, args):

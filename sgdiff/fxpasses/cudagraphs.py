@@ -248,7 +248,7 @@ class _ShapeGraph:
         """The fixed inputs' version counters, where the runner watches them (else None)."""
         if not self.runner.watch_versions:
             return None
-        return [_version(args[i]) for i in self.fixed]
+        return [_compat.version(args[i]) for i in self.fixed]
 
 
 def _seconds(call: Callable[[], Any], device: torch.device) -> float:
@@ -265,14 +265,6 @@ def _gpu_seconds(call: Callable[[], Any], device: torch.device, hold_cycles: int
     torch.cuda.synchronize(device)
     with torch.cuda.device(device):
         return tuning.gpu_seconds(call, hold_cycles)
-
-
-def _version(t: torch.Tensor) -> int:
-    """``t``'s version counter; 0 for an inference tensor, which has none."""
-    try:
-        return t._version
-    except RuntimeError:
-        return 0
 
 
 def _meta(t: torch.Tensor):

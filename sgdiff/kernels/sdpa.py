@@ -4,14 +4,13 @@ Each candidate is an ATen op called directly (no backend selector): cuDNN's
 ``_scaled_dot_product_cudnn_attention``, ``_scaled_dot_product_flash_attention`` and
 ``_scaled_dot_product_efficient_attention``. At first sight of a signature (outside a CUDA-graph
 capture) every candidate that runs on it is timed against the others
-(:func:`sgdiff.kernels.tuning.fastest`, FlashAttention first: eager's usual kernel is kept unless
-another beats it by the margin); during a capture, the first that runs is taken. The output is
+(:class:`sgdiff.kernels.tuning.FirstSight`, FlashAttention first: eager's usual kernel is kept
+unless another beats it by the margin); during a capture, FlashAttention runs, unsettled. The output is
 put in ``[B, S, H, D]`` memory order (a copy only where a kernel wrote another).
 """
 from __future__ import annotations
 
-import logging
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -19,7 +18,6 @@ from sgdiff.kernels import tuning
 from sgdiff.kernels.attention import heads_last
 from sgdiff.kernels.registry import Impl
 
-log = logging.getLogger("sgdiff")
 aten = torch.ops.aten
 
 
@@ -38,43 +36,18 @@ def _efficient(q, k, v, is_causal, scale):
 
 CANDIDATES: Tuple[Tuple[str, Callable], ...] = (("flash", _flash), ("cudnn", _cudnn), ("efficient", _efficient))
 
-_choices: Dict[tuple, Tuple[str, Callable]] = {}
-
-
-def _key(q, k, v, is_causal, scale) -> tuple:
-    return (q.device, q.dtype, is_causal, scale, *[(t.shape, t.stride()) for t in (q, k, v)])
-
-
-def _runs(fn: Callable, args: tuple) -> bool:
-    try:
-        fn(*args)
-        return True
-    except Exception:  # the kernel does not take this signature (head dim, strides, cuDNN version)
-        return False
+FIRST_SIGHT = tuning.FirstSight("attention")
 
 
 def choose(q, k, v, is_causal, scale) -> Tuple[str, Callable]:
     """The fastest candidate for this signature, chosen once (``(name, fn)``)."""
-    key = _key(q, k, v, is_causal, scale)
-    chosen = _choices.get(key)
-    if chosen is not None:
-        return chosen
-    args = (q, k, v, is_causal, scale)
-    if torch.cuda.is_current_stream_capturing():  # nothing timed or settled inside a capture
-        return CANDIDATES[0]
-    running: List[Tuple[str, Callable]] = [(n, f) for n, f in CANDIDATES if _runs(f, args)]
-    if not running:
-        raise RuntimeError("no fused attention kernel takes this signature")
-    best, times = tuning.fastest([f for _, f in running], args) if len(running) > 1 else (0, [0.0])
-    chosen = _choices[key] = running[best]
-    log.info("sgdiff: attention %s: %s (%s)", tuple(q.shape), chosen[0],
-             ", ".join(f"{n} {t * 1e6:.1f} us" for (n, _), t in zip(running, times)))
-    return chosen
+    key = (tuple(q.shape), q.device, q.dtype, is_causal, scale, *[(t.shape, t.stride()) for t in (q, k, v)])
+    return FIRST_SIGHT.choose(key, CANDIDATES, (q, k, v, is_causal, scale))
 
 
 def choices() -> list:
     """``[(q's shape, kernel)]``: what first sight chose for each signature met so far."""
-    return [(tuple(key[4][0]), name) for key, (name, _) in _choices.items()]
+    return FIRST_SIGHT.choices()
 
 
 def supported_layout(q, k, v, is_causal, scale) -> bool:

@@ -16,12 +16,15 @@ capture only (the dispatcher's business). Not yet measured on the GPU in this fo
 """
 from __future__ import annotations
 
+import logging
 import time
-from typing import Any, Callable, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
 
 from sgdiff import _compat
+
+log = logging.getLogger("sgdiff")
 
 WARMUP_S = 0.05
 CLOCK_HZ = 1.98e9  # the H200's boost clock: cycles a second, to size a hold
@@ -88,3 +91,44 @@ def fastest(candidates: Sequence[Callable], args: tuple) -> Tuple[int, List[floa
     times = best_times(candidates, args)
     quickest = min(range(len(times)), key=times.__getitem__)
     return (0 if times[0] <= times[quickest] * (1 + MARGIN) else quickest), times
+
+
+class FirstSight:
+    """Per signature, the fastest of labelled candidates that need not compute the same bits (an
+    op whose contract allows any of them: attention kernels, tile configurations), chosen once:
+    at the signature's first sight on the GPU, outside a CUDA-graph capture, each candidate that
+    runs on it is timed against the others (:func:`fastest`: the first kept unless another beats
+    it by MARGIN). Inside a capture, or off the GPU, the first candidate serves, unsettled."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self._chosen: Dict[tuple, Tuple[Any, Callable]] = {}
+
+    def choose(self, key: tuple, candidates: Sequence[Tuple[Any, Callable]], args: tuple) -> Tuple[Any, Callable]:
+        """``(label, fn)`` for the signature ``key`` (its first element: what ``choices`` shows)."""
+        chosen = self._chosen.get(key)
+        if chosen is not None:
+            return chosen
+        cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+        if not cuda or torch.cuda.is_current_stream_capturing():
+            return candidates[0]
+        running = [(label, fn) for label, fn in candidates if self._runs(label, fn, args)]
+        if not running:
+            raise RuntimeError(f"no candidate of {self.what} runs on this signature")
+        best, times = fastest([fn for _, fn in running], args) if len(running) > 1 else (0, [0.0])
+        chosen = self._chosen[key] = running[best]
+        log.info("sgdiff: %s %s: %s (%s)", self.what, key[0], chosen[0],
+                 ", ".join(f"{label} {t * 1e6:.1f} us" for (label, _), t in zip(running, times)))
+        return chosen
+
+    def choices(self) -> list:
+        """``[(the key's first element, label)]``: what first sight chose so far."""
+        return [(key[0], label) for key, (label, _) in self._chosen.items()]
+
+    def _runs(self, label: Any, fn: Callable, args: tuple) -> bool:
+        try:
+            fn(*args)
+            return True
+        except Exception as exc:  # not a candidate here (a kernel refusing the shape, shared memory)
+            log.info("sgdiff: %s: %s does not run on this signature: %s", self.what, label, exc)
+            return False

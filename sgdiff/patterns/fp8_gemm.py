@@ -29,6 +29,7 @@ from torch import fx
 from sgdiff.kernels.linear_fp8 import MAX_K
 from sgdiff.patterns import parts
 from sgdiff.patterns.base import ChainPattern, Family, same_size, tensor_meta
+from sgdiff.patterns.gemm import _known
 from sgdiff.patterns.matcher import AnyOf, Arg, Lit, Match, Op, When
 
 FAMILY = Family("fp8_gemm")
@@ -42,10 +43,6 @@ _ROWS = AnyOf(Op(parts.RESHAPES, Arg("x"), Arg("rows")), Arg("x"))  # x viewed a
 _WEIGHT_T = Op(aten.t.default, Arg("weight"), shared=True)
 LINEAR = AnyOf(Op(aten.addmm.default, Arg("bias"), _ROWS, _WEIGHT_T, beta=Lit(1), alpha=Lit(1)),
                Op(aten.mm.default, _ROWS, _WEIGHT_T))
-
-
-def _known(size) -> Optional[int]:
-    return size if isinstance(size, int) else None
 
 
 def _site(node) -> bool:

@@ -16,9 +16,8 @@ signature at first sight among :data:`CONFIGS` (timed; not yet measured on the G
 """
 from __future__ import annotations
 
-import logging
 import math
-from typing import Dict, Optional
+from typing import Optional
 
 import torch
 import triton
@@ -30,8 +29,6 @@ from sgdiff.kernels import tuning
 from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton.cuda_math import INTERPRET_C, dot_acc
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
-
-log = logging.getLogger("sgdiff")
 
 LOG2E = 1.4426950408889634
 
@@ -172,7 +169,7 @@ CONFIGS = {128: ((64, 8, 3), (128, 8, 3), (64, 8, 4), (128, 8, 2), (64, 4, 3)),
            64: ((64, 4, 3), (128, 4, 3), (128, 8, 3), (64, 4, 4)),
            32: ((64, 4, 3), (128, 4, 3), (128, 4, 4))}
 
-_configs: Dict[tuple, tuple] = {}
+FIRST_SIGHT = tuning.FirstSight("attention_int8")
 
 
 def _launcher(config):
@@ -196,37 +193,15 @@ def _launcher(config):
 
 def choices() -> list:
     """``[(q's shape, (keys a tile, warps, stages))]``: what first sight chose so far."""
-    return [(tuple(key[3][0]), config) for key, config in _configs.items()]
-
-
-def _runs(launch, args) -> bool:
-    try:
-        launch(*args)
-        return True
-    except Exception as exc:  # a configuration this GPU cannot hold (shared memory): not a candidate
-        log.info("sgdiff: an attention_int8 configuration does not run here: %s", exc)
-        return False
+    return FIRST_SIGHT.choices()
 
 
 def bind(q, k, v, is_causal, scale):
-    """The launch of the fastest tile configuration for this signature: at its first sight
-    outside a CUDA-graph capture every one of :data:`CONFIGS` is timed against the others
-    (:func:`sgdiff.kernels.tuning.fastest`); inside one, or on the CPU, the first."""
-    key = (q.device, q.dtype, scale, *[(t.shape, t.stride()) for t in (q, k, v)])
-    config = _configs.get(key)
-    if config is None:
-        configs = CONFIGS[q.shape[-1]]
-        if not q.is_cuda or torch.cuda.is_current_stream_capturing():
-            return _launcher(configs[0])
-        args = (q, k, v, is_causal, scale)
-        configs = [c for c in configs if _runs(_launcher(c), args)]
-        if not configs:
-            raise RuntimeError("no tile configuration of attention_int8 runs on this signature")
-        best, times = tuning.fastest([_launcher(c) for c in configs], args)
-        config = _configs[key] = configs[best]
-        log.info("sgdiff: attention_int8 %s: %d keys a tile, %d warps, %d stages (%s)", tuple(q.shape), *config,
-                 ", ".join(f"{t * 1e6:.1f}" for t in times))
-    return _launcher(config)
+    """The launch of the fastest tile configuration for this signature, chosen at its first
+    sight among :data:`CONFIGS` (:class:`sgdiff.kernels.tuning.FirstSight`)."""
+    key = (tuple(q.shape), q.device, q.dtype, scale, *[(t.shape, t.stride()) for t in (q, k, v)])
+    configs = [(config, _launcher(config)) for config in CONFIGS[q.shape[-1]]]
+    return FIRST_SIGHT.choose(key, configs, (q, k, v, is_causal, scale))[1]
 
 
 def attention_int8(q, k, v, is_causal: bool, scale: Optional[float]):

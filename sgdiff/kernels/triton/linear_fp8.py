@@ -94,12 +94,8 @@ def _rows(w: torch.Tensor) -> torch.Tensor:
 
 
 def _state(t: torch.Tensor) -> Tuple[int, int]:
-    """``t``'s address and version: what an in-place update or new storage changes (an
-    inference tensor has no version counter, nor may it be updated outside inference mode)."""
-    try:
-        return t.data_ptr(), t._version
-    except RuntimeError:
-        return t.data_ptr(), 0
+    """``t``'s address and version: what new storage or an in-place update changes."""
+    return t.data_ptr(), _compat.version(t)
 
 
 class QuantizedWeights:
