@@ -55,7 +55,8 @@ def test_every_model_comes_with_two_blocks_at_its_real_width():
     for name, case in zoo.MODELS.items():
         full, kwargs = zoo.build(name, "full", dtype=torch.bfloat16, device="meta")
         two, kwargs2 = zoo.build(name, "blocks2", dtype=torch.bfloat16, device="meta")
-        block_lists = [[m for n, m in model.named_children() if _blocks(n, m)] for model in (full, two)]
+        dits = [getattr(model, "dit", model) for model in (full, two)]  # a ListDiT's DiT (Z-Image)
+        block_lists = [[m for n, m in dit.named_children() if _blocks(n, m)] for dit in dits]
         blocks = [sum(len(m) for m in lists) for lists in block_lists]
         # one block of each kind (Flux's double and single), or two of one kind
         assert blocks[0] > 2 and blocks[1] == max(2, len(block_lists[1])), (name, blocks)

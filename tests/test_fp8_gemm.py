@@ -63,8 +63,8 @@ def test_the_rewrite_computes_the_ops_math_within_fp8s_error_of_eager(every_size
 
 
 def test_q_k_v_of_one_input_read_that_input(every_size):
-    """Three projections of one tensor: each op takes the tensor itself (not a view of it per
-    projection), so the kernels quantize it once."""
+    """Three projections of one tensor: each op takes one tensor (x, or its one view to rows:
+    the same view taken for each projection is one node), so the kernels quantize it once."""
     def qkv(x, wq, wk, wv):
         return F.linear(x, wq), F.linear(x, wk), F.linear(x, wv)
 
@@ -72,7 +72,8 @@ def test_q_k_v_of_one_input_read_that_input(every_size):
     run, gm, result = rewrite(qkv, args, quality="high", families=["fp8_gemm"])
     calls = [n for n in gm.graph.nodes if n.target is LINEAR_FP8]
     assert result.counts["fp8_gemm"] == 3 and len({c.args[0] for c in calls}) == 1
-    assert calls[0].args[0].op == "placeholder"
+    x = calls[0].args[0]
+    assert x.op == "placeholder" or (x.target is torch.ops.aten.view.default and x.args[0].op == "placeholder")
 
 
 @pytest.mark.parametrize("case", ["fp16", "fp32", "computed weight", "k not a multiple of 16",

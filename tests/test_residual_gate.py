@@ -245,14 +245,49 @@ def test_residual_add_keeps_the_operand_order(dtype):
     ("a tensor divisor", lambda x, u, t: x + u / t),
     ("subtracted", lambda x, u, t: x - u / 2.0),
     ("a scaled add", lambda x, u, t: torch.add(x, u / 2.0, alpha=2)),
-    ("a product, not a quotient", lambda x, u, t: x + u * 0.5),
     ("not a token stream", lambda x, u, t: x[0] + u[0] / 2.0),
+    ("subtracted, scaled", lambda x, u, t: x - 0.5 * u),
+    ("scaled by a tensor", lambda x, u, t: x + u * t[0]),
+    ("a scaled square", lambda x, u, t: x + 0.5 * u * u),
+    ("a scaled add", lambda x, u, t: torch.add(x, 0.5 * u, alpha=2)),
 ])
 def test_near_misses_of_a_rescaled_residual(name, fn):
     args = (torch.randn(2, 5, 8), torch.randn(2, 5, 8), torch.randn(8))
     run, gm, result = rewrite(fn, args, families=["residual_gate"])
     assert count_op(gm, ADD) == 0, name
     assert bits_equal(run(*args), fn(*args))
+
+
+@pytest.mark.parametrize("dropout", [False, True])
+@pytest.mark.parametrize("order", ["x + s*u", "x + u*s", "s*u + x", "u*s + x"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale", [0.7, 1.0, 3, 1e-3])
+def test_a_residual_scaled_by_a_number_is_one_site(scale, dtype, order, dropout):
+    """ConsisID's face injection (``x + local_face_scale * attn(...)``), an IP-Adapter's scaled
+    attention: ``residual_add`` with the number, the operand order kept."""
+    def fn(x, u):
+        u = u.clone() if dropout else u
+        return {"x + s*u": lambda: x + scale * u, "x + u*s": lambda: x + u * scale,
+                "s*u + x": lambda: scale * u + x, "u*s + x": lambda: u * scale + x}[order]()
+
+    args = (torch.randn(2, 5, 8, dtype=dtype), torch.randn(2, 5, 8, dtype=dtype))
+    run, gm, result = rewrite(fn, args, families=["residual_gate"])
+    assert result.counts["residual_gate"] == 1 and count_op(gm, ADD) == 1
+    assert aten.mul.Tensor not in targets(gm) and aten.clone.default not in targets(gm)
+    node = next(n for n in gm.graph.nodes if n.target == ADD)
+    assert node.args[2] is None and node.args[4] == scale and node.args[3] is order.endswith("x")  # update first
+    assert bits_equal(run(*args), fn(*args))
+
+
+def test_a_scaled_update_with_another_user_stays():
+    def fn(x, u):
+        s = 0.5 * u
+        return x + s, s
+
+    args = (torch.randn(2, 5, 8), torch.randn(2, 5, 8))
+    run, gm, result = rewrite(fn, args, families=["residual_gate"])
+    assert count_op(gm, ADD) == 0 and aten.mul.Tensor in targets(gm)
+    assert any("another user" in s.reason for s in result.skipped)
 
 
 def test_a_quotient_with_another_user_stays():
@@ -352,13 +387,13 @@ def test_the_divisors_reciprocal_is_the_fp64_one_rounded_to_fp32(divisor, invers
     assert tk.reciprocal(divisor) == inverse and str(tk.reciprocal(divisor)) == str(inverse)
 
 
-@pytest.mark.parametrize("divisor,divides", [(1.0, False), (1.00000001, False), (0.9999999, True), (3.0, True),
+@pytest.mark.parametrize("divisor,scales", [(1.0, False), (1.00000001, False), (0.9999999, True), (3.0, True),
                                              (-1.0, True), (0.0, True)])
-def test_a_reciprocal_of_one_multiplies_nothing(divisor, divides):
+def test_a_reciprocal_of_one_multiplies_nothing(divisor, scales):
     """Sana's ``/ rescale_output_factor`` of 1.0 launches the kernel without the product: so does
     any divisor whose fp32 reciprocal rounds to 1, and no other."""
     from sgdiff.kernels.triton import residual_gate as tk
-    assert tk.divides(tk.reciprocal(divisor)) is divides
+    assert tk.scales(tk.reciprocal(divisor)) is scales
 
 
 @pytest.mark.parametrize("shape,dtype,warps", [

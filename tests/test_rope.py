@@ -429,3 +429,52 @@ def test_chunked_near_misses_are_not_rope(name, fn):
     run, gm, _ = rewrite(fn, (x, cos, sin), families=["rope"])
     assert count_op(gm, OPS["rotate_half"]) == 0, name
     assert bits_equal(run(x, cos, sin), fn(x, cos, sin))
+
+
+def helios_rope(x, freqs_cis):
+    """diffusers' Helios apply_rotary_emb_transposed, verbatim: Wan's even/odd rotation with the
+    tables sliced anew for each product (cos[..., 0::2] twice)."""
+    x_1, x_2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    cos, sin = freqs_cis.unsqueeze(-2).chunk(2, dim=-1)
+    out = torch.empty_like(x)
+    out[..., 0::2] = x_1 * cos[..., 0::2] - x_2 * sin[..., 1::2]
+    out[..., 1::2] = x_1 * sin[..., 1::2] + x_2 * cos[..., 0::2]
+    return out.type_as(x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tables_sliced_anew_for_each_product_are_one_even_odd_site(dtype):
+    """The same view of a table taken twice is one operand (fxpasses.views): Helios's RoPE is
+    Wan's, one rope_even_odd site on q and one on k."""
+    def fn(q, k, freqs):
+        return helios_rope(q, freqs), helios_rope(k, freqs)
+
+    q, k = (torch.randn(2, 6, 3, 8).to(dtype) for _ in range(2))
+    freqs = torch.randn(2, 6, 16)  # fp32 (cos | sin) per token, as Helios's rope module returns it
+    run, gm, result = rewrite(fn, (q, k, freqs), families=["rope"])
+    assert result.counts["rope"] == 2 and count_op(gm, registry.op_def("rope_even_odd").load()) == 2
+    assert aten.empty_like.default not in targets(gm)
+    assert all(bits_equal(a, b) for a, b in zip(run(q, k, freqs), fn(q, k, freqs)))
+
+
+@pytest.mark.parametrize("name,fn", [
+    # cos's even entries in one product, its odd ones in the other: not one table
+    ("two slices of cos", lambda x, f: _helios_with(x, f, cos_starts=(0, 1))),
+    # the same slice of cos, but of another table in the second product
+    ("another table", lambda x, f: _helios_with(x, f, second_table=f.flip(-1))),
+])
+def test_tables_sliced_differently_are_not_one_operand(name, fn):
+    x, freqs = torch.randn(2, 6, 3, 8), torch.randn(2, 6, 16)
+    run, gm, result = rewrite(fn, (x, freqs), families=["rope"])
+    assert result.counts["rope"] == 0, name
+    assert bits_equal(run(x, freqs), fn(x, freqs))
+
+
+def _helios_with(x, freqs, cos_starts=(0, 0), second_table=None):
+    x_1, x_2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    cos, sin = freqs.unsqueeze(-2).chunk(2, dim=-1)
+    cos2 = cos if second_table is None else second_table.unsqueeze(-2).chunk(2, dim=-1)[0]
+    out = torch.empty_like(x)
+    out[..., 0::2] = x_1 * cos[..., cos_starts[0]::2] - x_2 * sin[..., 1::2]
+    out[..., 1::2] = x_1 * sin[..., 1::2] + x_2 * cos2[..., cos_starts[1]::2]
+    return out

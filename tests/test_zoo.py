@@ -15,7 +15,8 @@ FAMILIES = sites.FAMILIES
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-@pytest.fixture(scope="module", params=[(m, d) for m in sites.REWRITTEN for d in DTYPES], ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(scope="module", params=[(m, d) for m in sites.REWRITTEN for d in sites.dtypes_of(m, tuple(DTYPES))],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def case(request):
     """One model per name and dtype, built once: (name, model, kwargs, eager output)."""
     name, dtype = request.param

@@ -11,8 +11,8 @@ A site is a linear layer of at least :data:`MIN_FLOP` (smaller GEMMs gain less t
 activation's quantization pass costs: adaLN projections, GEMVs, text embedders), whose K and N
 are multiples of 16 (the FP8 GEMM's alignment), K at most 16384, and whose weight is a graph input (a parameter:
 its e4m3 copy is made once and kept); other linear layers are not sites. The op takes ``x``
-before its view to rows, so projections of one input (q, k and v) read one tensor, and the op
-quantizes it once for all of them (:mod:`sgdiff.kernels.triton.linear_fp8`). A 1x1 convolution
+before its view to rows (or the one view to rows they share, :mod:`sgdiff.fxpasses.views`), so
+projections of one input (q, k and v) read one tensor, and the op quantizes it once for all of them (:mod:`sgdiff.kernels.triton.linear_fp8`). A 1x1 convolution
 (stride 1, no padding, one group) of a channels-last map is the same GEMM over the map's tokens;
 one over another layout is not a site.
 

@@ -60,10 +60,14 @@ def _divided(update):
                  Op(aten.div.Tensor, update(), divisor))
 
 
+def _is_tensor(v) -> bool:
+    return tensor_meta(v) is not None
+
+
 def _update(key: ResidualGateKey):
     def update():
-        if not key.bias:
-            return parts.maybe_upcast("update") if not key.divisor else Arg("update")
+        if not key.bias:  # a number times the update is no gate but a scale (residual_add)
+            return parts.maybe_upcast("update", check=_is_tensor) if not key.divisor else Arg("update")
         return Op(aten.add.Tensor, Arg("update", check=parts.is_multi_dim),
                   Arg("update_bias", check=parts.is_vector), alpha=Lit(1), commutative=True)
 
@@ -78,7 +82,7 @@ def chain(key: ResidualGateKey):
     if key.gate != "plain":  # an elementwise function commutes with the views after it: replay them
         gate = Views(Op(GATE_FUNCTIONS[key.gate], Arg("gate"), shared=True), "gate_views")
     else:
-        gate = parts.maybe_upcast("gate")
+        gate = parts.maybe_upcast("gate", check=_is_tensor)
     # a copied update first: either operand could be the Dropout's copy
     product = AnyOf(Op(aten.mul.Tensor, gate, Op(aten.clone.default, _update(key)), commutative=True),
                     Op(aten.mul.Tensor, gate, _update(key), commutative=True))
@@ -168,15 +172,25 @@ def _layout_of_residual(m: Match) -> bool:
     return tensor_meta(m.root).is_contiguous() == tensor_meta(m["residual"]).is_contiguous()
 
 
-def residual_add_chain():
-    """``update / number + residual`` (Sana's and PixArt's cross-attention), either order."""
+def _scaled():
+    """``update * number`` (``number * update`` traces the same), maybe through an eval-mode
+    Dropout's copy first."""
+    scale = Arg("update_scale", check=parts.is_number)
+    return AnyOf(Op(aten.mul.Tensor, Op(aten.clone.default, Arg("update")), scale),
+                 Op(aten.mul.Tensor, Arg("update"), scale))
+
+
+def residual_add_chain(scaled: bool):
+    """``update / number + residual`` (Sana's and PixArt's cross-attention) or ``residual +
+    number * update`` (ConsisID's face injection, an IP-Adapter's scaled attention), either order."""
     residual = Arg("residual", check=_is_residual)
-    return Op(aten.add.Tensor, _divided(lambda: Arg("update")), residual, alpha=Lit(1), commutative=True)
+    update = _scaled() if scaled else _divided(lambda: Arg("update"))
+    return Op(aten.add.Tensor, update, residual, alpha=Lit(1), commutative=True)
 
 
 def residual_add_args(m: Match):
-    return dict(residual=m["residual"], update=m["update"], update_divisor=m["update_divisor"],
-                update_first=m.root.args[1] is m["residual"])
+    return dict(residual=m["residual"], update=m["update"], update_divisor=m.get("update_divisor"),
+                update_first=m.root.args[1] is m["residual"], update_scale=m.get("update_scale"))
 
 
 def patterns() -> List[ChainPattern]:
@@ -193,5 +207,6 @@ def patterns() -> List[ChainPattern]:
             priority=key.priority,
         )
         for key in keys
-    ] + [ChainPattern(family="residual_gate", name="residual_add", chain=residual_add_chain(), op="residual_add",
-                      replacement=residual_add_args, check=check)]
+    ] + [ChainPattern(family="residual_gate", name="residual_" + name, chain=residual_add_chain(scaled),
+                      op="residual_add", replacement=residual_add_args, check=check)
+         for name, scaled in (("add", False), ("scaled", True))]

@@ -147,7 +147,9 @@ def _matrix(form: str) -> Expr:
                      Arg("rope_sum_dims"), keepdim=Lit(False), dtype=Lit(None))
     else:
         def term(k: int) -> Expr:
-            return Op(aten.mul.Tensor, Op(aten.select.int, Arg("table"), Arg(f"rope_table_dim{k}"), Lit(k)),
+            # the table's halves may serve q's rotation and k's (HiDream: freqs_cis[..., k] read twice)
+            return Op(aten.mul.Tensor,
+                      Op(aten.select.int, Arg("table"), Arg(f"rope_table_dim{k}"), Lit(k), shared=True),
                       Op(aten.select.int, pairs, Arg(f"rope_pairs_dim{k}"), Lit(k)), commutative=True)
 
         rotated = Op(aten.add.Tensor, term(0), term(1), alpha=Lit(1), commutative=True)

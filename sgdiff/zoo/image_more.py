@@ -1,11 +1,11 @@
-"""More image DiTs: Flux3, Bria 3.2, Bria FIBO and FIBO 2, Krea 2, PRX, Lumina-Next (see :mod:`sgdiff.zoo`)."""
+"""More image DiTs: Flux3, Bria 3.2, Bria FIBO and FIBO 2, Krea 2, PRX, Z-Image, Lumina-Next (see :mod:`sgdiff.zoo`)."""
 from __future__ import annotations
 
 from typing import Dict
 
 import torch
 
-from sgdiff.zoo.parts import ModelCase, _gen, _image_ids, _model, _place, _randn
+from sgdiff.zoo.parts import ListDiT, ModelCase, _gen, _image_ids, _model, _place, _randn
 
 
 def _flux3(size, dtype, device):
@@ -223,6 +223,35 @@ def _lumina_next(size, dtype, device):
     return _place(model, kwargs, dtype, device)
 
 
+def _zimage(size, dtype, device):
+    from diffusers import ZImageTransformer2DModel
+
+    # one stream of caption and image tokens: a noise refiner (modulated) over the image tokens, a context refiner
+    # (not modulated) over the caption's, then the joint layers; RMSNorm-modulates with tanh-gated residuals,
+    # per-head RMSNorm QK norms, complex RoPE over (t, h, w), SiLU-gated feed-forwards. Its forward takes and
+    # returns per-image lists (ListDiT)
+    if size == "tiny":  # diffusers' test config at two heads
+        cfg = dict(in_channels=16, dim=32, n_layers=1, n_refiner_layers=1, n_heads=2, n_kv_heads=2, cap_feat_dim=16,
+                   axes_dims=[8, 4, 4], axes_lens=[256, 32, 32])
+        h = w = 8
+        text = 16
+    else:  # Tongyi-MAI/Z-Image-Turbo (its transformer/config.json), 1024x1024: a 128 x 128 latent, 128 caption
+        # tokens (a prompt's Qwen3-4B tokens; the pipeline keeps the valid ones of its 512)
+        cfg = dict(in_channels=16, dim=3840, n_layers=30, n_refiner_layers=2, n_heads=30, n_kv_heads=30,
+                   cap_feat_dim=2560, axes_dims=[32, 48, 48], axes_lens=[1536, 512, 512])
+        if size == "blocks2":  # two joint layers, one refiner layer of each kind
+            cfg.update(n_layers=2, n_refiner_layers=1)
+        h = w = 128
+        text = 128
+    model = ListDiT(ZImageTransformer2DModel(**cfg))
+    c = model.dit.config
+    g = _gen(device)
+    # the Turbo pipeline's call: guidance 0, one image; timestep (1000 - t) / 1000 in [0, 1]
+    kwargs = dict(hidden_states=_randn(1, c.in_channels, 1, h, w, g=g), timestep=torch.full((1,), 0.5),
+                  encoder_hidden_states=_randn(1, text, c.cap_feat_dim, g=g), return_dict=False)
+    return _place(model, kwargs, dtype, device)
+
+
 MODELS: Dict[str, ModelCase] = {
     "flux3": ModelCase("flux3", _flux3, "Flux3Transformer2DModel (tiny: 1 per-mode block a mode + 1 single block)"),
     "bria": ModelCase("bria", _bria, "BriaTransformer2DModel, BRIA-3.2 (tiny: 1 double + 1 single block)"),
@@ -232,5 +261,7 @@ MODELS: Dict[str, ModelCase] = {
     "krea2": ModelCase("krea2", _krea2, "Krea2Transformer2DModel (tiny: 1 block, 1 layerwise + 1 refiner text "
                        "block)"),
     "prx": ModelCase("prx", _prx, "PRXTransformer2DModel (tiny: 1 block)"),
+    "zimage": ModelCase("zimage", _zimage, "ZImageTransformer2DModel, Z-Image-Turbo (tiny: 1 layer, 1 refiner layer "
+                        "of each kind; per-image lists batched by ListDiT)"),
     "lumina_next": ModelCase("lumina_next", _lumina_next, "LuminaNextDiT2DModel, Lumina-Next (tiny: 1 layer)"),
 }

@@ -20,6 +20,23 @@ class ModelCase:
     meta: bool = True
 
 
+class ListDiT(torch.nn.Module):
+    """A DiT whose forward takes and returns per-sample lists (Z-Image's ``x``, ``cap_feats`` and
+    output), as the zoo's contract wants it: a batch in one tensor in, one out. ``hidden_states``
+    [B, ...] and ``encoder_hidden_states`` [B, L, D] are split into the lists its pipeline passes,
+    and the output list is stacked back. The DiT is ``.dit``."""
+
+    def __init__(self, dit: torch.nn.Module):
+        super().__init__()
+        self.dit = dit
+        self._keep_in_fp32_modules = getattr(dit, "_keep_in_fp32_modules", None)
+
+    def forward(self, hidden_states, timestep, encoder_hidden_states, return_dict=False):
+        out = self.dit(list(hidden_states.unbind(0)), timestep, list(encoder_hidden_states.unbind(0)),
+                       return_dict=False)[0]
+        return (torch.stack(out),)
+
+
 def _model(cls, cfg: Dict[str, Any], size: str) -> torch.nn.Module:
     """``cls(**cfg)``; at ``blocks2``, with the config's block counts cut to two blocks."""
     return cls(**(_two_blocks(cls, cfg) if size == "blocks2" else cfg))

@@ -115,10 +115,23 @@ def test_every_value_divided_as_eager_divides(dtype, divisor):
     assert torch.equal(tk.residual_add(res, upd, divisor, False), res + upd / divisor)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("scale", [0.7, 1.0, 1e-3, 1 / 3, 3, 1.00000001, 65504.5])
+def test_every_value_scaled_as_eager_scales(dtype, scale):
+    """Every finite fp16/bf16 update (and fp32 ones) times a Python number (ConsisID's face
+    scale): the number rounded to fp32, the product rounded once, as ATen's mul by a CPU scalar."""
+    values = every_16bit_value(dtype) if dtype != torch.float32 else torch.randn(1 << 16, device="cuda") * 1e4
+    upd = values[values.isfinite()]
+    upd = upd[: upd.numel() // 64 * 64].view(1, -1, 64)
+    res = torch.zeros_like(upd)
+    for want in (res + scale * upd, scale * upd + res):
+        assert torch.equal(tk.residual_add(res, upd, None, False, scale), want)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("gated", [False, True])
 def test_a_divisor_of_one_keeps_every_value(dtype, gated):
-    """A divisor whose reciprocal is 1 skips the product (divides): every fp16/bf16 update,
+    """A divisor whose reciprocal is 1 skips the product (scales): every fp16/bf16 update,
     infinities and NaNs included, gives eager's bits, a NaN where eager's is."""
     values = every_16bit_value(dtype)
     upd = values.view(1, -1, 64)

@@ -52,7 +52,7 @@ GATE_ARGS = {
     "fp32_bias": lambda r, g, u, b: (r, g, u, "plain", True, b.float()),
     "divisor": lambda r, g, u, b: (r, g, u, "plain", True, None, 3.0),      # / rescale_output_factor
     "bias_divisor": lambda r, g, u, b: (r, g, u, "plain", True, b, 0.7),
-    "divisor_one": lambda r, g, u, b: (r, g, u, "plain", True, None, 1.0),  # ... of 1: no product (tk.divides)
+    "divisor_one": lambda r, g, u, b: (r, g, u, "plain", True, None, 1.0),  # ... of 1: no product (tk.scales)
     "type_as": lambda r, g, u, b: (r, g.float(), u, "plain", True, None, None, torch.bfloat16),  # Wan: (x.float() + y * g).type_as(x)
 }
 
@@ -75,11 +75,14 @@ def test_residual_gate(dt, D, form):
         assert_within(got, want, 2 ** -6)
 
 
-# residual_add's arguments from r and u (LAST): (residual, update, update_divisor, update_first)
+# residual_add's arguments from r and u (LAST): (residual, update, update_divisor, update_first, update_scale)
 ADD_ARGS = {
     "divisor": lambda r, u: (r, u.contiguous(), 3.0, True),   # ungated, rescaled
     "fp32_update": lambda r, u: (r, u.contiguous().float(), 0.7, False),
     "divisor_one": lambda r, u: (r, u.contiguous(), 1.0, False),
+    "scale": lambda r, u: (r, u.contiguous(), None, False, 0.7),   # x + 0.7 * u: the fp32 number's product
+    "fp32_scale": lambda r, u: (r.float(), u.contiguous().float(), None, True, 1 / 3),
+    "scale_one": lambda r, u: (r, u.contiguous(), None, False, 1.0),
 }
 
 
@@ -90,6 +93,8 @@ def test_residual_add(form):
     assert tk.residual_add_supported_layout(*args)
     got, want = tk.residual_add(*args), residual_add_reference(*args)
     assert got.dtype == want.dtype
+    if got.dtype == torch.float32 and len(args) == 5:   # a product by the number rounded to fp32: exact
+        assert torch.equal(got, want)
     assert_within(got, want, 2 ** -6)
 
 
@@ -102,6 +107,8 @@ def test_tanh_gate():
 def test_refused_layouts():
     r, g, u, b = inputs(*LAST)
     assert not tk.residual_add_supported_layout(r, u, 3.0, True)   # a strided update: eager's layout may differ
+    assert not tk.residual_add_supported_layout(r, u.contiguous(), 3.0, True, 0.5)   # a divisor and a scale
+    assert not tk.residual_add_supported_layout(r, u.contiguous(), None, True)       # neither
     assert not tk.supported_layout(r[:, :1], g, u, "plain")            # broadcasts past the residual
     assert not tk.supported_layout(r.transpose(0, 1), g.transpose(0, 1), u.transpose(0, 1), "plain")
 

@@ -16,7 +16,7 @@ from sgdiff.kernels.conv_residual import conv_residual_reference
 from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton.conv_bias import conv_epilogue_bind, contiguous_output_shape, on_cudnn
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
-from sgdiff.kernels.triton.residual_gate import divides, reciprocal
+from sgdiff.kernels.triton.residual_gate import reciprocal, scales
 
 BLOCK = 2048
 
@@ -67,7 +67,7 @@ def bind_epilogue(y, conv_bias, residual, divisor=None, conv_first=False):
     s = y.numel() // rows
     inv = reciprocal(divisor) if divisor is not None else 1.0
     block = min(BLOCK, triton.next_power_of_2(s))
-    kernel = _bias_residual_kernel.bind((rows, triton.cdiv(s, block)), DIVIDE=divides(inv), BLOCK=block,
+    kernel = _bias_residual_kernel.bind((rows, triton.cdiv(s, block)), DIVIDE=scales(inv), BLOCK=block,
                                         WIDE=y.numel() >= 2 ** 31, num_warps=max(1, min(8, block // 256)),
                                         enable_fp_fusion=False)
     c = y.shape[1]

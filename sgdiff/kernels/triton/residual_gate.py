@@ -5,14 +5,16 @@ Eager chain and its rounding steps::
     u = update + bias      # with update_bias: fp32 sum, rounded to promote(update, bias)
     u = u * (1 / divisor)  # with update_divisor: ATen's division by a CPU scalar (the fp64
                            # reciprocal rounded to fp32 on the host, then an fp32 product), rounded to u's dtype;
-                           # not launched where that reciprocal is 1 (divides)
+                           # not launched where that reciprocal is 1 (scales)
     g = tanh(gate)         # gate_kind "tanh": fp32 tanhf, rounded to gate.dtype
     g = sigmoid(gate)      # gate_kind "sigmoid": fp32 1 / (1 + expf(-gate)), IEEE division, rounded to gate.dtype
     y = g * update         # fp32 product, rounded to promote(gate, update)
     y = residual + y       # fp32 sum, rounded to promote(residual, y)
     y = y.to(out_dtype)    # with out_dtype: Wan's .type_as(x), from the registers
 
-sgdiff::residual_add is the same kernel with no gate: ``residual + update / divisor``.
+sgdiff::residual_add is the same kernel with no gate: ``residual + update / divisor`` or
+``residual + update * scale``, the product with an fp32 number either way (ATen's ``mul`` by a
+CPU scalar takes the Python float rounded to fp32).
 
 A program writes a tile of rows by a column block of ``residual`` ([B, S, D], contiguous),
 consecutive programs in memory order; ``gate``, ``update`` and the bias are read through
@@ -52,7 +54,7 @@ def _residual_gate_kernel(
     stride_ub: tl.constexpr, stride_us: tl.constexpr, stride_ud: tl.constexpr,
     stride_bb: tl.constexpr, stride_bs: tl.constexpr, stride_bd: tl.constexpr,
     stride_ab: tl.constexpr, stride_as: tl.constexpr, stride_ad: tl.constexpr,
-    inv_divisor,  # 1 / divisor rounded to fp32, as ATen takes it on the host (unused unless DIVIDE)
+    factor,  # the update's fp32 factor: 1 / divisor or the scale, as ATen takes it on the host (unused unless SCALE)
     UPDATE_DTYPE: tl.constexpr,  # promote(update, bias)
     GATE_DTYPE: tl.constexpr,  # the gate's, or promote(gate, gate_add) with HAS_GATE_ADD
     PRODUCT_DTYPE: tl.constexpr,  # promote(gate, update + bias)
@@ -60,7 +62,7 @@ def _residual_gate_kernel(
     GATE_FN: tl.constexpr,  # GATE_FNS[gate_kind]: 0 the gate itself, 1 tanh, 2 sigmoid
     HAS_BIAS: tl.constexpr,
     HAS_GATE_ADD: tl.constexpr,
-    DIVIDE: tl.constexpr,
+    SCALE: tl.constexpr,
     GATED: tl.constexpr,  # False: residual + update (sgdiff::residual_add; gate_ptr unused)
     BLOCK_R: tl.constexpr,  # rows a program
     BLOCK_D: tl.constexpr,  # columns a program (launch_rows, flat)
@@ -77,8 +79,8 @@ def _residual_gate_kernel(
     if HAS_BIAS:  # ATen's add after the bmm of a linear
         ub = tl.load(bias_ptr + bi * stride_bb + si * stride_bs + d * stride_bd, mask=mask, other=0.0)
         u = (u.to(tl.float32) + ub.to(tl.float32)).to(UPDATE_DTYPE)
-    if DIVIDE:  # ATen's division by a CPU scalar: the product with its fp32 reciprocal
-        u = (u.to(tl.float32) * inv_divisor).to(UPDATE_DTYPE)
+    if SCALE:  # ATen's division by a CPU scalar (the product with its fp32 reciprocal), or product with one
+        u = (u.to(tl.float32) * factor).to(UPDATE_DTYPE)
     if GATED:
         g = tl.load(gate_ptr + bi * stride_gb + si * stride_gs + d * stride_gd, mask=mask, other=0.0)
         if HAS_GATE_ADD:  # eager's sum of the two, stored in GATE_DTYPE
@@ -131,13 +133,15 @@ def supported_layout(residual, gate, update, gate_kind, residual_layout=True, up
     return tuple(out_shape) == tuple(residual.shape)  # (promotions of DTYPES stay in DTYPES)
 
 
-def residual_add_can_use(residual, update, update_divisor, update_first) -> bool:
-    return residual.is_cuda and residual_add_supported_layout(residual, update, update_divisor, update_first)
+def residual_add_can_use(residual, update, update_divisor, update_first, update_scale=None) -> bool:
+    return residual.is_cuda and residual_add_supported_layout(residual, update, update_divisor, update_first,
+                                                              update_scale)
 
 
-def residual_add_supported_layout(residual, update, update_divisor, update_first) -> bool:
+def residual_add_supported_layout(residual, update, update_divisor, update_first, update_scale=None) -> bool:
     """Both contiguous: eager's output is then contiguous whatever the operand order."""
-    return update.is_contiguous() and supported_layout(residual, None, update, "plain")
+    return ((update_divisor is None) != (update_scale is None) and update.is_contiguous()
+            and supported_layout(residual, None, update, "plain"))
 
 
 def reciprocal(divisor: float) -> float:
@@ -148,11 +152,18 @@ def reciprocal(divisor: float) -> float:
         return float(np.float32(np.float64(1.0) / np.float64(divisor)))
 
 
-def divides(inv_divisor: float) -> bool:
-    """Whether the product with the divisor's reciprocal changes an update: not where the
-    reciprocal is 1 (diffusers' ``/ rescale_output_factor`` of 1.0), since ``u * 1.0`` rounds
-    to ``u`` for every number, and a NaN update stays NaN through the gate's product and the sum."""
-    return inv_divisor != 1.0
+def fp32(number: float) -> float:
+    """A Python number as ATen's CUDA ``mul`` by a CPU scalar takes it: rounded once to fp32."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(number))
+
+
+def scales(factor: float) -> bool:
+    """Whether the product with the update's fp32 factor changes an update: not where the
+    factor (a divisor's reciprocal, or a scale) is 1 (diffusers' ``/ rescale_output_factor`` of
+    1.0, ConsisID's default face scale), since ``u * 1.0`` rounds to ``u`` for every number, and
+    a NaN update stays NaN through the gate's product and the sum."""
+    return factor != 1.0
 
 
 # Warps a program, each thread one 16-byte vector of the residual: 8, and 16 from Wan's sizes on
@@ -181,16 +192,18 @@ def _plan(residual, gate, update, update_bias, gate_addend=None):
              num_warps=max(1, min(warps, block_r * block_d // (32 * vector))))  # a small residual: fewer
 
 
-def _bind(residual, gate, update, gate_kind, update_bias, update_divisor, out_dtype=None, gate_addend=None):
+def _bind(residual, gate, update, gate_kind, update_bias, update_divisor, out_dtype=None, gate_addend=None,
+          update_scale=None):
     """The launch for inputs of this signature: ``launch(residual, gate, update, bias, gate_addend)``."""
     grid, ints, updated, gated, product, total, blocks = _plan(residual, gate, update, update_bias, gate_addend)
     dtype, view = out_dtype or total, residual.shape
-    inv = reciprocal(update_divisor) if update_divisor is not None else 1.0
+    inv = (reciprocal(update_divisor) if update_divisor is not None
+           else fp32(update_scale) if update_scale is not None else 1.0)
     kernel = _residual_gate_kernel.bind(
         grid, UPDATE_DTYPE=TL_DTYPE[updated], PRODUCT_DTYPE=TL_DTYPE[product], SUM_DTYPE=TL_DTYPE[total],
         GATE_DTYPE=TL_DTYPE[gated] if gated is not None else TL_DTYPE[updated],
         GATE_FN=GATE_FNS[gate_kind], HAS_BIAS=update_bias is not None, HAS_GATE_ADD=gate_addend is not None,
-        DIVIDE=divides(inv),
+        SCALE=scales(inv),
         GATED=gate is not None, **blocks, INTERPRET=INTERPRET,
         enable_fp_fusion=False, **libdevice_options())
 
@@ -222,14 +235,14 @@ def residual_gate(residual, gate, update, gate_kind, residual_layout=True, updat
         residual, gate, update, update_bias, gate_addend)
 
 
-def residual_add_bind(residual, update, update_divisor, update_first):
-    launch = _bind(residual, None, update, "plain", None, update_divisor)
+def residual_add_bind(residual, update, update_divisor, update_first, update_scale=None):
+    launch = _bind(residual, None, update, "plain", None, update_divisor, update_scale=update_scale)
     return lambda residual, update, *_: launch(residual, None, update, None)
 
 
-def residual_add(residual, update, update_divisor, update_first):
+def residual_add(residual, update, update_divisor, update_first, update_scale=None):
     """Launch; the caller has checked :func:`residual_add_can_use`."""
-    return residual_add_bind(residual, update, update_divisor, update_first)(residual, update)
+    return residual_add_bind(residual, update, update_divisor, update_first, update_scale)(residual, update)
 
 
 RESIDUAL_GATE = Impl(run=residual_gate, supports=supported_layout, bind=bind)
