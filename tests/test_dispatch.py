@@ -58,7 +58,7 @@ def cpu_kernel():
 
 def args(S=4, D=8):
     return (torch.randn(2, S, D), torch.randn(2, 1, D), torch.randn(2, S, D), "plain", True, None, None, None,
-            None)  # as the op passes them
+            None, None)  # as the op passes them
 
 
 def test_a_signature_is_verified_once_then_settled(cpu_kernel):

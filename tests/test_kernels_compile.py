@@ -30,7 +30,8 @@ NVDISASM = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", 
 pytestmark = [pytest.mark.skipif(not os.path.exists(PTXAS), reason="this Triton bundles no ptxas"),
               pytest.mark.skipif(INTERPRET, reason="TRITON_INTERPRET=1: kernels are interpreted, not compiled")]
 
-POINTER = {torch.float8_e4m3fn: "*fp8e4nv", torch.int8: "*i8", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",
+POINTER = {torch.float8_e4m3fn: "*fp8e4nv", torch.int8: "*i8", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32",
+           torch.float64: "*fp64", torch.int32: "*i32",
            torch.int64: "*i64", torch.uint8: "*u8", torch.bool: "*i1"}
 
 

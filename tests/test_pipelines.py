@@ -1,5 +1,5 @@
-"""sgdiff.optimize and sgdiff.explain on a diffusers pipeline: a tiny FluxPipeline (tiny
-transformer, tiny VAE, scheduler; prompt embeddings given, no text encoders)."""
+"""sgdiff.optimize and sgdiff.explain on a diffusers pipeline: a tiny FluxPipeline and a tiny
+ZImagePipeline (tiny transformer, tiny VAE, scheduler; prompt embeddings given, no text encoders)."""
 import pytest
 import torch
 
@@ -12,11 +12,13 @@ diffusers = pytest.importorskip("diffusers")
 _CALL = {}  # the tiny pipeline's call arguments: its embeddings, the same every call
 
 
-def tiny_pipeline():
-    """A tiny FluxPipeline (zoo: tiny transformer and VAE, scheduler, no text encoders)."""
+def tiny_pipeline(name="flux"):
+    """A tiny FluxPipeline, or another of the zoo's (tiny transformer and VAE, scheduler, no text
+    encoders)."""
     from sgdiff import zoo
 
-    pipe, kwargs = zoo.build_pipeline("flux", "tiny")
+    pipe, kwargs = zoo.build_pipeline(name, "tiny")
+    _CALL.clear()
     _CALL.update(kwargs)
     return pipe
 
@@ -27,14 +29,15 @@ def call(pipe):
 
 
 @pytest.mark.parametrize("regional", [False, True])
-def test_an_optimized_pipeline_gives_eager_bits(regional):
-    pipe = tiny_pipeline()
+@pytest.mark.parametrize("name", ["flux", "zimage"])  # Z-Image's DiT takes and returns per-image lists
+def test_an_optimized_pipeline_gives_eager_bits(name, regional):
+    pipe = tiny_pipeline(name)
     want = call(pipe)
-    decode = pipe.vae.decode
+    decode, denoiser = pipe.vae.decode, type(pipe.transformer)
     assert sgdiff.optimize(pipe, regional=regional) is pipe
     assert pipe.vae.decode is not decode and "decode" in vars(pipe.vae)  # compiled, on the instance
     if regional:  # block by block: the module itself stays
-        assert type(pipe.transformer).__name__ == "FluxTransformer2DModel"
+        assert type(pipe.transformer) is denoiser
     else:
         assert pipe.transformer is not pipe.transformer._orig_mod
     assert torch.equal(call(pipe), want)

@@ -411,3 +411,34 @@ def test_a_thread_moves_one_16_byte_vector_of_the_residual(shape, dtype, warps):
     assert blocks["num_warps"] == warps
     vectors = blocks["BLOCK_R"] * blocks["BLOCK_D"] * res.element_size() // 16
     assert vectors == warps * 32 if warps > 1 else vectors <= 32
+
+
+@pytest.mark.parametrize("gate_fn", [None, "tanh"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_product_cast_before_the_sum_is_the_ops(dtype, gate_fn):
+    """Mochi's modulated RMSNorm: ``x + (rms_norm(y.float()) * tanh(gate)).to(x.dtype)``, a 16-bit
+    gated residual written through an fp32 product: one site, the cast done by the op."""
+    def fn(x, y, gate):
+        g = torch.tanh(gate) if gate_fn else gate
+        return x + (y.float() * torch.rsqrt(y.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+                    * g[:, None]).to(x.dtype)
+
+    args = (torch.randn(2, 5, 8, dtype=dtype), torch.randn(2, 5, 8, dtype=dtype), torch.randn(2, 8, dtype=dtype))
+    run, gm, result = rewrite(fn, args, families=["residual_gate"])
+    assert result.counts["residual_gate"] == 1 and count_op(gm, OP) == 1
+    node = next(n for n in gm.graph.nodes if n.target == OP)
+    assert node.args[-1] == dtype  # product_dtype
+    assert not any(n.target is aten._to_copy.default and n.meta["val"].dtype == dtype for n in gm.graph.nodes)
+    assert bits_equal(run(*args), fn(*args))
+
+
+def test_a_product_cast_to_another_dtype_keeps_eagers_dtypes():
+    """The product cast to fp16 and added to a bf16 residual: the sum in fp32 (their promotion)."""
+    def fn(x, y, gate):
+        return x + (y * gate[:, None]).to(torch.float16)
+
+    args = (torch.randn(2, 5, 8, dtype=torch.bfloat16), torch.randn(2, 5, 8), torch.randn(2, 8))
+    run, gm, result = rewrite(fn, args, families=["residual_gate"])
+    assert result.counts["residual_gate"] == 1
+    got, want = run(*args), fn(*args)
+    assert got.dtype == want.dtype == torch.float32 and bits_equal(got, want)

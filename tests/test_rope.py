@@ -245,10 +245,39 @@ def test_even_odd_re_interleaved_by_a_stack_is_rope_even_odd(halves, dtype, tabl
         assert bits_equal(got, want) and got.stride() == want.stride()
 
 
+def mochi_rope(x, freqs_cos, freqs_sin, upcast=True, cast_dtypes=(None, None)):
+    """diffusers' MochiAttnProcessor2_0 apply_rotary_emb, verbatim (upcast, cast_dtypes: near misses)."""
+    x_even = x[..., 0::2].float() if upcast else x[..., 0::2]
+    x_odd = x[..., 1::2].float() if upcast else x[..., 1::2]
+    cos = (x_even * freqs_cos - x_odd * freqs_sin).to(cast_dtypes[0] or x.dtype)
+    sin = (x_even * freqs_sin + x_odd * freqs_cos).to(cast_dtypes[1] or x.dtype)
+    return torch.stack([cos, sin], dim=-1).flatten(-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_widened_halves_cast_back_before_the_stack_are_rope_even_odd(dtype):
+    """Mochi: x's halves .float(), each rotated half cast back to x's dtype before the stack."""
+    def both(q, k, cos, sin):
+        return mochi_rope(q, cos, sin), mochi_rope(k, cos, sin)
+
+    q, k = (torch.randn(2, 6, 3, 8).to(dtype) for _ in range(2))
+    cos, sin = (torch.randn(6, 1, 4) for _ in range(2))  # fp32 [S, 1, D/2] as Mochi's rope module gives
+    run, gm, result = rewrite(both, (q, k, cos, sin), families=["rope"])
+    assert result.counts["rope"] == 2, result.skipped
+    assert count_op(gm, OPS["even_odd"]) == 2 and aten.stack.default not in set(targets(gm))
+    assert all(bits_equal(a, b) for a, b in zip(run(q, k, cos, sin), both(q, k, cos, sin)))
+
+
 @pytest.mark.parametrize("name,fn,reason", [
     ("stacked along another dim", _stack_rope(join=-2), None),
     ("the odd half rotated the other way", _stack_rope(odd_swapped=True), None),
     ("no cast back to bf16", _stack_rope(cast_back=False), "not cast back"),
+    ("halves cast back to two dtypes", lambda x, c, s: mochi_rope(x, c, s, cast_dtypes=(None, torch.float16)),
+     "not cast back alike"),
+    ("halves cast to fp32", lambda x, c, s: mochi_rope(x, c, s, cast_dtypes=(torch.float32, torch.float32)),
+     "not cast back"),
+    ("widened where bf16 tables would not widen", lambda x, c, s: mochi_rope(x, c.bfloat16(), s.bfloat16()),
+     "widened where the tables would not"),
 ])
 def test_stack_near_misses_stay(name, fn, reason):
     args = (torch.randn(2, 5, 3, 8, dtype=torch.bfloat16), torch.randn(1, 5, 1, 4), torch.randn(1, 5, 1, 4))
@@ -478,3 +507,35 @@ def _helios_with(x, freqs, cos_starts=(0, 0), second_table=None):
     out[..., 0::2] = x_1 * cos[..., cos_starts[0]::2] - x_2 * sin[..., 1::2]
     out[..., 1::2] = x_1 * sin[..., 1::2] + x_2 * cos2[..., cos_starts[1]::2]
     return out
+
+
+def anyflow_rope(x, freqs):
+    """diffusers' AnyFlow apply_rotary_emb, verbatim."""
+    x_rotated = torch.view_as_complex(x.to(torch.float64).unflatten(3, (-1, 2)))
+    return torch.view_as_real(x_rotated * freqs).flatten(3, 4).type_as(x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_rope_in_float64_is_a_complex_site(dtype):
+    """AnyFlow (and Wan-Animate 2): x.to(torch.float64) times a complex128 table, cast back."""
+    def both(q, k, freqs):
+        return anyflow_rope(q, freqs), anyflow_rope(k, freqs)
+
+    q, k = (torch.randn(2, 6, 3, 8).to(dtype) for _ in range(2))
+    freqs = torch.polar(torch.ones(6, 4, dtype=torch.float64), torch.randn(6, 4, dtype=torch.float64))[None, :, None]
+    run, gm, result = rewrite(both, (q, k, freqs), families=["rope"])
+    assert result.counts["rope"] == 2 and count_op(gm, OPS["complex"]) == 2, result.skipped
+    assert all(bits_equal(a, b) for a, b in zip(run(q, k, freqs), both(q, k, freqs)))
+
+
+@pytest.mark.parametrize("name,fn", [
+    # x widened to fp64 against a complex64 table: the product is complex128 all the same, but the op
+    # would widen x to the table's fp32
+    ("complex64 table", lambda x, f: anyflow_rope(x, f.to(torch.complex64))),
+])
+def test_float64_rope_near_misses(name, fn):
+    x = torch.randn(2, 6, 3, 8, dtype=torch.bfloat16)
+    freqs = torch.polar(torch.ones(6, 4, dtype=torch.float64), torch.randn(6, 4, dtype=torch.float64))[None, :, None]
+    run, gm, result = rewrite(fn, (x, freqs), families=["rope"])
+    assert result.counts["rope"] == 0, name
+    assert bits_equal(run(x, freqs), fn(x, freqs))

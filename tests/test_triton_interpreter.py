@@ -30,9 +30,9 @@ EXPECTED = {
     # then the keep_row choice, Wan's refused casts, the refused layouts; a per-token table's
     # addends with Wan's casts and on fp32 rows
     "test_layernorm_modulate_interp.py": 2 * 4 * 5 + 2 + 2 * 4 * 3 + 4 + 3 + 2,
-    # residual_gate 2 dtypes x 2 widths x 10 argument lists, residual_add 6 (3 divisors, 3 scales); then the
+    # residual_gate 2 dtypes x 2 widths x 11 argument lists, residual_add 6 (3 divisors, 3 scales); then the
     # tanh gate, the refused layouts; a per-token gate's addend, plain and tanh
-    "test_residual_gate_interp.py": 2 * 2 * 10 + 6 + 2 + 2,
+    "test_residual_gate_interp.py": 2 * 2 * 11 + 6 + 2 + 2,
     # the former 206, 103 a dtype: rms_norm fused 4 shapes x 2 weights, rope 3 head dims x 2 rotations
     # x 2 layouts, rope_complex 2 and rope_even_odd 1, rms_norm diffusers 6 shapes x 3 weights x 2
     # references and heads-first 1, silu_mul 2 and its epilogues 2, cast_copy 4, linear_attention_out
@@ -40,7 +40,8 @@ EXPECTED = {
     # rms_norm_rope 2 layouts x 2, rms_norm_cat_rope 2, gelu_tanh_cat 4; rms_norm_rope's refusals a
     # dtype; rope_matrix 2 layouts x 2 forms; then the refused layouts
     "test_rowwise_interp.py": 2 * (4 * 2 + 3 * 2 * 2 + 2 + 1 + 6 * 3 * 2 + 1 + 2 + 2 + 4 + 2 * 2 + 3 + 2 + 4 * 4
-                                   + 2 * 2 + 2 + 4 + 1 + 2 * 2 + 1 + 1) + 1,  # ..., gelu_mul and rope's arith a dtype
+                                   + 2 * 2 + 2 + 4 + 1 + 2 * 2 + 1 + 1 + 1) + 1,  # ..., gelu_mul, rope's arith and
+                                                                                 # complex128 a dtype
     # linear_fp8: the scales at 4 shapes, the weight copies kept, remade and dropped, one quantization
     # for the projections of one input
     "test_linear_fp8_interp.py": 4 + 3,

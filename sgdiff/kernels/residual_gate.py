@@ -5,6 +5,7 @@ Eager chain (Flux, SD3, Sana, PixArt, Wan, QwenImage; Lumina-style ``tanh`` gate
 
     g = gate, tanh(gate) or sigmoid(gate)     # gate_kind "plain", "tanh", "sigmoid"; rounded to gate.dtype
     y = g * update                            # rounded to the promoted dtype
+    y = y.to(product_dtype)                   # where eager casts the product (Mochi's bf16 update)
     y = residual + y                          # rounded to the promoted dtype
 
 with ``update`` first ``update + update_bias`` (rounded to its promoted dtype) where a linear's
@@ -23,7 +24,9 @@ The output has the residual's layout, or with ``residual_layout=False`` is conti
 two coincide for a contiguous residual). ``out_dtype`` is a cast of the sum (Wan's
 ``(x.float() + y * gate).type_as(x)``), kept in registers by a kernel. ``gate_addend``: where
 eager summed the gate from two tensors (Wan 2.2's per-token ``table + temb.float()``), the op
-takes both and sums them itself (:mod:`sgdiff.fxpasses.addends`). The reference
+takes both and sums them itself (:mod:`sgdiff.fxpasses.addends`). ``product_dtype``: a cast of
+the product before the sum, as Mochi's modulated RMSNorm writes its bf16 update from an fp32
+norm, ``x + (rms_norm(y.float()) * tanh(gate)).to(x.dtype)``. The reference
 implementation *is* the chain.
 """
 from __future__ import annotations
@@ -57,6 +60,7 @@ def residual_gate_reference(
     update_divisor: Optional[float] = None,
     out_dtype: Optional[torch.dtype] = None,
     gate_addend: Optional[torch.Tensor] = None,
+    product_dtype: Optional[torch.dtype] = None,
 ) -> torch.Tensor:
     gate = summed(gate, gate_addend)
     if update_bias is not None:
@@ -66,7 +70,8 @@ def residual_gate_reference(
     if gate_kind not in GATE_KINDS:
         raise ValueError(f"unknown gate kind {gate_kind!r}; known: {', '.join(GATE_KINDS)}")
     g = gate if gate_kind == "plain" else GATE_FUNCTIONS[gate_kind](gate)
-    y = aten.add.Tensor(residual, aten.mul.Tensor(g, update))
+    y = cast(aten.mul.Tensor(g, update), product_dtype)
+    y = aten.add.Tensor(residual, y)
     return cast(in_layout_of(y, residual) if residual_layout else y.contiguous(), out_dtype)
 
 
@@ -98,6 +103,10 @@ def _examples():
 
     yield Example("Wan 2.2 TI2V 5B per-token: gate = table + temb.float() (never stored)", dict(B=1, S=27280, D=3072),
                   per_token)
+    # Mochi: x + (rms_norm(y.float()) * tanh(gate)).to(bf16), the fp32 update's product cast before the sum
+    yield Example("Mochi: x + (fp32 update * tanh(gate)).to(bf16)", dict(B=1, S=44520, D=3072),
+                  lambda t: (t.randn(t.B, t.S, t.D), t.randn(t.B, 1, t.D), t.randn(t.B, t.S, t.D, dtype=torch.float32),
+                             "tanh", True, None, None, None, None, torch.bfloat16))
     yield Example("Lumina tanh gate", dict(B=2, S=4352, D=2304),
                   lambda t: (t.randn(t.B, t.S, t.D), t.randn(t.B, 1, t.D), t.randn(t.B, t.S, t.D), "tanh"), bench=False)
     yield Example("per-token sigmoid gate", dict(B=1, S=4608, D=3072),
@@ -109,6 +118,6 @@ residual_gate = dispatch.define_op(OpDef(
     "residual_gate", Contract.BITEXACT, residual_gate_reference, impls=(triton("residual_gate"),),
     examples=tuple(_examples()), addends=(("gate", "gate_addend"),),
     doc="residual + g * update with g = gate, tanh(gate) or sigmoid(gate) (gate_kind), in eager's promoted dtypes and the residual's "
-        "layout (contiguous with residual_layout=False); the update maybe + a bias, / a divisor; the sum maybe "
-        "cast to out_dtype",
+        "layout (contiguous with residual_layout=False); the update maybe + a bias, / a divisor; the product maybe "
+        "cast to product_dtype, the sum to out_dtype",
 ))

@@ -10,7 +10,9 @@ in every operand order, with ``gate`` a ``[B,1,D]`` chunk, ``gate.unsqueeze(1)``
 is part of the variant's key, so a sigmoid gate is the op's and never an operand left eager); ``update`` may still carry
 the ``aten.clone`` of an eval-mode Dropout, which the op makes unnecessary, and the ``+ bias``
 that ATen adds after the ``bmm`` of a linear whose input is a strided 3-D view (Sana's linear
-attention's output projection), which the op folds in. Wan's
+attention's output projection), which the op folds in. Mochi's bf16
+``x + (rms_norm(y.float()) * tanh(gate)).to(x.dtype)`` casts the product before the sum, which
+the op does in registers (``product_dtype``). Wan's
 ``(x.float() + y.float() * gate).type_as(x)`` the op takes in with its casts: it reads bf16
 ``x`` and ``y`` where widening them in registers gives eager's promoted dtypes
 (:func:`folded_operands`), and writes the bf16 sum, so the fp32 copies never reach memory.
@@ -86,6 +88,8 @@ def chain(key: ResidualGateKey):
     # a copied update first: either operand could be the Dropout's copy
     product = AnyOf(Op(aten.mul.Tensor, gate, Op(aten.clone.default, _update(key)), commutative=True),
                     Op(aten.mul.Tensor, gate, _update(key), commutative=True))
+    # the product maybe cast before the sum: a bf16 update written from an fp32 one (Mochi's modulated RMSNorm)
+    product = parts.maybe_cast(product, "product_cast")
     residual = parts.maybe_upcast("residual", check=_is_residual)
     return parts.out_cast(Op(aten.add.Tensor, residual, product, alpha=Lit(1), commutative=True))
 
@@ -117,7 +121,8 @@ def _promoted(m: Match, dtypes: dict) -> tuple:
     product = promote(dtypes["gate"], updated) if "gate" in dtypes else updated
     # the update is rounded to its own dtype only where a bias or a divisor changes it
     rounded = updated if bias is not None or m.get("update_divisor") is not None else None
-    return rounded, product, promote(dtypes["residual"], product)
+    cast = parts.cast_dtype(m, "product_cast")
+    return rounded, product, cast, promote(dtypes["residual"], cast or product)
 
 
 def replacement(key: ResidualGateKey):
@@ -131,7 +136,8 @@ def replacement(key: ResidualGateKey):
         # residual_layout=False only where eager's output is contiguous but the residual is not
         return dict(residual=residual, gate=gate, update=update, gate_kind=key.gate,
                     residual_layout=_layout_of_residual(m), update_bias=m.get("update_bias"),
-                    update_divisor=m.get("update_divisor"), out_dtype=parts.cast_dtype(m, "out_cast"))
+                    update_divisor=m.get("update_divisor"), out_dtype=parts.cast_dtype(m, "out_cast"),
+                    product_dtype=parts.cast_dtype(m, "product_cast"))
 
     return args
 

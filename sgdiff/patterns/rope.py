@@ -12,12 +12,13 @@ rounding steps)::
                       or cat([-x[..., D/2:], x[..., :D/2]], -1)        (Allegro, on each third of x)
                       or cat([-x2, x1], -1) of x1, x2 = x.chunk(2, -1)  (ERNIE-Image, MiniMax H3: on
                          x[..., :rotary_dim], the rest concatenated after, as it stays)
-    complex      (use_real=False: QwenImage, Lumina)
+    complex      (use_real=False: QwenImage, Lumina; AnyFlow's x.to(torch.float64) with a complex128 table)
         out = view_as_real(view_as_complex(x.float().reshape(..., -1, 2)) * freqs).flatten(3).type_as(x)
     even_odd     (Wan: strided writes into empty_like)
         out[..., 0::2] = x1 * cos - x2 * sin;  out[..., 1::2] = x1 * sin + x2 * cos
     even_odd_stack  (the same rotation re-interleaved by a stack; x1, x2 = x[..., 0::2], x[..., 1::2]
-                 or the unbound pairs)
+                 or the unbound pairs, maybe .float(); each half cast back before the stack (Mochi) or
+                 the stack after it)
         out = stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).flatten(-2).type_as(x)
 
     matrix_sum   (a 2x2 rotation table per pair: Kandinsky 5 and 6)
@@ -110,12 +111,15 @@ def _rotated_pairs(x1: Expr, x2: Expr):
 def _even_odd_stack() -> Expr:
     pairs = _pairs(Arg("x"))
 
-    def half(start: int) -> Expr:  # x[..., start::2], or the pairs' unbound half
-        return AnyOf(Op(aten.slice.Tensor, Arg("x"), Arg(f"rope_slice{start}_dim"), Lit(start),
-                        Arg(f"rope_slice{start}_end"), Lit(2)), getitem(pairs, start))
+    def half(start: int) -> Expr:  # x[..., start::2], or the pairs' unbound half; maybe widened (Mochi)
+        sliced = AnyOf(Op(aten.slice.Tensor, Arg("x"), Arg(f"rope_slice{start}_dim"), Lit(start),
+                          Arg(f"rope_slice{start}_end"), Lit(2)), getitem(pairs, start))
+        return parts.maybe_cast(sliced, f"rope_upcast_half{start}", shared=True)
 
     even, odd = _rotated_pairs(half(0), half(1))
-    flat = _reshape(Op(aten.stack.default, Items(even, odd), Arg("rope_join_dim")), "rope_flat")
+    # each rotated half maybe cast back before the stack (Mochi): the cast of the stack, elementwise
+    halves = Items(parts.maybe_cast(even, "rope_downcast_half0"), parts.maybe_cast(odd, "rope_downcast_half1"))
+    flat = _reshape(Op(aten.stack.default, halves, Arg("rope_join_dim")), "rope_flat")
     return parts.maybe_cast(flat, "rope_downcast")
 
 
@@ -350,18 +354,20 @@ def _cast_reason(form: str, m: Match, x: torch.Tensor) -> Optional[str]:
     if form == "even_odd" or _arith_dtype(form, m, x) is not None:
         return None
     if form == "even_odd_stack":  # the products in the promoted dtype, the result cast to x's
-        inner = m["rope_downcast"].args[0] if "rope_downcast" in m else m.root
-        out = parts.cast_dtype(m, "rope_downcast") if "rope_downcast" in m else tensor_meta(inner).dtype
-        return None if out == x.dtype else "the result is not cast back to x's dtype"
+        return _stack_cast_reason(m, x)
     wanted = x.dtype != torch.float32
-    # the rotated operand widened after the rotation, or x widened before it (never both)
-    rot = [name for name in ("rope_upcast_rot", "rope_upcast_pairs") if name in m]
-    upcasts = ["rope_upcast_x"] if form == "complex" else ["rope_upcast_x", rot[0] if len(rot) == 1 else "rope_upcast_rot"]
-    if len(rot) > 1:
-        return "x is widened before and after its rotation"
-    for name in upcasts:
-        if (name in m) != wanted or (wanted and parts.cast_dtype(m, name) != torch.float32):
-            return "the rotation is not computed from x.float()" if wanted else "x is cast before the rotation"
+    if form == "complex":
+        reason = _complex_cast_reason(m, x)
+        if reason:
+            return reason
+    else:
+        # the rotated operand widened after the rotation, or x widened before it (never both)
+        rot = [name for name in ("rope_upcast_rot", "rope_upcast_pairs") if name in m]
+        if len(rot) > 1:
+            return "x is widened before and after its rotation"
+        for name in ["rope_upcast_x", rot[0] if len(rot) == 1 else "rope_upcast_rot"]:
+            if (name in m) != wanted or (wanted and parts.cast_dtype(m, name) != torch.float32):
+                return "the rotation is not computed from x.float()" if wanted else "x is cast before the rotation"
     inner = m["rope_downcast"].args[0] if "rope_downcast" in m else m.root
     inner_dtype = tensor_meta(inner).dtype
     if "rope_downcast" in m and (inner_dtype == x.dtype or parts.cast_dtype(m, "rope_downcast") != x.dtype):
@@ -369,6 +375,40 @@ def _cast_reason(form: str, m: Match, x: torch.Tensor) -> Optional[str]:
     if "rope_downcast" not in m and inner_dtype != x.dtype:
         return "the result is not cast back to x's dtype"
     return None
+
+
+def _stack_cast_reason(m: Match, x: torch.Tensor) -> Optional[str]:
+    """even_odd_stack: x's halves widened to fp32 or not (both alike, where the tables' promotion
+    with x is the same either way: fp32 tables), the result cast to x's dtype once: after the
+    stack, or each half before it (both, to the same dtype)."""
+    ups = [parts.cast_dtype(m, f"rope_upcast_half{k}") for k in (0, 1)]
+    if ups[0] != ups[1] or ups[0] not in (None, torch.float32):
+        return "x's halves are not both widened to fp32"
+    if ups[0] is not None and any(torch.promote_types(torch.float32, t.dtype) != torch.promote_types(x.dtype, t.dtype)
+                                  for t in (tensor_meta(m["cos"]), tensor_meta(m["sin"]))):
+        return "x's halves are widened where the tables would not widen them"
+    downs = [parts.cast_dtype(m, f"rope_downcast_half{k}") for k in (0, 1)]
+    if downs[0] != downs[1] or (downs[0] is not None and "rope_downcast" in m):
+        return "the rotated halves are not cast back alike"
+    inner = m["rope_downcast"].args[0] if "rope_downcast" in m else m.root
+    out = downs[0] or (parts.cast_dtype(m, "rope_downcast") if "rope_downcast" in m else tensor_meta(inner).dtype)
+    return None if out == x.dtype else "the result is not cast back to x's dtype"
+
+
+def _complex_cast_reason(m: Match, x: torch.Tensor) -> Optional[str]:
+    """complex: x's pairs widened exactly, to fp32 (a no-op for an fp32 x, then absent), or to
+    fp64 where the table is complex128 (AnyFlow's ``x.to(torch.float64)``): with a complex128 table
+    the product is complex128 either way, the widening exact either way; with a complex64 one an
+    fp64 x would make it complex128."""
+    freqs = tensor_meta(m["freqs"])
+    allowed = (torch.float32, torch.float64) if freqs is not None and freqs.dtype == torch.complex128 \
+        else (torch.float32,)
+    cast = parts.cast_dtype(m, "rope_upcast_x")
+    if cast is None:
+        return None if x.dtype == torch.float32 else "the rotation is not computed from x.float()"
+    if x.dtype == torch.float32 and cast == torch.float32:
+        return "x is cast before the rotation"
+    return None if cast in allowed else "the rotation is not computed from x.float()"
 
 
 def _table_reason(form: str, m: Match, x: torch.Tensor) -> Optional[str]:

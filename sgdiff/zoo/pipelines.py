@@ -8,12 +8,13 @@ import torch
 from sgdiff.zoo.parts import _gen, _randn
 
 
-def _flux_vae(size):
+def _flux_vae(size, latent_channels: int = 4):
     from diffusers import AutoencoderKL
 
     if size == "tiny":  # the mid-block's attention only on CUDA: ATen's CPU group norm refuses the
-        # transposed input it gets there once captured (torch 2.13)
-        return AutoencoderKL(block_out_channels=(4,), layers_per_block=1, latent_channels=4, norm_num_groups=1,
+        # transposed input it gets there once captured (torch 2.13); Z-Image's tiny DiT takes 16 channels
+        return AutoencoderKL(block_out_channels=(4,), layers_per_block=1, latent_channels=latent_channels,
+                             norm_num_groups=1,
                              use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609,
                              scaling_factor=1.5035, mid_block_add_attention=torch.cuda.is_available())
     # FLUX.1-dev's VAE: 16 latent channels, 8x spatial
@@ -57,7 +58,7 @@ def build_pipeline(name: str, size: str = "tiny", dtype: torch.dtype = torch.flo
     ``pipe(**call_kwargs)`` runs it from given prompt embeddings and returns a tensor
     (``output_type="pt"``). ``full``: Flux.1-dev at 1024², 28 steps; Wan 2.1 1.3B at 480p x 81
     frames, 50 steps with classifier-free guidance; Sana 1.6B at 1024², 20 steps with guidance
-    (its DC-AE decoding 32x)."""
+    (its DC-AE decoding 32x); Z-Image-Turbo at 1024², 9 steps, no guidance."""
     import diffusers
 
     from sgdiff.zoo import build
@@ -96,10 +97,21 @@ def build_pipeline(name: str, size: str = "tiny", dtype: torch.dtype = torch.flo
                     negative_prompt_attention_mask=torch.ones(1, text), negative_prompt=None, height=side, width=side,
                     num_inference_steps=2 if size != "full" else 20, guidance_scale=4.5,
                     use_resolution_binning=False)
+    elif name == "zimage":  # Z-Image-Turbo: 9 steps (8 of the DiT), no guidance; Flux's VAE
+        vae = _flux_vae(size, latent_channels=transformer.dit.config.in_channels)
+        transformer = transformer.dit  # the pipeline passes and takes per-image lists itself
+        pipe = diffusers.ZImagePipeline(scheduler=scheduler, vae=vae, text_encoder=None, tokenizer=None,
+                                        transformer=transformer)
+        text = 8 if size != "full" else 128
+        side = 16 if size != "full" else 1024
+        call = dict(prompt_embeds=[_randn(text, transformer.config.cap_feat_dim, g=g)], height=side, width=side,
+                    num_inference_steps=2 if size != "full" else 9, guidance_scale=0.0)
     else:
-        raise ValueError(f"no pipeline for {name!r}; known: flux, wan, sana")
+        raise ValueError(f"no pipeline for {name!r}; known: flux, wan, sana, zimage")
     pipe.vae.to(device=device, dtype=dtype).eval().requires_grad_(False)
     for key in ("prompt_embeds", "pooled_prompt_embeds", "negative_prompt_embeds"):  # the masks stay as they are
-        if key in call:
+        if isinstance(call.get(key), list):  # Z-Image: one tensor per prompt
+            call[key] = [t.to(device=device, dtype=dtype) for t in call[key]]
+        elif key in call:
             call[key] = call[key].to(device=device, dtype=dtype)
     return pipe, dict(call, output_type="pt", generator=torch.Generator(device="cpu").manual_seed(0))

@@ -250,16 +250,18 @@ REWRITTEN = {
     # Wan 2.1's blocks with AnyFlow's dual-timestep embedder (1 block), bf16: the FP32LayerNorms cast back: norm1
     # and norm3 LayerNorm-modulates, the cross-attention's affine norm2 a cast LayerNorm the modulate family takes,
     # + norm_out (3L+1); gated attention and FF residuals `(x.float() + y * gate).type_as(x)` (2L); RMSNorms across
-    # heads on q and k of both attentions (4L). Its RoPE is missed (see MISSED); its GELU-tanh FF and the text
-    # embedder's GELU-tanh are close, not admitted at lossless (as Wan's).
-    "anyflow": (4, 2, 0, 4, 0, 0, 0),
+    # heads on q and k of both attentions (4L); its complex RoPE in float64, `x.to(torch.float64)` times a
+    # complex128 table, on q and k (2L). Its GELU-tanh FF and the text embedder's GELU-tanh are close, not admitted
+    # at lossless (as Wan's).
+    "anyflow": (4, 2, 2, 4, 0, 0, 0),
     # Models whose forward breaks the graph count the sites of every graph torch.compile makes of one call; blocks
     # that share a compiled frame count once (Mochi, HunyuanVideo 1.5, HiDream, HunyuanImage 2.1: their counts do
     # not grow with the block count).
     # 2 layers (the last text-stops-after-attention): modulated RMSNorms of video and text before attention and FF
-    # and norm_out's (8); SwiGLU FFs (3); the text / video RMSNorms the modulations leave (8). In bf16 the gated
-    # residuals and RoPE are missed (MISSED); fp32 in REWRITTEN_BY_DTYPE
-    "mochi": (8, 0, 0, 0, 3, 0, 8),
+    # and norm_out's (8); tanh-gated residuals, in bf16 `x + (rms_norm(y.float()) * tanh(gate)).to(bf16)` (6); its
+    # RoPE, the halves widened and each cast back before the stack, one graph q and k share (1); SwiGLU FFs (3);
+    # the text / video RMSNorms the modulations leave (8)
+    "mochi": (8, 6, 1, 0, 3, 0, 8),
     # 1 block, 1 refiner layer (its blocks one shared frame): AdaLayerNormZero of video and text before attention
     # and FF + norm_out (5); gated residuals 4 + the refiner's 2 (6); RoPE on q and k (2); RMSNorm QK norms (4);
     # the refiner's LayerNorms and the text norms (5)
@@ -319,10 +321,7 @@ REWRITTEN_BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3, 1), ("wan", "fp32"): 
                       ("wan_animate", "fp32"): (3, 2, 2, 5, 0, 0, 9),
                       # fp32: the FP32LayerNorms have no casts: norm1 / norm3 / norm_out one LayerNorm-modulate each (2L+1) and the
                       # cross-attention norm2 a plain LayerNorm (norm family, L)
-                      ("anyflow", "fp32"): (3, 2, 0, 4, 0, 0, 1),
-                      # fp32: no casts between the gate's product and the sum, nor in the RoPE: 6 gated residuals
-                      # and the one RoPE graph the q and k share are sites
-                      ("mochi", "fp32"): (8, 6, 1, 0, 3, 0, 8),
+                      ("anyflow", "fp32"): (3, 2, 2, 4, 0, 0, 1),
                       ("helios", "fp32"): (3, 2, 2, 4, 0, 0, 1)}  # the cross-attention norm2 a plain LayerNorm
 
 #: model -> the dtypes it is built in where not both: Nucleus-Image's grouped expert GEMMs (torch._grouped_mm, as
@@ -346,15 +345,6 @@ MISSED: Dict[str, List[Miss]] = {
                                           "torch.where(noise_mask == 1, 1 + scale_noisy, 1 + scale_clean): the `1 +` "
                                           "before a per-token select is no modulate spelling; the norm family takes "
                                           "the RMSNorm alone")],
-    "mochi": [Miss("residual_gate", 6, 6, "bf16: MochiModulatedRMSNorm casts the gated update to bf16 before the "
-                                          "residual add, `x + (rms_norm(y.float()) * tanh(gate)).to(bf16)`: a cast "
-                                          "between the gate's product and the sum, no gated-residual spelling",
-                   dtypes=("bf16",)),
-              Miss("rope", 1, 1, "bf16: each rotated half is cast to x's dtype before the stack, "
-                                 "`stack([(x_e * cos - x_o * sin).to(x.dtype), ...]).flatten(-2)`: the even/odd "
-                                 "stack spelling casts after it", dtypes=("bf16",))],
-    "anyflow": [Miss("rope", 2, 4, "complex RoPE in float64: view_as_complex(x.to(torch.float64)...) * freqs "
-                                   "(complex128), type_as(x): rope_complex takes x.float() only")],
 }
 
 #: model -> the skips its report lists beside the lossless tier's not-admitted ones: (family, op, reason).
@@ -372,15 +362,11 @@ SKIPS: Dict[str, set] = {
                ("pad", "cat_pad", "intermediate cat_17 has another user (new_full_4)"),
                ("pad", "cat_pad", "intermediate cat_18 has another user (new_full_5)"),
                ("pad", "cat_pad", "not tensors of one dtype (float32, float16 or bfloat16), up to 5 dims")},
-    # bf16: the missed residuals' updates, `rms_norm(y.float()) * tanh(gate)`, are seen by the norm family as an
-    # RMSNorm whose weight is the [B, 1, D] gate; a cast_copy candidate on an integer tensor, a cat_pad on the mask
-    "mochi": {("norm", "rms_norm", "RMSNorm weight is not a 1-D tensor over the normalized dim"),
-              ("linear_attention", "cast_copy", "not a 4-D floating-point tensor"),
+    # a cast_copy candidate on an integer tensor, a cat_pad on the mask: no chains
+    "mochi": {("linear_attention", "cast_copy", "not a 4-D floating-point tensor"),
               ("pad", "cat_pad", "not tensors of one dtype (float32, float16 or bfloat16), up to 5 dims")},
     "hunyuanvideo15": {("linear_attention", "cast_copy", "not a 4-D floating-point tensor"),
                        ("pad", "cat_pad", "not tensors of one dtype (float32, float16 or bfloat16), up to 5 dims")},
-    "anyflow": {("rope", "rope_complex", "x is cast before the rotation"),  # fp32
-                ("rope", "rope_complex", "the rotation is not computed from x.float()")},  # bf16: in float64
 }
 
 #: model -> sites rewritten per FAMILIES at blocks2 (bf16), where it differs from the tiny count:
@@ -431,7 +417,7 @@ BLOCKS2: Dict[str, Tuple[int, ...]] = {
     "ltx2": (18, 12, 16, 24, 0, 0, 4),
     "cosmos": (7, 6, 4, 8, 0, 0, 1),
     "minimax_h3": (5, 4, 4, 6, 3, 0, 3),
-    "anyflow": (7, 4, 0, 8, 0, 0, 0),
+    "anyflow": (7, 4, 4, 8, 0, 0, 0),
 }
 
 NOT_YET = {
@@ -456,8 +442,8 @@ NOT_YET = {
                                     "('only supported on CUDA, CPU, HPU, or MPS'): the full config cannot run on "
                                     "meta. Built (dits.NOT_YET_CASES: one KV-cached AR step, 1 block) and equal in "
                                     "fp32 and bf16 on the CPU, one graph, with AnyFlow's counts (bf16 (4, 2, 0, 4, 0, "
-                                    "0, 0), fp32 (3, 2, 0, 4, 0, 0, 1); per block +3/+2/0/+4 bf16) and its missed "
-                                    "float64 complex RoPE (2 a block); with head_dim < 16 its q/k/v head padding "
+                                    "0, 0), fp32 (3, 2, 0, 4, 0, 0, 1); per block +3/+2/0/+4 bf16; its float64 complex "
+                                    "RoPE, a site since, not counted there); with head_dim < 16 its q/k/v head padding "
                                     "F.pad is taken by the linear_attention family as 3 cast_copy sites",
 }
 

@@ -54,6 +54,8 @@ GATE_ARGS = {
     "bias_divisor": lambda r, g, u, b: (r, g, u, "plain", True, b, 0.7),
     "divisor_one": lambda r, g, u, b: (r, g, u, "plain", True, None, 1.0),  # ... of 1: no product (tk.scales)
     "type_as": lambda r, g, u, b: (r, g.float(), u, "plain", True, None, None, torch.bfloat16),  # Wan: (x.float() + y * g).type_as(x)
+    # Mochi's product cast before the sum (to fp16 here: the interpreter rounds to it as the GPU does)
+    "product_cast": lambda r, g, u, b: (r, g, u.float(), "plain", True, None, None, None, None, torch.float16),
 }
 
 

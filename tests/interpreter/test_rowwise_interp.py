@@ -211,6 +211,19 @@ def test_rope_complex_without_contraction(dt):
 
 
 @DTYPES
+def test_rope_complex128_without_contraction(dt):
+    """AnyFlow's complex128 table: the product in fp64 (exact here without contraction), then to
+    fp32, then to x's dtype, as ATen casts from double."""
+    x, _, _, freqs = inputs("rope_16", dt)
+    freqs = freqs.to(torch.complex128)
+    assert trope.supported_layout_complex(x, freqs)
+    a, b = x.double().unflatten(-1, (-1, 2)).unbind(-1)
+    c, d = freqs.real, freqs.imag
+    plain = torch.stack([a * c - b * d, a * d + b * c], -1).flatten(-2).float().to(dt)
+    check(trope.rope_complex(x, freqs, complex_fma=0), plain, dt == torch.float32)
+
+
+@DTYPES
 def test_rope_complex(dt):
     x, _, _, freqs = inputs("rope_16", dt)
     assert trope.supported_layout_complex(x, freqs)

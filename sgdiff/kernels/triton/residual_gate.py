@@ -9,6 +9,7 @@ Eager chain and its rounding steps::
     g = tanh(gate)         # gate_kind "tanh": fp32 tanhf, rounded to gate.dtype
     g = sigmoid(gate)      # gate_kind "sigmoid": fp32 1 / (1 + expf(-gate)), IEEE division, rounded to gate.dtype
     y = g * update         # fp32 product, rounded to promote(gate, update)
+    y = y.to(product_dtype)  # with product_dtype: eager's cast of the product
     y = residual + y       # fp32 sum, rounded to promote(residual, y)
     y = y.to(out_dtype)    # with out_dtype: Wan's .type_as(x), from the registers
 
@@ -58,6 +59,7 @@ def _residual_gate_kernel(
     UPDATE_DTYPE: tl.constexpr,  # promote(update, bias)
     GATE_DTYPE: tl.constexpr,  # the gate's, or promote(gate, gate_add) with HAS_GATE_ADD
     PRODUCT_DTYPE: tl.constexpr,  # promote(gate, update + bias)
+    CAST_DTYPE: tl.constexpr,  # the product's cast (PRODUCT_DTYPE where eager has none: no-op)
     SUM_DTYPE: tl.constexpr,  # promote(residual, product); out_ptr's dtype may differ (a cast)
     GATE_FN: tl.constexpr,  # GATE_FNS[gate_kind]: 0 the gate itself, 1 tanh, 2 sigmoid
     HAS_BIAS: tl.constexpr,
@@ -91,7 +93,7 @@ def _residual_gate_kernel(
         elif GATE_FN == 2:
             e = expf(g.to(tl.float32) * -1.0, INTERPRET)
             g = tl.math.div_rn(tl.full(e.shape, 1.0, tl.float32), 1.0 + e).to(GATE_DTYPE)
-        y = (g.to(tl.float32) * u.to(tl.float32)).to(PRODUCT_DTYPE)
+        y = (g.to(tl.float32) * u.to(tl.float32)).to(PRODUCT_DTYPE).to(CAST_DTYPE)
     else:
         y = u
     r = tl.load(res_ptr + row * D + d, mask=mask, other=0.0)
@@ -103,13 +105,13 @@ GATE_FNS = {"plain": 0, "tanh": 1, "sigmoid": 2}
 
 
 def can_use(residual, gate, update, gate_kind, residual_layout=True, update_bias=None, update_divisor=None,
-            out_dtype=None, gate_addend=None) -> bool:
+            out_dtype=None, gate_addend=None, product_dtype=None) -> bool:
     return residual.is_cuda and supported_layout(residual, gate, update, gate_kind, residual_layout, update_bias,
-                                                 update_divisor, out_dtype, gate_addend)
+                                                 update_divisor, out_dtype, gate_addend, product_dtype)
 
 
 def supported_layout(residual, gate, update, gate_kind, residual_layout=True, update_bias=None,
-                     update_divisor=None, out_dtype=None, gate_addend=None) -> bool:
+                     update_divisor=None, out_dtype=None, gate_addend=None, product_dtype=None) -> bool:
     """can_use without the device check (the interpreter runs the kernel on CPU tensors).
 
     The residual must be contiguous, where its layout and the contiguous one coincide, so
@@ -119,6 +121,8 @@ def supported_layout(residual, gate, update, gate_kind, residual_layout=True, up
             and rows_fit(residual, residual.shape[-1])):  # rows in 32 bits (the kernel's row_tile)
         return False
     if residual.shape[-1] > 16384 or out_dtype not in (None, *DTYPES) or gate_kind not in GATE_FNS:
+        return False
+    if product_dtype not in (None, *DTYPES) or (product_dtype is not None and gate is None):
         return False
     if gate_addend is not None and gate is None:
         return False
@@ -172,7 +176,7 @@ WARPS, WARPS_LARGE, LARGE = 8, 16, 1 << 25
 
 
 @cached_plan
-def _plan(residual, gate, update, update_bias, gate_addend=None):
+def _plan(residual, gate, update, update_bias, gate_addend=None, product_dtype=None):
     shape = (1, *residual.shape) if residual.dim() == 2 else tuple(residual.shape)
     B, S, D = shape
 
@@ -183,24 +187,27 @@ def _plan(residual, gate, update, update_bias, gate_addend=None):
     gated = None if gate is None else gate.dtype if gate_addend is None else torch.promote_types(gate.dtype,
                                                                                               gate_addend.dtype)
     product = torch.promote_types(gated, updated) if gate is not None else updated
+    added = product_dtype or product  # what the sum reads: the product, or eager's cast of it
     ints = (B * S, S, D, *strides(gate), *strides(update), *strides(update_bias), *strides(gate_addend))
     warps = WARPS_LARGE if residual.numel() >= LARGE else WARPS
     vector = 16 // residual.element_size()  # elements a thread: 8 bf16 or 4 fp32
     grid, block_r, block_d = launch_rows(B * S, D, max_block=warps * 32 * vector, flat=True)
-    return grid, ints, updated, gated, product, torch.promote_types(residual.dtype, product), \
+    return grid, ints, updated, gated, product, added, torch.promote_types(residual.dtype, added), \
         dict(BLOCK_R=block_r, BLOCK_D=block_d, EVEN=even_tiles(B * S, D, block_r, block_d),
              num_warps=max(1, min(warps, block_r * block_d // (32 * vector))))  # a small residual: fewer
 
 
 def _bind(residual, gate, update, gate_kind, update_bias, update_divisor, out_dtype=None, gate_addend=None,
-          update_scale=None):
+          update_scale=None, product_dtype=None):
     """The launch for inputs of this signature: ``launch(residual, gate, update, bias, gate_addend)``."""
-    grid, ints, updated, gated, product, total, blocks = _plan(residual, gate, update, update_bias, gate_addend)
+    grid, ints, updated, gated, product, added, total, blocks = _plan(residual, gate, update, update_bias,
+                                                                      gate_addend, product_dtype)
     dtype, view = out_dtype or total, residual.shape
     inv = (reciprocal(update_divisor) if update_divisor is not None
            else fp32(update_scale) if update_scale is not None else 1.0)
     kernel = _residual_gate_kernel.bind(
-        grid, UPDATE_DTYPE=TL_DTYPE[updated], PRODUCT_DTYPE=TL_DTYPE[product], SUM_DTYPE=TL_DTYPE[total],
+        grid, UPDATE_DTYPE=TL_DTYPE[updated], PRODUCT_DTYPE=TL_DTYPE[product], CAST_DTYPE=TL_DTYPE[added],
+        SUM_DTYPE=TL_DTYPE[total],
         GATE_DTYPE=TL_DTYPE[gated] if gated is not None else TL_DTYPE[updated],
         GATE_FN=GATE_FNS[gate_kind], HAS_BIAS=update_bias is not None, HAS_GATE_ADD=gate_addend is not None,
         SCALE=scales(inv),
@@ -217,22 +224,23 @@ def _bind(residual, gate, update, gate_kind, update_bias, update_divisor, out_dt
 
 
 def bind(residual, gate, update, gate_kind, residual_layout=True, update_bias=None, update_divisor=None,
-         out_dtype=None, gate_addend=None):
+         out_dtype=None, gate_addend=None, product_dtype=None):
     """:func:`residual_gate` for inputs of this signature, its host arithmetic done."""
-    launch = _bind(residual, gate, update, gate_kind, update_bias, update_divisor, out_dtype, gate_addend)
+    launch = _bind(residual, gate, update, gate_kind, update_bias, update_divisor, out_dtype, gate_addend,
+                   product_dtype=product_dtype)
 
     def bound(residual, gate, update, gate_kind, residual_layout=True, update_bias=None, _d=None, _o=None,
-              gate_addend=None):
+              gate_addend=None, _p=None):
         return launch(residual, gate, update, update_bias, gate_addend)
 
     return bound
 
 
 def residual_gate(residual, gate, update, gate_kind, residual_layout=True, update_bias=None, update_divisor=None,
-                  out_dtype=None, gate_addend=None):
+                  out_dtype=None, gate_addend=None, product_dtype=None):
     """Launch; the caller has checked :func:`can_use`."""
-    return _bind(residual, gate, update, gate_kind, update_bias, update_divisor, out_dtype, gate_addend)(
-        residual, gate, update, update_bias, gate_addend)
+    return _bind(residual, gate, update, gate_kind, update_bias, update_divisor, out_dtype, gate_addend,
+                 product_dtype=product_dtype)(residual, gate, update, update_bias, gate_addend)
 
 
 def residual_add_bind(residual, update, update_divisor, update_first, update_scale=None):

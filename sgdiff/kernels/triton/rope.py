@@ -11,7 +11,8 @@ sums, no FMA contraction) and read every operand once.
     out    = (fp32(x) * cos + fp32(rot) * sin).to(x.dtype)   # each op rounded to fp32
 
 ``rope_complex`` (Qwen-Image): the same pairs times one complex table entry each, in complex64
-(:func:`complex_product`), then one rounding to ``x.dtype``.
+(:func:`complex_product`; in complex128 for a complex128 table, the result rounded to fp32
+first), then one rounding to ``x.dtype``.
 
 ``rope_even_odd`` (Wan)::
 
@@ -53,7 +54,7 @@ def _rope_kernel(
     ss0, ss1, ss2, ss3,
     so0, so1, so2, so3,
     FORM: tl.constexpr,  # 0 interleaved, 1 rotate-half, 2 even/odd (Wan), 3 complex product (cos_ptr: the
-                         # complex table's fp32 view, x's shape; sin_ptr unused), 4 rotation matrix
+                         # complex table's real view, fp32 or fp64, x's shape; sin_ptr unused), 4 rotation matrix
                          # (cos_ptr: the [..., D/2, 2, 2] table as [..., 2D] rows; sin_ptr unused)
     PRODUCT_DTYPE: tl.constexpr,  # even/odd: promote(x, cos, sin); matrix: the dtype the sum is rounded to
                                   # before the store's (Kandinsky 5's .to(bfloat16) of an fp32 x)
@@ -118,7 +119,10 @@ def _rope_kernel(
             # pairs side by side as x's pairs are (its fp32 view): one contiguous load, split alike
             tab = tl.load(c_row + d[None, :] * sc3, mask=mask, other=0.0)
             cos, sin = tl.split(tl.reshape(tab, (BLOCK_R, BLOCK_D // 2, 2)))
-            out_even, out_odd = complex_product(x_even, x_odd, cos, sin, COMPLEX_FMA)
+            # in the table's precision (complex128: x widened exactly to fp64), then to fp32 first (ATen's
+            # cast from double rounds to float on the way to a 16-bit dtype)
+            out_even, out_odd = complex_product(x_even.to(cos.dtype), x_odd.to(cos.dtype), cos, sin, COMPLEX_FMA)
+            out_even, out_odd = out_even.to(tl.float32), out_odd.to(tl.float32)
         else:  # one table entry per pair
             j = tl.program_id(1) * (BLOCK_D // 2) + tl.arange(0, BLOCK_D // 2)
             pair_mask = (rows < n_rows)[:, None] & (2 * j < D)[None, :]
@@ -255,7 +259,8 @@ COMPLEX_FMA = 4
 
 
 def supported_layout_complex(x, freqs) -> bool:
-    if not (_x_ok(x) and freqs.dtype == torch.complex64 and freqs.device == x.device and freqs.dim() <= x.dim()):
+    if not (_x_ok(x) and freqs.dtype in (torch.complex64, torch.complex128) and freqs.device == x.device
+            and freqs.dim() <= x.dim()):
         return False
     if freqs.shape[-1] != x.shape[-1] // 2:  # an entry a pair: the table's pairs line up with x's
         return False
@@ -271,7 +276,7 @@ def can_use_complex(x, freqs) -> bool:
 
 
 def _pairs(freqs):
-    """complex64 ``freqs`` ``[..., D/2]`` as its fp32 (real, imaginary) pairs, ``[..., D]``: a view
+    """complex ``freqs`` ``[..., D/2]`` as its real (real, imaginary) pairs, ``[..., D]``: a view
     where a table entry's two parts sit side by side, as they do in memory (else a copy)."""
     return torch.view_as_real(freqs).flatten(-2)
 
