@@ -35,3 +35,17 @@ def test_other_ops_and_other_arguments_stay():
     assert merge_same_views(gm) == 0
     assert {t: count_op(gm, t) for t in before} == before
     assert all(torch.equal(a, b) for a, b in zip(gm(x), fn(x)))
+
+
+def test_a_graph_that_mutates_in_place_is_left_as_it_is():
+    """``v.unsqueeze_(0)`` changes one view's sizes between the two takes: nothing merges."""
+    def fn(x):
+        v = x[..., 0::2]
+        v.unsqueeze_(0)
+        return v.sum(), x[..., 0::2] * 2
+
+    x = torch.randn(4, 6)
+    gm = _graph(fn, x)
+    before = count_op(gm, aten.slice.Tensor)
+    assert merge_same_views(gm) == 0 and count_op(gm, aten.slice.Tensor) == before
+    assert all(torch.equal(a, b) for a, b in zip(gm(x.clone()), fn(x.clone())))

@@ -7,18 +7,23 @@ once); a pattern binds an operand to one node, and would not see the chain. Two 
 alias the same elements with the same sizes and strides, so every read or write through one is
 the same through the other: the later node's users read the first, and the later node goes.
 Only ops whose schema says their one output aliases an input are merged (views cost nothing,
-so the graph's work is unchanged).
+so the graph's work is unchanged), and only in a graph without in-place ops but the copies back
+into its inputs that close a functionalized graph: an in-place op could change one view's sizes
+(``unsqueeze_``) or its base's storage (``set_``) between the two.
 """
 from __future__ import annotations
 
 import logging
 from typing import Any, Dict, Optional
 
+import torch
 from torch import fx
 
+from sgdiff import _compat
 from sgdiff.fxpasses.copies import op_output
 
 log = logging.getLogger("sgdiff")
+aten = torch.ops.aten
 
 
 def _key(value: Any) -> Optional[Any]:
@@ -36,8 +41,19 @@ def _key(value: Any) -> Optional[Any]:
     return value if isinstance(value, fx.Node) else (type(value), value)  # 2 is not 2.0, nor True
 
 
+def _mutates(node: fx.Node) -> bool:
+    """Whether ``node`` is an in-place op other than a copy back into a graph input."""
+    schema = _compat.op_schema(node.target) if node.op == "call_function" else None
+    if schema is None or not schema.is_mutable:
+        return False
+    return not (node.target is aten.copy_.default and node.args[0].op == "placeholder")
+
+
 def merge_same_views(gm: fx.GraphModule) -> int:
     """Make each view op taken twice with the same arguments one node; returns how many went."""
+    if any(_mutates(n) for n in gm.graph.nodes):
+        log.debug("sgdiff: views not merged: the graph mutates a tensor in place")
+        return 0
     first: Dict[Any, fx.Node] = {}
     merged = 0
     for node in list(gm.graph.nodes):
