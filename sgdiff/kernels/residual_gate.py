@@ -103,7 +103,8 @@ def _examples():
 
     yield Example("Wan 2.2 TI2V 5B per-token: gate = table + temb.float() (never stored)", dict(B=1, S=27280, D=3072),
                   per_token)
-    # Mochi: x + (rms_norm(y.float()) * tanh(gate)).to(bf16), the fp32 update's product cast before the sum
+    # Mochi 1 at 848x480 x 163 frames: x + (rms_norm(y.float()) * tanh(gate)).to(bf16), the fp32 update's
+    # product cast before the sum
     yield Example("Mochi: x + (fp32 update * tanh(gate)).to(bf16)", dict(B=1, S=44520, D=3072),
                   lambda t: (t.randn(t.B, t.S, t.D), t.randn(t.B, 1, t.D), t.randn(t.B, t.S, t.D, dtype=torch.float32),
                              "tanh", True, None, None, None, None, torch.bfloat16))

@@ -9,10 +9,10 @@ Eager chain (QwenImage ``apply_rotary_emb_qwen``, Lumina, HiDream)::
 ``freqs`` is the complex table as the product sees it (e.g. ``freqs_cis.unsqueeze(1)``).
 Rounding: the complex product in complex64 (real and imaginary parts each rounded to fp32 as
 ATen's complex multiply rounds them), one rounding to ``x.dtype``; ``.float()``/``type_as``
-vanish for fp32 ``x``. With a complex128 table (AnyFlow's, Wan-Animate 2's
-``x.to(torch.float64)``) the product is complex128 and the result goes to ``x.dtype`` as ATen's
-cast from double does: rounded to fp32 first, then to a 16-bit ``x.dtype``. The output has ``x``'s layout. The reference implementation *is* that
-chain, op for op.
+vanish for fp32 ``x``. With a complex128 table (AnyFlow's ``x.to(torch.float64)``, Lumina2's
+``x.float()`` promoted by it) the product is complex128, and the result goes to ``x.dtype`` as
+ATen's cast from double does: rounded to fp32 first, then to a 16-bit ``x.dtype``. The output
+has ``x``'s layout. The reference implementation *is* that chain, op for op.
 """
 from __future__ import annotations
 

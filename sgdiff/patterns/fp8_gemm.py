@@ -12,9 +12,10 @@ activation's quantization pass costs: adaLN projections, GEMVs, text embedders),
 are multiples of 16 (the FP8 GEMM's alignment), K at most 16384, and whose weight is a graph input (a parameter:
 its e4m3 copy is made once and kept); other linear layers are not sites. The op takes ``x``
 before its view to rows (or the one view to rows they share, :mod:`sgdiff.fxpasses.views`), so
-projections of one input (q, k and v) read one tensor, and the op quantizes it once for all of them (:mod:`sgdiff.kernels.triton.linear_fp8`). A 1x1 convolution
-(stride 1, no padding, one group) of a channels-last map is the same GEMM over the map's tokens;
-one over another layout is not a site.
+projections of one input (q, k and v) read one tensor, and the op quantizes it once for all of
+them (:mod:`sgdiff.kernels.triton.linear_fp8`). A 1x1 convolution (stride 1, no padding, one
+group) of a channels-last map is the same GEMM over the map's tokens; one over another layout is
+not a site.
 
 Runs before the activation family, whose ``linear_gelu_tanh`` (``close``) would otherwise take
 the feed-forward's GEMM at ``high`` too.

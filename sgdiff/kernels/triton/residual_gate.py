@@ -81,7 +81,7 @@ def _residual_gate_kernel(
     if HAS_BIAS:  # ATen's add after the bmm of a linear
         ub = tl.load(bias_ptr + bi * stride_bb + si * stride_bs + d * stride_bd, mask=mask, other=0.0)
         u = (u.to(tl.float32) + ub.to(tl.float32)).to(UPDATE_DTYPE)
-    if SCALE:  # ATen's division by a CPU scalar (the product with its fp32 reciprocal), or product with one
+    if SCALE:  # ATen's division by a CPU scalar (the product with its fp32 reciprocal), or its product with one
         u = (u.to(tl.float32) * factor).to(UPDATE_DTYPE)
     if GATED:
         g = tl.load(gate_ptr + bi * stride_gb + si * stride_gs + d * stride_gd, mask=mask, other=0.0)
