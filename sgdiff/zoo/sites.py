@@ -254,6 +254,7 @@ REWRITTEN = {
     # complex128 table, on q and k (2L). Its GELU-tanh FF and the text embedder's GELU-tanh are close, not admitted
     # at lossless (as Wan's).
     "anyflow": (4, 2, 2, 4, 0, 0, 0),
+    "anyflow_far": (4, 2, 2, 4, 0, 0, 0),  # AnyFlow's blocks, chunk-causal: AnyFlow's counts
     # Models whose forward breaks the graph count the sites of every graph torch.compile makes of one call; blocks
     # that share a compiled frame count once (Mochi, HunyuanVideo 1.5, HiDream, HunyuanImage 2.1: their counts do
     # not grow with the block count).
@@ -321,7 +322,7 @@ REWRITTEN_BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3, 1), ("wan", "fp32"): 
                       ("wan_animate", "fp32"): (3, 2, 2, 5, 0, 0, 9),
                       # fp32: the FP32LayerNorms have no casts: norm1 / norm3 / norm_out one LayerNorm-modulate each (2L+1) and the
                       # cross-attention norm2 a plain LayerNorm (norm family, L)
-                      ("anyflow", "fp32"): (3, 2, 2, 4, 0, 0, 1),
+                      ("anyflow", "fp32"): (3, 2, 2, 4, 0, 0, 1), ("anyflow_far", "fp32"): (3, 2, 2, 4, 0, 0, 1),
                       ("helios", "fp32"): (3, 2, 2, 4, 0, 0, 1)}  # the cross-attention norm2 a plain LayerNorm
 
 #: model -> the dtypes it is built in where not both: Nucleus-Image's grouped expert GEMMs (torch._grouped_mm, as
@@ -418,6 +419,7 @@ BLOCKS2: Dict[str, Tuple[int, ...]] = {
     "cosmos": (7, 6, 4, 8, 0, 0, 1),
     "minimax_h3": (5, 4, 4, 6, 3, 0, 3),
     "anyflow": (7, 4, 4, 8, 0, 0, 0),
+    "anyflow_far": (7, 4, 4, 8, 0, 0, 0),  # no meta-device run (flex attention): the tiny config at two layers
 }
 
 NOT_YET = {
@@ -437,14 +439,6 @@ NOT_YET = {
     "SanaWMLTX2RefinerTransformer3DModel": "not built in this pass: LTX-2's video stream as a chunk-causal AR refiner "
                                            "with a sliding-window KV cache object (SanaWMRefinerKVCache) and the "
                                            "caller's (cos, sin) video RoPE (build_rotary_emb_for_absolute_positions)",
-    "AnyFlowFARTransformer3DModel": "its causal self-attention runs only through diffusers' flex backend "
-                                    "(AnyFlowCausalAttnProcessor), and FlexAttention refuses the meta device "
-                                    "('only supported on CUDA, CPU, HPU, or MPS'): the full config cannot run on "
-                                    "meta. Built (dits.NOT_YET_CASES: one KV-cached AR step, 1 block) and equal in "
-                                    "fp32 and bf16 on the CPU, one graph, with AnyFlow's counts (bf16 (4, 2, 0, 4, 0, "
-                                    "0, 0), fp32 (3, 2, 0, 4, 0, 0, 1); per block +3/+2/0/+4 bf16; its float64 complex "
-                                    "RoPE, a site since, not counted there); with head_dim < 16 its q/k/v head padding "
-                                    "F.pad is taken by the linear_attention family as 3 cast_copy sites",
 }
 
 #: classes of diffusers.models.transformers that are not image or video DiTs (no zoo entry)

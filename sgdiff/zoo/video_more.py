@@ -1,5 +1,5 @@
 """More video DiTs: ChronoEdit, Cosmos-Predict2.5, LTX-2, Motif-Video, MiniMax H3, Kandinsky 5 and 6, Wan-Animate,
-AnyFlow (see :mod:`sgdiff.zoo`)."""
+AnyFlow and AnyFlow-FAR (see :mod:`sgdiff.zoo`)."""
 from __future__ import annotations
 
 from typing import Dict
@@ -291,6 +291,32 @@ def _anyflow(size, dtype, device):
     return _place(model, kwargs, dtype, device)
 
 
+def _anyflow_far(size, dtype, device):
+    from diffusers import AnyFlowFARTransformer3DModel
+
+    # AnyFlow's Wan blocks made frame-autoregressive: chunks of latent frames attend causally chunk by chunk (flex
+    # attention over a block mask built in the forward); the chunks past full_chunk_limit back patched 4x coarser.
+    # The rollout call: every chunk in one forward, as diffusers' test runs it (the pipeline's KV-cached steps: not
+    # built)
+    if size == "tiny":  # diffusers' test config at head dim 16, 1 layer; two chunks of two frames
+        cfg = dict(patch_size=(1, 2, 2), compressed_patch_size=(1, 4, 4), full_chunk_limit=3, num_attention_heads=2,
+                   attention_head_dim=16, in_channels=4, out_channels=4, text_dim=16, freq_dim=256, ffn_dim=32,
+                   num_layers=1, rope_max_seq_len=32)
+        chunks, height, width, text = [2, 2], 16, 16, 12
+    else:  # the class defaults (Wan 2.1 14B's widths, 40 blocks) and chunk partition (21 latent frames: 480x832 x 81
+        # frames, 60 x 104 latent), 512 text tokens
+        cfg = dict()
+        chunks, height, width, text = [1, 3, 3, 3, 3, 3, 3, 2], 60, 104, 512
+    model = _model(AnyFlowFARTransformer3DModel, cfg, size)
+    c = model.config
+    g = _gen(device)
+    frames = sum(chunks)
+    kwargs = dict(hidden_states=_randn(1, frames, c.in_channels, height, width, g=g),  # frames first
+                  timestep=torch.full((1, frames), 500.0), r_timestep=torch.full((1, frames), 250.0),
+                  encoder_hidden_states=_randn(1, text, c.text_dim, g=g), chunk_partition=chunks, return_dict=False)
+    return _place(model, kwargs, dtype, device)
+
+
 MODELS: Dict[str, ModelCase] = {
     "chronoedit": ModelCase("chronoedit", _chronoedit, "ChronoEditTransformer3DModel (tiny: 1 layer, I2V image "
                             "tokens, two latent frames)"),
@@ -309,4 +335,7 @@ MODELS: Dict[str, ModelCase] = {
                              "adapter)"),
     "anyflow": ModelCase("anyflow", _anyflow, "AnyFlowTransformer3DModel, Wan 2.1 with a dual-timestep embedder "
                                            "(tiny: 1 block)"),
+    # its attention only through flex attention, which refuses the meta device
+    "anyflow_far": ModelCase("anyflow_far", _anyflow_far, "AnyFlowFARTransformer3DModel, frame-autoregressive AnyFlow "
+                             "(tiny: 1 block, two chunks)", meta=False),
 }
