@@ -243,7 +243,8 @@ def _zimage(size, dtype, device):
             cfg.update(n_layers=2, n_refiner_layers=1)
         h = w = 128
         text = 128
-    model = ListDiT(ZImageTransformer2DModel(**cfg))
+    model = ListDiT(ZImageTransformer2DModel(**cfg), lists=("hidden_states", "encoder_hidden_states"),
+                    names=dict(hidden_states="x", timestep="t", encoder_hidden_states="cap_feats"))
     c = model.dit.config
     g = _gen(device)
     # the Turbo pipeline's call: guidance 0, one image; timestep (1000 - t) / 1000 in [0, 1]

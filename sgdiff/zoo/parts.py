@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -21,20 +21,21 @@ class ModelCase:
 
 
 class ListDiT(torch.nn.Module):
-    """A DiT whose forward takes and returns per-sample lists (Z-Image's ``x``, ``cap_feats`` and
-    output), as the zoo's contract wants it: a batch in one tensor in, one out. ``hidden_states``
-    [B, ...] and ``encoder_hidden_states`` [B, L, D] are split into the lists its pipeline passes,
-    and the output list is stacked back. The DiT is ``.dit``."""
+    """A DiT whose forward takes and returns per-sample lists (Z-Image's latents and captions,
+    Wan-Animate 2's latents, text and condition latents), as the zoo's contract wants it: a batch
+    in one tensor in, one out. The keyword arguments named in ``lists`` ([B, ...] tensors) are
+    split into the lists its pipeline passes, the others passed as they are, each under the DiT's
+    own name for it (``names``), and the output list is stacked back. The DiT is ``.dit``."""
 
-    def __init__(self, dit: torch.nn.Module):
+    def __init__(self, dit: torch.nn.Module, lists: Tuple[str, ...], names: Optional[Dict[str, str]] = None):
         super().__init__()
-        self.dit = dit
+        self.dit, self.lists, self.names = dit, tuple(lists), dict(names or {})
         self._keep_in_fp32_modules = getattr(dit, "_keep_in_fp32_modules", None)
 
-    def forward(self, hidden_states, timestep, encoder_hidden_states, return_dict=False):
-        out = self.dit(list(hidden_states.unbind(0)), timestep, list(encoder_hidden_states.unbind(0)),
-                       return_dict=False)[0]
-        return (torch.stack(out),)
+    def forward(self, **kwargs):
+        kwargs.pop("return_dict", None)  # a tuple out, as the zoo's other models are called
+        args = {self.names.get(k, k): list(v.unbind(0)) if k in self.lists else v for k, v in kwargs.items()}
+        return (torch.stack(self.dit(**args, return_dict=False)[0]),)
 
 
 def _model(cls, cfg: Dict[str, Any], size: str) -> torch.nn.Module:

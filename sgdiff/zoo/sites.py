@@ -255,6 +255,11 @@ REWRITTEN = {
     # at lossless (as Wan's).
     "anyflow": (4, 2, 2, 4, 0, 0, 0),
     "anyflow_far": (4, 2, 2, 4, 0, 0, 0),  # AnyFlow's blocks, chunk-causal: AnyFlow's counts
+    # 1 Wan 2.1 I2V block, a cached denoising step (its blocks compiled as one shared frame past the RoPE's
+    # .tolist(): the counts do not grow with the block count): LayerNorm-modulates norm1 / norm3, the cross-attention's
+    # cast norm2, norm_out (4); gated residuals (2); RMSNorm QK norms of both attentions and the image keys' (5); the
+    # CLIP projection's LayerNorms (2). Its RoPE is missed (MISSED)
+    "wan_animate2": (4, 2, 0, 5, 0, 0, 2),
     # Models whose forward breaks the graph count the sites of every graph torch.compile makes of one call; blocks
     # that share a compiled frame count once (Mochi, HunyuanVideo 1.5, HiDream, HunyuanImage 2.1: their counts do
     # not grow with the block count).
@@ -323,6 +328,7 @@ REWRITTEN_BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3, 1), ("wan", "fp32"): 
                       # fp32: the FP32LayerNorms have no casts: norm1 / norm3 / norm_out one LayerNorm-modulate each (2L+1) and the
                       # cross-attention norm2 a plain LayerNorm (norm family, L)
                       ("anyflow", "fp32"): (3, 2, 2, 4, 0, 0, 1), ("anyflow_far", "fp32"): (3, 2, 2, 4, 0, 0, 1),
+                      ("wan_animate2", "fp32"): (3, 2, 0, 5, 0, 0, 3),  # norm2 a plain LayerNorm
                       ("helios", "fp32"): (3, 2, 2, 4, 0, 0, 1)}  # the cross-attention norm2 a plain LayerNorm
 
 #: model -> the dtypes it is built in where not both: Nucleus-Image's grouped expert GEMMs (torch._grouped_mm, as
@@ -342,6 +348,9 @@ class Miss:
 
 #: model -> its chains no family rewrites. Expected = rewritten + missed.
 MISSED: Dict[str, List[Miss]] = {
+    "wan_animate2": [Miss("rope", 2, 2, "its RoPE rotates each sample's valid tokens in float64 and joins them to the "
+                                        "rest (cat), stacks the samples, then casts (.float(), .type_as(value)): no "
+                                        "cast back to x's dtype ends the rotation")],
     "bria_fibo2": [Miss("modulate", 4, 4, "the main layers' `RMSNorm(x) * scale`, scale select_per_token's "
                                           "torch.where(noise_mask == 1, 1 + scale_noisy, 1 + scale_clean): the `1 +` "
                                           "before a per-token select is no modulate spelling; the norm family takes "
@@ -363,6 +372,7 @@ SKIPS: Dict[str, set] = {
                ("pad", "cat_pad", "intermediate cat_17 has another user (new_full_4)"),
                ("pad", "cat_pad", "intermediate cat_18 has another user (new_full_5)"),
                ("pad", "cat_pad", "not tensors of one dtype (float32, float16 or bfloat16), up to 5 dims")},
+    "wan_animate2": {("rope", "rope_complex", "the result is not cast back to x's dtype")},  # MISSED
     # a cast_copy candidate on an integer tensor, a cat_pad on the mask: no chains
     "mochi": {("linear_attention", "cast_copy", "not a 4-D floating-point tensor"),
               ("pad", "cat_pad", "not tensors of one dtype (float32, float16 or bfloat16), up to 5 dims")},
@@ -427,11 +437,6 @@ NOT_YET = {
                               "DiT: its forward takes lists of per-item latents and frame indexes, Python ints "
                               "(und_len, sequence_length) and packed-sequence indexes, and returns a list of per-item "
                               "predictions, where the zoo's contract is a tensor in and out",
-    "WanAnimate2Transformer3DModel": "its forward takes lists of per-sample latents and text, a KV-cache object it "
-                                     "writes (kv_cache_mode='extract', the reference pass) or reads ('cached', a "
-                                     "denoising step), and returns a list; the RoPE loops over `grid_sizes.tolist()` "
-                                     "(a graph break) in float64 complex numbers: not a tensor-in, tensor-out DiT "
-                                     "step, not built",
     "SanaWMTransformer3DModel": "not built in this pass: a camera-controlled world model (UCPE attention, chunked "
                                 "Gated-DeltaNet linear attention every block but each 4th softmax one, GLUMBConvTemp, "
                                 "Plucker-ray embeddings); needs camera_conditions / chunk_plucker inputs and the "

@@ -1,12 +1,12 @@
-"""More video DiTs: ChronoEdit, Cosmos-Predict2.5, LTX-2, Motif-Video, MiniMax H3, Kandinsky 5 and 6, Wan-Animate,
-AnyFlow and AnyFlow-FAR (see :mod:`sgdiff.zoo`)."""
+"""More video DiTs: ChronoEdit, Cosmos-Predict2.5, LTX-2, Motif-Video, MiniMax H3, Kandinsky 5 and 6, Wan-Animate
+and Wan-Animate 2, AnyFlow and AnyFlow-FAR (see :mod:`sgdiff.zoo`)."""
 from __future__ import annotations
 
 from typing import Dict
 
 import torch
 
-from sgdiff.zoo.parts import ModelCase, _gen, _model, _place, _randn
+from sgdiff.zoo.parts import ListDiT, ModelCase, _gen, _model, _place, _randn
 
 
 def _chronoedit(size, dtype, device):
@@ -317,6 +317,46 @@ def _anyflow_far(size, dtype, device):
     return _place(model, kwargs, dtype, device)
 
 
+def _wan_animate2(size, dtype, device):
+    from diffusers import WanAnimate2Transformer3DModel
+    from diffusers.models.transformers.transformer_wan_animate_2 import WanAnimate2KVCache
+
+    # Wan 2.1's blocks (+ CLIP image tokens) animating a reference: once a segment, a reference pass over the
+    # driving video's latents stores every layer's keys and values ("extract"); each denoising step then attends
+    # to them ("cached") - the call built here, its cache filled by one reference pass at build time. Per-sample
+    # lists in and out (ListDiT); its RoPE in float64, per sample, on the valid tokens
+    if size == "tiny":  # diffusers' test config at 1 layer: a 5-frame 32x32 segment, 2 reference latent frames
+        cfg = dict(patch_size=(1, 2, 2), text_len=16, in_dim=36, dim=128, ffn_dim=256, freq_dim=64, text_dim=32,
+                   out_dim=16, num_heads=4, num_layers=1)
+        ref, h, w, text, (length, area) = 2, 4, 4, 8, (5, [32, 32])
+    else:  # the class defaults (Wan 2.1 14B's widths, 40 blocks), a 77-frame 832x480 segment: 20 reference latent
+        # frames of 60 x 104, 512 umT5 tokens, 257 CLIP tokens
+        cfg = dict()
+        ref, h, w, text, (length, area) = 20, 60, 104, 512, (77, [480, 832])
+    dit = _model(WanAnimate2Transformer3DModel, cfg, size)
+    c = dit.config
+    g = _gen(device)
+    grid, patches = torch.tensor([[ref, h // 2, w // 2]]), (h // 2) * (w // 2)
+    condition = c.in_dim - c.out_dim  # the condition latents and the 4-channel i2v mask
+    kwargs = dict(hidden_states=_randn(1, c.out_dim, ref + 1, h, w, g=g),  # the reference image's slot first
+                  timestep=torch.full((1,), 500.0), encoder_hidden_states=_randn(1, text, c.text_dim, g=g),
+                  condition_latents=_randn(1, condition, ref + 1, h, w, g=g),
+                  encoder_hidden_states_image=_randn(1, 4 if size == "tiny" else 257, 1280, g=g))
+    reference = dict(hidden_states=_randn(1, c.out_dim, ref, h, w, g=g),
+                     condition_latents=_randn(1, condition, ref, h, w, g=g))
+    model = ListDiT(dit, lists=("hidden_states", "encoder_hidden_states", "condition_latents"))
+    model, kwargs = _place(model, dict(kwargs, **{f"reference_{k}": v for k, v in reference.items()}), dtype, device)
+    reference = {k: kwargs.pop(f"reference_{k}") for k in reference}
+    cache = WanAnimate2KVCache(c.num_layers)
+    if torch.device(device).type != "meta":  # (on the meta device: the config and inputs only)
+        with torch.no_grad():
+            model(**dict(kwargs, **reference, timestep=kwargs["timestep"] * 0 + 1.0), kv_cache=cache,
+                  kv_cache_mode="extract", seq_len=ref * patches, offset_grid_sizes=grid)
+    kwargs.update(kv_cache=cache, kv_cache_mode="cached", seq_len=(ref + 1) * patches, reference_grid_sizes=grid,
+                  origin_len=length, origin_area=area)
+    return model, kwargs
+
+
 MODELS: Dict[str, ModelCase] = {
     "chronoedit": ModelCase("chronoedit", _chronoedit, "ChronoEditTransformer3DModel (tiny: 1 layer, I2V image "
                             "tokens, two latent frames)"),
@@ -335,6 +375,9 @@ MODELS: Dict[str, ModelCase] = {
                              "adapter)"),
     "anyflow": ModelCase("anyflow", _anyflow, "AnyFlowTransformer3DModel, Wan 2.1 with a dual-timestep embedder "
                                            "(tiny: 1 block)"),
+    # the reference pass and the RoPE's grid_sizes.tolist() need real tensors: no meta-device run
+    "wan_animate2": ModelCase("wan_animate2", _wan_animate2, "WanAnimate2Transformer3DModel, Wan-Animate 2, a cached "
+                              "denoising step (tiny: 1 block)", meta=False),
     # its attention only through flex attention, which refuses the meta device
     "anyflow_far": ModelCase("anyflow_far", _anyflow_far, "AnyFlowFARTransformer3DModel, frame-autoregressive AnyFlow "
                              "(tiny: 1 block, two chunks)", meta=False),
