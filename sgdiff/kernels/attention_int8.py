@@ -30,7 +30,7 @@ import torch
 from sgdiff.kernels import dispatch
 from sgdiff.kernels.attention import heads_last, qkv
 from sgdiff.kernels.examples import Example
-from sgdiff.kernels.linear_fp8 import SCALE_FLOOR
+from sgdiff.kernels.linear_fp8 import SCALE_FLOOR, divide
 from sgdiff.kernels.registry import OpDef, triton
 from sgdiff.tiers import Contract
 
@@ -61,7 +61,7 @@ def quantize_blocks_reference(x: torch.Tensor, block: int):
     b, h, s, d = x.shape
     pad = (-s) % block
     xp = torch.nn.functional.pad(x, (0, 0, 0, pad)).view(b, h, -1, block, d)
-    scale = xp.abs().amax(dim=(3, 4)).clamp_min(SCALE_FLOOR) / INT8_MAX
+    scale = divide(xp.abs().amax(dim=(3, 4)).clamp_min(SCALE_FLOOR), INT8_MAX)
     q = round_half_away(xp / scale[..., None, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
     return q.view(b, h, -1, d)[:, :, :s], scale
 

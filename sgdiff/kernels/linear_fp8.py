@@ -39,12 +39,19 @@ DTYPES = (torch.bfloat16,)  # the row-wise scaled GEMM writes bf16
 MAX_K = 16384  # the quantization kernel holds a row whole in one program
 
 
+def divide(x: torch.Tensor, number: float) -> torch.Tensor:
+    """``x / number`` as an IEEE division, as the kernels' ``div_rn``: ATen divides by a Python
+    number as a product with its fp32 reciprocal, which can differ in the last bit."""
+    return x / aten.full_like.default(x, number)
+
+
 def quantize_rows_reference(x: torch.Tensor):
     """``(q, scale)``: each row of a 2-D ``x`` as e4m3 values ``q`` and an fp32 scale per row
     (``scale = max(amax, SCALE_FLOOR) / 448``, ``q = round_e4m3(clamp(x / scale, ±448))``), so
     that ``q * scale`` approximates the row."""
     xf = x.float()
-    scale = aten.clamp_min.default(aten.amax.default(aten.abs.default(xf), [1], True), SCALE_FLOOR) / E4M3_MAX
+    scale = aten.clamp_min.default(aten.amax.default(aten.abs.default(xf), [1], True), SCALE_FLOOR)
+    scale = divide(scale, E4M3_MAX)
     q = aten.clamp.default(xf / scale, -E4M3_MAX, E4M3_MAX).to(E4M3)
     return q, scale
 

@@ -18,6 +18,8 @@ class ModelCase:
     sizes: Tuple[str, ...] = ("tiny", "full", "blocks2")
     #: its full config runs forward on the meta device (its published shapes checked with no memory)
     meta: bool = True
+    #: why ``blocks2`` takes fewer tokens than ``full`` (else the same inputs): eager cannot run the full ones on a GPU
+    fewer_tokens: str = ""
 
 
 class ListDiT(torch.nn.Module):

@@ -430,6 +430,12 @@ BLOCKS2: Dict[str, Tuple[int, ...]] = {
     "minimax_h3": (5, 4, 4, 6, 3, 0, 3),
     "anyflow": (7, 4, 4, 8, 0, 0, 0),
     "anyflow_far": (7, 4, 4, 8, 0, 0, 0),  # no meta-device run (flex attention): the tiny config at two layers
+    # the face extractor at its full depth (10 perceiver layers against the tiny 5) and widths, where one of its
+    # LayerNorms is the norm family's rather than qk_norm's (the meta device's count, and the H200's)
+    "consisid": (5, 5, 2, 2, 0, 0, 45),
+    # at the real widths a transposed copy of a 4-D tensor is a cast_copy site (the H200's count: its autocast
+    # refuses the meta device)
+    "mochi": (8, 6, 1, 0, 3, 1, 8),
 }
 
 NOT_YET = {

@@ -166,9 +166,11 @@ def _kandinsky6_sr(size, dtype, device):
         # channels for the Piflow scheduler), one 512x768 tile of a 121-frame video: 31 x 32 x 48 latent (K-VAE 16x
         # spatial, 4x temporal)
         cfg = dict()
-        if size == "blocks2":  # _two_blocks knows num_layers, not num_visual_blocks
-            cfg.update(num_visual_blocks=2)
         frames, h, w = 31, 32, 48
+        if size == "blocks2":  # _two_blocks knows num_layers, not num_visual_blocks; 4 latent frames, as eager's
+            # flex attention materializes its scores (236 GB at 31 frames)
+            cfg.update(num_visual_blocks=2)
+            frames = 4
     model = _model(Kandinsky6SRTransformer3DModel, cfg, "full" if size == "blocks2" else size)
     c = model.config
     g = _gen(device)
@@ -242,7 +244,8 @@ MODELS: Dict[str, ModelCase] = {
     "helios": ModelCase("helios", _helios, "HeliosTransformer3DModel (tiny: 1 layer, short / mid / long history)",
                         meta=False),
     "kandinsky6_sr": ModelCase("kandinsky6_sr", _kandinsky6_sr, "Kandinsky6SRTransformer3DModel, the VSR model (tiny: "
-                               "1 block)", meta=False),
+                               "1 block)", meta=False,
+                               fewer_tokens="eager's flex attention materializes its scores: 236 GB at 31 frames"),
     "consisid": ModelCase("consisid", _consisid, "ConsisIDTransformer3DModel (tiny: 1 block + its face "
                           "cross-attention)"),
 }

@@ -307,6 +307,9 @@ def _anyflow_far(size, dtype, device):
         # frames, 60 x 104 latent), 512 text tokens
         cfg = dict()
         chunks, height, width, text = [1, 3, 3, 3, 3, 3, 3, 2], 60, 104, 512
+        if size == "blocks2":  # a quarter of the tokens, the same chunks: eager's flex attention materializes its
+            # scores (over 140 GB at 60 x 104)
+            height, width = 30, 52
     model = _model(AnyFlowFARTransformer3DModel, cfg, size)
     c = model.config
     g = _gen(device)
@@ -333,6 +336,9 @@ def _wan_animate2(size, dtype, device):
         # frames of 60 x 104, 512 umT5 tokens, 257 CLIP tokens
         cfg = dict()
         ref, h, w, text, (length, area) = 20, 60, 104, 512, (77, [480, 832])
+        if size == "blocks2":  # 4 reference frames of 30 x 52: eager's attention over the cached keys materializes
+            # its scores (312 GB for the full segment)
+            ref, h, w, (length, area) = 4, 30, 52, (13, [240, 416])
     dit = _model(WanAnimate2Transformer3DModel, cfg, size)
     c = dit.config
     g = _gen(device)
@@ -377,8 +383,11 @@ MODELS: Dict[str, ModelCase] = {
                                            "(tiny: 1 block)"),
     # the reference pass and the RoPE's grid_sizes.tolist() need real tensors: no meta-device run
     "wan_animate2": ModelCase("wan_animate2", _wan_animate2, "WanAnimate2Transformer3DModel, Wan-Animate 2, a cached "
-                              "denoising step (tiny: 1 block)", meta=False),
+                              "denoising step (tiny: 1 block)", meta=False,
+                              fewer_tokens="eager's attention over the cached keys materializes its scores: 312 GB "
+                                           "for the full segment"),
     # its attention only through flex attention, which refuses the meta device
     "anyflow_far": ModelCase("anyflow_far", _anyflow_far, "AnyFlowFARTransformer3DModel, frame-autoregressive AnyFlow "
-                             "(tiny: 1 block, two chunks)", meta=False),
+                             "(tiny: 1 block, two chunks)", meta=False,
+                             fewer_tokens="eager's flex attention materializes its scores: over 140 GB at 60 x 104"),
 }

@@ -174,6 +174,10 @@ def test_channels_first_storage_read_as_rows(dtype, rtol):
     assert got.is_contiguous() and got.shape == want.shape
     assert_within(got, want, rtol)
     assert torch.equal(tk.bind(*args)(*args), got)
+    copy = tk._contiguous_copy(x)  # the tiled transpose (not Tensor.contiguous), moving x's bits
+    assert copy is not torch.Tensor.contiguous and torch.equal(copy(x), x.contiguous())
+    odd = torch.randn(3, 64, 5, generator=g).to(dtype).transpose(1, 2)  # another geometry: its own copy
+    assert torch.equal(tk._contiguous_copy(odd)(odd), odd.contiguous())
 
 
 @pytest.mark.parametrize("x_dtype", [torch.float32, None], ids=["wan_casts", "fp32_rows"])

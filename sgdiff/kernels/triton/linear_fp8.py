@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from sgdiff import _compat
-from sgdiff.kernels import dispatch
+from sgdiff.kernels import dispatch, tuning
 from sgdiff.kernels.linear_fp8 import DTYPES, E4M3, E4M3_MAX, MAX_K, SCALE_FLOOR
 from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
@@ -192,9 +192,15 @@ def linear_fp8(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     return bind(x, weight, bias)(x, weight, bias)
 
 
+FIRST_SIGHT = tuning.FirstSight("linear_fp8")
+
+
 def bind(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]):
     """:func:`linear_fp8` for inputs of this signature: the activation's quantization bound to
-    its geometry."""
+    its geometry. On the GPU, chosen at the signature's first sight against the unquantized
+    GEMM the tier below runs (:func:`linear_bf16`), timed with the activation's quantization
+    (as a projection whose input no sibling quantized pays it), and kept only where faster:
+    small GEMMs (a text stream's few hundred rows, an adaLN projection) stay bf16."""
     k = x.shape[-1]
     quantize = _quantizer(x.numel() // k, k)
 
@@ -203,12 +209,23 @@ def bind(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]):
         wq, ws = WEIGHTS.get(weight)
         return _compat.scaled_mm(xq, wq.t(), xs, ws, bias, x.dtype)
 
-    return launch
+    if not x.is_cuda:
+        return launch
+
+    def quantized(x, weight, bias):  # what first sight times: the activation quantized on each call
+        xq, xs = quantize(x.view(-1, k))
+        wq, ws = WEIGHTS.get(weight)
+        return _compat.scaled_mm(xq, wq.t(), xs, ws, bias, x.dtype)
+
+    key = (tuple(x.shape), x.device, tuple(weight.shape), bias is not None)
+    label, _ = FIRST_SIGHT.choose(key, (("bf16", linear_bf16), ("fp8", quantized)), (x, weight, bias))
+    return launch if label == "fp8" else linear_bf16
 
 
 def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """The unquantized linear layer (``[M, N]``): on GPUs without FP8 GEMMs."""
-    return torch.nn.functional.linear(x.reshape(-1, x.shape[-1]), weight, bias)
+    """The unquantized linear layer (``[M, N]``): on GPUs without FP8 GEMMs, and where the FP8
+    GEMM is not faster (a pointwise convolution's weight taken as its rows)."""
+    return torch.nn.functional.linear(x.reshape(-1, x.shape[-1]), _rows(weight), bias)
 
 
 def _tokens(x: torch.Tensor) -> torch.Tensor:
