@@ -45,15 +45,16 @@ class Case:
     own_kernel: Optional[Callable[[], object]] = None
 
 
-def bench_examples(ops: Optional[List[str]] = None, quick: bool = False):
+def bench_examples(ops: Optional[List[str]] = None, quick: bool = False, match: Optional[str] = None):
     """``(op, example)`` for every example an op declares for the bench (``quick``: each op's
-    first), in the registry's order of ops."""
+    first; ``match``: those whose description holds it), in the registry's order of ops."""
     from sgdiff.kernels import registry
 
     for op in registry.ops():
         if ops is not None and op.name not in ops:
             continue
         chosen = [e for e in op.examples if e.bench] if op.triton_impl() is not None else []
+        chosen = [e for e in chosen if match is None or match in e.label]
         yield from ((op, e) for e in chosen[:1 if quick else None])
 
 
@@ -340,6 +341,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--ops", default=None, help="comma-separated op names (default: every op with examples)")
     parser.add_argument("--quick", action="store_true", help="one example per op")
+    parser.add_argument("--match", default=None, help="only the examples whose description holds this text")
     parser.add_argument("--merge", nargs="+", metavar="KERNELS_JSON",
                         help="no measuring: merge these results (earliest first) into --out's kernels.json")
     parser.add_argument("--across", nargs="+", metavar="KERNELS_JSON",
@@ -353,7 +355,7 @@ def main(argv=None) -> int:
         return 0
     from tqdm import tqdm
 
-    examples = list(bench_examples(args.ops.split(",") if args.ops else None, args.quick))
+    examples = list(bench_examples(args.ops.split(",") if args.ops else None, args.quick, args.match))
     rows = []
     meta = _meta()
     for i, (op, example) in enumerate(tqdm(examples, desc="kernels", file=sys.stdout)):
