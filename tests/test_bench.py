@@ -88,6 +88,16 @@ def _kernel_case(op, us, note="n"):
                 wall_eager_us=1.0)
 
 
+def test_examples_picked_by_their_description():
+    """--match: only the examples whose description holds the text, of the ops asked for."""
+    from bench.kernels import bench_examples
+
+    every = list(bench_examples(["layernorm_modulate"]))
+    picked = list(bench_examples(["layernorm_modulate"], match="channels-first"))
+    assert len(every) > 1 and [e.label for _, e in picked] == [e.label for _, e in every if "channels-first" in e.label]
+    assert len(picked) == 1 and not list(bench_examples(["rope"], match="channels-first"))
+
+
 def test_partial_kernel_runs_merge_case_by_case(tmp_path):
     """A run of some ops replaces those cases only; every case keeps the commit it ran at."""
     from bench import kernels
