@@ -433,3 +433,25 @@ def test_memory_bench_finds_the_blocks_alive_at_the_peak():
     assert origin([sgdiff_frame, graph], graphs) == \
         "x.py:9:launch <- graph 7:2: y = torch.ops.aten.mul.Tensor(x, 2)"
     assert origin([dict(filename="/usr/lib/python3/threading.py", line=1, name="run")], graphs) == "?"
+
+
+def test_a_model_whose_eager_differs_from_itself_runs_again_deterministic(monkeypatch):
+    """bench/zoo.py: where eager's outputs differ from call to call (atomic adds), the whole case
+    runs again with torch's deterministic kernels, the row says so, and the mode is put back."""
+    from bench import zoo as zoo_bench
+
+    modes = []
+
+    def run_case(name, variants, *args, **kwargs):
+        deterministic = torch.are_deterministic_algorithms_enabled()
+        modes.append(deterministic)
+        return dict(model=name, eager_equal=deterministic, equal=deterministic)
+
+    monkeypatch.setattr(zoo_bench, "run_case", run_case)
+    row = zoo_bench.measure("dit", torch.device("cpu"), 1, 1)
+    assert modes == [False, True] and row["deterministic"] and row["equal"]
+    assert not torch.are_deterministic_algorithms_enabled()
+    modes.clear()
+    monkeypatch.setattr(zoo_bench, "run_case", lambda name, *a, **k: dict(model=name, eager_equal=True, equal=True))
+    assert "deterministic" not in zoo_bench.measure("dit", torch.device("cpu"), 1, 1)
+
