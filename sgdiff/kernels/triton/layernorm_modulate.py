@@ -537,7 +537,7 @@ def bind(x, weight, bias, eps, scale, shift, scale_plus_one=True, x_dtype=None, 
     adds = dict(scale_addend=scale_addend, shift_addend=shift_addend)
     if x.stride(-1) != 1:
         contiguous = _contiguous_copy(x)
-        launch = _bind(x.contiguous(), weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype, **adds)
+        launch = _bind(contiguous(x), weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype, **adds)
         return lambda x, weight, bias, eps, scale, shift, _p=None, _x=None, _o=None, sa=None, ha=None: launch(
             contiguous(x), weight, bias, scale, shift, sa, ha)
     launch = _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype, **adds)

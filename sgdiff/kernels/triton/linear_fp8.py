@@ -205,21 +205,23 @@ def bind(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]):
     quantize = _quantizer(x.numel() // k, k)
 
     def launch(x, weight, bias):
-        xq, xs = ACTIVATIONS.get(x, quantize)
-        wq, ws = WEIGHTS.get(weight)
-        return _compat.scaled_mm(xq, wq.t(), xs, ws, bias, x.dtype)
+        return _gemm(*ACTIVATIONS.get(x, quantize), weight, bias, x.dtype)
 
     if not x.is_cuda:
         return launch
 
     def quantized(x, weight, bias):  # what first sight times: the activation quantized on each call
-        xq, xs = quantize(x.view(-1, k))
-        wq, ws = WEIGHTS.get(weight)
-        return _compat.scaled_mm(xq, wq.t(), xs, ws, bias, x.dtype)
+        return _gemm(*quantize(x.view(-1, k)), weight, bias, x.dtype)
 
     key = (tuple(x.shape), x.device, tuple(weight.shape), bias is not None)
     label, _ = FIRST_SIGHT.choose(key, (("bf16", linear_bf16), ("fp8", quantized)), (x, weight, bias))
     return launch if label == "fp8" else linear_bf16
+
+
+def _gemm(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], dtype):
+    """The row-wise scaled FP8 GEMM of quantized rows and the weight's kept e4m3 copy."""
+    wq, ws = WEIGHTS.get(weight)
+    return _compat.scaled_mm(xq, wq.t(), xs, ws, bias, dtype)
 
 
 def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
