@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from sgdiff.kernels.attention import attention_reference
-from sgdiff.kernels.attention_int8 import K_BLOCK, attention_int8_reference, quantize_blocks_reference
+from sgdiff.kernels.attention_int8 import (K_BLOCK, attention_int8_fp8_values_reference, attention_int8_reference,
+                                           quantize_blocks_reference, quantize_values_reference)
 from tests.capture import rewrite
 from tests.helpers import count_op
 
@@ -121,6 +122,28 @@ def test_int8_attention_math_stays_near_exact_attention(s, s_k, d, offset, sprea
     exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
     assert got.stride() == attention_reference(q, k, v, False, None).stride()
     assert float((got - exact).norm() / exact.norm()) < 0.04
+
+
+@settings(max_examples=20, deadline=None)
+@given(s=st.integers(1, 300), s_k=st.integers(1, 300), d=st.sampled_from([32, 64, 128]),
+       offset=st.floats(-4, 4), spread=st.floats(0.1, 3))
+def test_fp8_values_math_stays_near_exact_attention(s, s_k, d, offset, spread):
+    """With v in e4m3 per channel, v's per-channel offset (which the smoothing takes out) changes
+    nothing: the output moves from the INT8 op's by at most v's rounding to e4m3 (2^-4 of the
+    largest distance from the mean), and the e4m3 copy of each channel reaches 448 (its largest
+    magnitude)."""
+    g = torch.Generator().manual_seed(s * 1000 + s_k)
+    q = torch.randn(1, 2, s, d, generator=g).to(BF16)
+    k = torch.randn(1, 2, s_k, d, generator=g).to(BF16)
+    v = (torch.randn(1, 2, s_k, d, generator=g) * spread + offset * torch.randn(d, generator=g)).to(BF16)
+    got = attention_int8_fp8_values_reference(q, k, v, None).float()
+    int8 = attention_int8_reference(q, k, v, False, None).float()
+    assert got.stride() == int8.stride()
+    v8, mean, _ = quantize_values_reference(v)
+    spread = float((v.float() - mean).abs().max())
+    assert float((got - int8).abs().max()) <= 2 ** -4 * spread + 2 ** -7 * float(int8.abs().max())
+    peaks = v8.float().abs().amax(dim=2)
+    assert bool(((peaks == 448.0) | (peaks == 0.0)).all())
 
 
 def test_key_blocks_scale_to_int8s_largest_value():

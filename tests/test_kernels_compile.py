@@ -23,6 +23,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from sgdiff.kernels import registry  # noqa: E402
 from sgdiff.kernels.triton.cuda_math import INTERPRET  # noqa: E402
 from sgdiff.kernels.triton.attention_int8 import CONFIGS as ATTENTION_CONFIGS  # noqa: E402
+from sgdiff.kernels.triton.attention_int8 import FP8_VALUE_CONFIGS as ATTENTION_FP8_VALUE_CONFIGS  # noqa: E402
 from sgdiff.kernels.triton.launch import LeanKernel  # noqa: E402
 
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -113,12 +114,17 @@ GLOBAL_MEMORY = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?(LDG|STG|LD|
                            re.M)
 
 
-def assert_waits_before_memory(kernel: LeanKernel, compiled):
-    """The kernel's first global load or store comes after ``griddepcontrol.wait`` (ACQBULK)."""
+def machine_code(compiled) -> str:
+    """The SASS of a compiled kernel (Triton's bundled nvdisasm)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
-        sass = subprocess.run([NVDISASM, "-c", f.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([NVDISASM, "-c", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def assert_waits_before_memory(kernel: LeanKernel, compiled):
+    """The kernel's first global load or store comes after ``griddepcontrol.wait`` (ACQBULK)."""
+    sass = machine_code(compiled)
     first = GLOBAL_MEMORY.search(sass)
     assert first, f"{kernel.__name__}: no global load or store"
     wait = sass.find("ACQBULK")
@@ -206,17 +212,23 @@ def test_before_hopper_a_kernel_waits_for_nothing(monkeypatch):
     assert "griddepcontrol.wait" in compile_launch(kernel, largs, kwargs).asm["ptx"]  # on sm_90 it waits
 
 
-@pytest.mark.parametrize("d,config", [(d, c) for d, configs in ATTENTION_CONFIGS.items() for c in configs])
+@pytest.mark.parametrize("d,config", [(d, c) for d in ATTENTION_CONFIGS
+                                      for c in ATTENTION_CONFIGS[d] + ATTENTION_FP8_VALUE_CONFIGS[d]])
 def test_every_attention_int8_configuration_compiles_within_an_h200s_shared_memory(monkeypatch, d, config):
-    """First sight times every configuration: each compiles for sm_90 and fits in 227 KiB."""
+    """First sight times every configuration: each compiles for sm_90 and fits in 227 KiB; the
+    scores are an INT8 ``wgmma`` (IGMMA) and ``P @ v`` a bf16 (HGMMA) or e4m3 (QGMMA) one."""
     from sgdiff.kernels.triton import attention_int8 as ai
 
     q, k, v = (_r(1, 200, 2, d).transpose(1, 2) for _ in range(3))
     launches = recorded_launches(monkeypatch, lambda: ai._launcher(config)(q, k, v, False, None))
+    assert [kernel.__name__ for kernel, _, _ in launches] == (
+        ["_quantize_keys_kernel"] + ["_quantize_values_kernel"] * config.fp8_values + ["_attention_kernel"])
     for kernel, largs, kwargs in launches:
         compiled = compile_launch(kernel, largs, kwargs)
         assert compiled.metadata.shared <= 227 * 1024, (kernel.__name__, compiled.metadata.shared)
         assert_waits_before_memory(kernel, compiled)
+    products = set(re.findall(r"\b([IHQ]GMMA)\.", machine_code(compiled)))
+    assert products == {"IGMMA", "QGMMA" if config.fp8_values else "HGMMA"}, products
 
 
 @pytest.mark.parametrize("k", [1536, 3072, 12288, 15360])

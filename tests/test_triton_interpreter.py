@@ -45,8 +45,9 @@ EXPECTED = {
     # linear_fp8: the scales at 4 shapes, the weight copies kept, remade and dropped, one quantization
     # for the projections of one input
     "test_linear_fp8_interp.py": 4 + 3,
-    # attention_int8: keys and attention at 4 geometries, heads-first inputs, the refusals
-    "test_attention_int8_interp.py": 4 + 1 + 1,
+    # attention_int8: keys and attention at 4 geometries, e4m3 values and attention at the 4, heads-first
+    # inputs, the refusals
+    "test_attention_int8_interp.py": 4 + 4 + 1 + 1,
     # the power-of-two reciprocal against IEEE division
     "test_welford_interp.py": 1,
     # every Triton op's bound launch on its first example (21 ops), and that count itself

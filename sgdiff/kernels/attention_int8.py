@@ -20,6 +20,15 @@ q k^T, whose 3 mantissa bits cost three times the error on random heads (measure
 300 tokens, head dims 64 and 128, k's spread 0.5 to 3: 0.7-2.6% of exact attention's norm for
 INT8, 1.9-7.5% for e4m3 with the same blocks), at the same tensor-core rate on Hopper.
 Output in ``[B, S, H, D]`` memory order, as FlashAttention's.
+
+Where it is faster, ``P @ v`` runs in e4m3 too, at twice the bf16 rate (the FP8 product
+FlashAttention-3 and SageAttention2 use): v smoothed as k is (its mean over the tokens, per
+channel of a head, subtracted in fp32: a softmax row sums to one, so the mean comes back as an
+addend of the output) and quantized per channel of a head (that channel's largest magnitude to
+448, :func:`quantize_values_reference`); P, at most 1 after the online softmax's shift, scaled
+by 448 and rounded to e4m3; each key tile's product summed in fp32. Its reference
+(:func:`attention_int8_fp8_values_reference`) is the INT8 scores' softmax in fp32 times those
+e4m3 values: the kernel departs from it by P's rounding alone.
 """
 from __future__ import annotations
 
@@ -30,7 +39,7 @@ import torch
 from sgdiff.kernels import dispatch
 from sgdiff.kernels.attention import heads_last, qkv
 from sgdiff.kernels.examples import Example
-from sgdiff.kernels.linear_fp8 import SCALE_FLOOR, divide
+from sgdiff.kernels.linear_fp8 import E4M3, E4M3_MAX, SCALE_FLOOR, divide
 from sgdiff.kernels.registry import OpDef, triton
 from sgdiff.tiers import Contract
 
@@ -40,14 +49,14 @@ HEAD_DIMS = (32, 64, 128)  # what the kernel's tiles take
 INT8_MAX = 127.0
 
 
-def key_means(k: torch.Tensor) -> torch.Tensor:
-    """``k``'s mean over the tokens, per batch, head and channel, in fp32 ``[B, H, 1, D]``."""
-    return torch.mean(k, dim=2, keepdim=True, dtype=torch.float32)
+def token_means(x: torch.Tensor) -> torch.Tensor:
+    """``x``'s mean over the tokens, per batch, head and channel, in fp32 ``[B, H, 1, D]``."""
+    return torch.mean(x, dim=2, keepdim=True, dtype=torch.float32)
 
 
 def smoothed_keys(k: torch.Tensor) -> torch.Tensor:
-    """``k`` in fp32 less :func:`key_means`."""
-    return k.float() - key_means(k)
+    """``k`` in fp32 less :func:`token_means`."""
+    return k.float() - token_means(k)
 
 
 def round_half_away(x: torch.Tensor) -> torch.Tensor:
@@ -66,8 +75,26 @@ def quantize_blocks_reference(x: torch.Tensor, block: int):
     return q.view(b, h, -1, d)[:, :, :s], scale
 
 
-def attention_int8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
-                            scale: Optional[float]) -> torch.Tensor:
+def value_channels_reference(v: torch.Tensor):
+    """``(mean, scale)`` of ``v`` ``[B, H, S, D]``: its fp32 mean over the tokens ``[B, H, 1, D]``
+    and, per channel of a head, ``max(largest |v - mean|, SCALE_FLOOR) / 448`` ``[B, H, D]``: the
+    largest magnitude is that of the channel's largest or smallest value less the mean."""
+    mean = token_means(v)
+    low, high = torch.aminmax(v, dim=2)
+    amax = torch.maximum(high.float() - mean[:, :, 0], mean[:, :, 0] - low.float())
+    return mean, divide(amax.clamp_min(SCALE_FLOOR), E4M3_MAX)
+
+
+def quantize_values_reference(v: torch.Tensor):
+    """``(v8, mean, scale)``: ``v`` less its mean, divided by its channel's scale, as e4m3
+    ``[B, H, S, D]`` (:func:`value_channels_reference`)."""
+    mean, scale = value_channels_reference(v)
+    v8 = ((v.float() - mean) / scale[:, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+    return v8, mean, scale
+
+
+def _int8_scores(q, k, scale):
+    """The INT8 product's scores, fp32 ``[B, H, S_q, S_k]``, times ``scale``."""
     d = q.shape[-1]
     sm_scale = d ** -0.5 if scale is None else scale
     q8, qs = quantize_blocks_reference(q.float(), Q_BLOCK)
@@ -75,9 +102,24 @@ def attention_int8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     s = q8.float() @ k8.float().transpose(-1, -2)
     s = s * qs.repeat_interleave(Q_BLOCK, -1)[..., :q.shape[2], None] * ks.repeat_interleave(K_BLOCK, -1)[
         ..., None, :k.shape[2]] * sm_scale
+    return s
+
+
+def attention_int8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+                            scale: Optional[float]) -> torch.Tensor:
+    s = _int8_scores(q, k, scale)
     if is_causal:
         s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), float("-inf"))
     out = torch.softmax(s, dim=-1) @ v.float()
+    return heads_last(out.to(q.dtype))
+
+
+def attention_int8_fp8_values_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                        scale: Optional[float]) -> torch.Tensor:
+    """The op with ``P @ v`` in e4m3: the INT8 scores' softmax in fp32 times v's e4m3 copy
+    (:func:`quantize_values_reference`) and its scales, plus v's mean (not causal)."""
+    v8, mean, v_scale = quantize_values_reference(v)
+    out = torch.softmax(_int8_scores(q, k, scale), dim=-1) @ v8.float() * v_scale[:, :, None] + mean
     return heads_last(out.to(q.dtype))
 
 
@@ -103,6 +145,6 @@ attention_int8 = dispatch.define_op(OpDef(
     ),
     doc="softmax(q k^T * scale) v with k smoothed (its mean over the tokens subtracted), q and k quantized "
         "to int8 per block of 128 tokens of a head, q k^T exact in int32, softmax in fp32, P in v's "
-        "dtype times v accumulated in fp32; no mask, no dropout, not causal on the GPU. Output in "
-        "[B, S, H, D] memory order",
+        "dtype times v accumulated in fp32 (or, where faster, P and the smoothed v in e4m3: v per "
+        "channel of a head); no mask, no dropout, not causal on the GPU. Output in [B, S, H, D] memory order",
 ))

@@ -1,13 +1,15 @@
 """The attention ops on the GPU: ``attention`` (close) picks a fused kernel that runs and stays
-within bf16 rounding of eager's; ``attention_int8`` (approx) gives the reference's int8 keys bit
-for bit and stays near its fp32 math at Flux's and Wan's shapes; each is timed against eager's
+within bf16 rounding of eager's; ``attention_int8`` (approx) gives the reference's int8 keys and
+e4m3 values bit for bit and stays near its fp32 math (each configuration, ``P @ v`` in bf16 and in
+e4m3) at Flux's and Wan's shapes; each is timed against eager's
 kernel in one process (printed; bench/tiers.py has the model figures)."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from sgdiff.kernels import dispatch, registry, tuning
-from sgdiff.kernels.attention_int8 import K_BLOCK, attention_int8_reference, quantize_blocks_reference, smoothed_keys
+from sgdiff.kernels.attention_int8 import (K_BLOCK, attention_int8_fp8_values_reference, attention_int8_reference,
+                                           quantize_blocks_reference, quantize_values_reference, smoothed_keys)
 
 pytestmark = pytest.mark.gpu
 BF16 = torch.bfloat16
@@ -53,6 +55,17 @@ def test_attention_int8_is_near_its_math_keeps_the_keys_bits_and_is_taken_where_
         quantized = ai._launcher(config)(q, k, v, False, None)
         if want is not None:
             assert float((quantized.float() - want.float()).abs().max()) <= 2 ** -6 * float(want.float().abs().max())
+        assert float((quantized.float() - eager).norm() / eager.norm()) < 0.03
+    want8, want_mean, want_scale = quantize_values_reference(v)
+    vt, mean, v_scale = ai.quantize_values(v)
+    assert torch.equal(mean.view(b, h, d), want_mean.view(b, h, d)) and torch.equal(v_scale.view(b, h, d), want_scale)
+    assert torch.equal(vt.view(b, h, d, -1)[..., :s].transpose(-1, -2).float(), want8.float())
+    want = attention_int8_fp8_values_reference(q, k, v, None).float() if s <= 5000 else None
+    spread = float((v.float() - want_mean).abs().max())
+    for config in ai.FP8_VALUE_CONFIGS[d]:  # P @ v in e4m3: within P's rounding to e4m3 of its reference
+        quantized = ai._launcher(config)(q, k, v, False, None)
+        if want is not None:
+            assert float((quantized.float() - want).abs().max()) <= 2 ** -6 * spread + 2 ** -8 * float(want.abs().max())
         assert float((quantized.float() - eager).norm() / eager.norm()) < 0.03
     got = registry.op_def("attention_int8").load()(q, k, v, False, None)
     chosen = [spec.backend for (op, *_), (spec, *_) in dispatch._chosen.items() if op == "attention_int8"]

@@ -61,6 +61,19 @@ def count_reciprocal(n):
 
 
 @triton.jit
+def to_e4m3(x):
+    """fp32 ``x`` (within ±448) rounded to e4m3, to nearest even, as ``cvt.rn.satfinite`` does.
+    The interpreter's cast rounds wrong where the mantissa carries into the exponent (31.5 to
+    16) and flushes e4m3's subnormals, so there ``x`` is first rounded on the e4m3 grid in fp32:
+    3 mantissa bits for normals, steps of 2^-9 below 2^-6; the cast is then exact."""
+    if INTERPRET_C:
+        b = x.to(tl.uint32, bitcast=True)
+        normal = ((b + 0x7FFFF + ((b >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
+        x = tl.where(tl.abs(x) < 0.015625, (x + 24576.0) - 24576.0, normal)  # 24576's ulp is 2^-9
+    return x.to(tl.float8e4nv)
+
+
+@triton.jit
 def to_fp32(x):
     """``x.to(float32)``. A bf16 pair held in one 32-bit register widens in two instructions
     (a shift for the low half, a mask for the high one) where the plain conversion takes
