@@ -25,6 +25,7 @@ from sgdiff import _compat
 from sgdiff.kernels import dispatch, tuning
 from sgdiff.kernels.linear_fp8 import DTYPES, E4M3, E4M3_MAX, MAX_K, SCALE_FLOOR
 from sgdiff.kernels.registry import Impl
+from sgdiff.kernels.triton.cuda_math import to_e4m3
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 
 log = logging.getLogger("sgdiff")
@@ -53,7 +54,7 @@ def _quantize_rows_kernel(
     scale = tl.math.div_rn(tl.maximum(amax, SCALE_FLOOR_), tl.full(amax.shape, E4M3_MAX_, tl.float32))
     v = tl.math.div_rn(x, scale[:, None])
     v = tl.minimum(tl.maximum(v, -E4M3_MAX_), E4M3_MAX_)
-    tl.store(q_ptr + rows64[:, None] * K + cols[None, :], v.to(tl.float8e4nv), mask=inside)
+    tl.store(q_ptr + rows64[:, None] * K + cols[None, :], to_e4m3(v), mask=inside)
     tl.store(scale_ptr + rows, scale, mask=rows < M)
 
 
