@@ -23,7 +23,6 @@ from triton.compiler import ASTSource  # noqa: E402
 from sgdiff.kernels import registry  # noqa: E402
 from sgdiff.kernels.triton.cuda_math import INTERPRET  # noqa: E402
 from sgdiff.kernels.triton.attention_int8 import CONFIGS as ATTENTION_CONFIGS  # noqa: E402
-from sgdiff.kernels.triton.attention_int8 import FP8_VALUE_CONFIGS as ATTENTION_FP8_VALUE_CONFIGS  # noqa: E402
 from sgdiff.kernels.triton.launch import LeanKernel  # noqa: E402
 
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -212,11 +211,11 @@ def test_before_hopper_a_kernel_waits_for_nothing(monkeypatch):
     assert "griddepcontrol.wait" in compile_launch(kernel, largs, kwargs).asm["ptx"]  # on sm_90 it waits
 
 
-@pytest.mark.parametrize("d,config", [(d, c) for d in ATTENTION_CONFIGS
-                                      for c in ATTENTION_CONFIGS[d] + ATTENTION_FP8_VALUE_CONFIGS[d]])
+@pytest.mark.parametrize("d,config", [(d, c) for d, configs in ATTENTION_CONFIGS.items() for c in configs])
 def test_every_attention_int8_configuration_compiles_within_an_h200s_shared_memory(monkeypatch, d, config):
     """First sight times every configuration: each compiles for sm_90 and fits in 227 KiB; the
-    scores are an INT8 ``wgmma`` (IGMMA) and ``P @ v`` a bf16 (HGMMA) or e4m3 (QGMMA) one."""
+    scores are an INT8 ``wgmma`` (IGMMA) and ``P @ v`` a bf16 (HGMMA) or e4m3 (QGMMA) one; with
+    TMA the keys and values come by bulk tensor copies (UTMALDG)."""
     from sgdiff.kernels.triton import attention_int8 as ai
 
     q, k, v = (_r(1, 200, 2, d).transpose(1, 2) for _ in range(3))
@@ -227,8 +226,10 @@ def test_every_attention_int8_configuration_compiles_within_an_h200s_shared_memo
         compiled = compile_launch(kernel, largs, kwargs)
         assert compiled.metadata.shared <= 227 * 1024, (kernel.__name__, compiled.metadata.shared)
         assert_waits_before_memory(kernel, compiled)
-    products = set(re.findall(r"\b([IHQ]GMMA)\.", machine_code(compiled)))
+    sass = machine_code(compiled)
+    products = set(re.findall(r"\b([IHQ]GMMA)\.", sass))
     assert products == {"IGMMA", "QGMMA" if config.fp8_values else "HGMMA"}, products
+    assert ("UTMALDG" in sass) == config.tma
 
 
 @pytest.mark.parametrize("k", [1536, 3072, 12288, 15360])

@@ -51,7 +51,7 @@ def test_attention_int8_is_near_its_math_keeps_the_keys_bits_and_is_taken_where_
     eager = _eager(q, k, v).float()
     # the reference's fp32 scores of Wan's 32760 tokens would take 50 GB
     want = attention_int8_reference(q, k, v, False, None) if s <= 5000 else None
-    for config in ai.CONFIGS[d]:  # every tile configuration first sight may take
+    for config in [c for c in ai.CONFIGS[d] if not c.fp8_values]:  # each configuration first sight may take
         quantized = ai._launcher(config)(q, k, v, False, None)
         if want is not None:
             assert float((quantized.float() - want.float()).abs().max()) <= 2 ** -6 * float(want.float().abs().max())
@@ -62,7 +62,7 @@ def test_attention_int8_is_near_its_math_keeps_the_keys_bits_and_is_taken_where_
     assert torch.equal(vt.view(b, h, d, -1)[..., :s].transpose(-1, -2).float(), want8.float())
     want = attention_int8_fp8_values_reference(q, k, v, None).float() if s <= 5000 else None
     spread = float((v.float() - want_mean).abs().max())
-    for config in ai.FP8_VALUE_CONFIGS[d]:  # P @ v in e4m3: within P's rounding to e4m3 of its reference
+    for config in [c for c in ai.CONFIGS[d] if c.fp8_values]:  # P @ v in e4m3: within P's rounding to e4m3 of its reference
         quantized = ai._launcher(config)(q, k, v, False, None)
         if want is not None:
             assert float((quantized.float() - want).abs().max()) <= 2 ** -6 * spread + 2 ** -8 * float(want.abs().max())

@@ -17,10 +17,9 @@ forward whose q k^T is an INT8 product.
    in fp32, the scales applied and the mean added at the end); the sum divided out at the end
    and rounded once.
 
-A program takes ``Q_BLOCK`` (128) queries; the keys a tile, warps, stages and the precision of
-``P @ v`` are chosen per signature at first sight among :data:`CONFIGS` and
-:data:`FP8_VALUE_CONFIGS`, timed against the unquantized fused attention, which stays where no
-configuration is faster (on the H200 at 2632107, with ``P @ v`` in bf16 only: 678 µs against
+A program takes ``Q_BLOCK`` (128) queries; the keys a tile, warps, stages, the precision of
+``P @ v`` and the loads are chosen per signature at first sight among :data:`CONFIGS`, timed
+against the unquantized fused attention, which stays where no configuration is faster (on the H200 at 2632107, with ``P @ v`` in bf16 only: 678 µs against
 eager's 403 at Flux's 1 x 24 x 4608 x 128, 429 against 186 at Wan's cross-attention; the e4m3
 product, which halves that product's tensor-core time, is not yet measured).
 """
@@ -39,6 +38,7 @@ from sgdiff.kernels import sdpa, tuning
 from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton.cuda_math import INTERPRET_C, dot_acc, to_e4m3
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
+from sgdiff.kernels.triton.triton_compat import ensure_allocator
 
 LOG2E = 1.4426950408889634
 
@@ -122,13 +122,17 @@ def _fp8_product(p8, vt, acc, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _key_tile(q8, q_scale, qk_scale, m_i, l_i, acc, start_n, k_base, kscale_base, v_base, svs, S_K, NPAD,
+def _key_tile(q8, q_scale, qk_scale, m_i, l_i, acc, start_n, k_src, kscale_base, v_src, svs, S_K, NPAD,
               D: tl.constexpr, BLOCK_N: tl.constexpr, KB: tl.constexpr, MASKED: tl.constexpr,
-              PV_FP8: tl.constexpr, E4M3_MAX_: tl.constexpr):
-    """One tile of keys folded into the online softmax: ``(m_i, l_i, acc)`` updated."""
+              PV_FP8: tl.constexpr, E4M3_MAX_: tl.constexpr, TMA: tl.constexpr):
+    """One tile of keys folded into the online softmax: ``(m_i, l_i, acc)`` updated. ``k_src``
+    and ``v_src``: base pointers, or (``TMA``) tensor descriptors."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
-    k8 = tl.load(k_base + offs_n[:, None] * D + offs_d[None, :])  # zero rows past S_K (padded)
+    if TMA:
+        k8 = k_src.load([start_n, 0])
+    else:
+        k8 = tl.load(k_src + offs_n[:, None] * D + offs_d[None, :])  # zero rows past S_K (padded)
     k_scale = tl.load(kscale_base + start_n // KB)
     s = _int_scores(q8, k8) * (q_scale * k_scale * qk_scale)
     if MASKED:
@@ -139,14 +143,20 @@ def _key_tile(q8, q_scale, qk_scale, m_i, l_i, acc, start_n, k_base, kscale_base
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None]
     if PV_FP8:  # v's e4m3 copy, transposed and padded with zeros: no mask
-        vt = tl.load(v_base + offs_d[:, None] * NPAD + offs_n[None, :])
+        if TMA:
+            vt = v_src.load([0, start_n])
+        else:
+            vt = tl.load(v_src + offs_d[:, None] * NPAD + offs_n[None, :])
         acc = _fp8_product(to_e4m3(p * E4M3_MAX_), vt, acc, BLOCK_N)
     else:
-        v_ptrs = v_base + offs_n[:, None].to(tl.int64) * svs + offs_d[None, :]
-        if MASKED:
-            v = tl.load(v_ptrs, mask=(offs_n < S_K)[:, None], other=0.0)
+        if TMA:  # rows past S_K read as zeros
+            v = v_src.load([start_n, 0])
         else:
-            v = tl.load(v_ptrs)
+            v_ptrs = v_src + offs_n[:, None].to(tl.int64) * svs + offs_d[None, :]
+            if MASKED:
+                v = tl.load(v_ptrs, mask=(offs_n < S_K)[:, None], other=0.0)
+            else:
+                v = tl.load(v_ptrs)
         acc = dot_acc(p.to(v.dtype), v, acc)
     return m_new, l_i, acc
 
@@ -162,6 +172,7 @@ def _attention_kernel(
     SCALE_FLOOR_: tl.constexpr, INT8_MAX_: tl.constexpr,
     PV_FP8: tl.constexpr,  # v_ptr: v's e4m3 copy [B * H, D, NPAD] (vmean_ptr, vscale_ptr: [B * H, D])
     E4M3_MAX_: tl.constexpr,
+    TMA: tl.constexpr,  # keys and values read through tensor descriptors built here
 ):
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
@@ -176,19 +187,25 @@ def _attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    k_base = k8_ptr + bh.to(tl.int64) * NPAD * D
+    k_src = k8_ptr + bh.to(tl.int64) * NPAD * D
     kscale_base = kscale_ptr + bh * NKB
     if PV_FP8:
-        v_base = v_ptr + bh.to(tl.int64) * D * NPAD
+        v_src = v_ptr + bh.to(tl.int64) * D * NPAD
     else:
-        v_base = v_ptr + b * svb + h * svh
+        v_src = v_ptr + b * svb + h * svh
+    if TMA:
+        k_src = tl.make_tensor_descriptor(k_src, shape=[NPAD, D], strides=[D, 1], block_shape=[BLOCK_N, D])
+        if PV_FP8:
+            v_src = tl.make_tensor_descriptor(v_src, shape=[D, NPAD], strides=[NPAD, 1], block_shape=[D, BLOCK_N])
+        else:
+            v_src = tl.make_tensor_descriptor(v_src, shape=[S_K, D], strides=[svs, 1], block_shape=[BLOCK_N, D])
     full = S_K - S_K % BLOCK_N  # whole tiles without a mask, then the last one masked
     for start_n in range(0, full, BLOCK_N):
-        m_i, l_i, acc = _key_tile(q8, q_scale, qk_scale, m_i, l_i, acc, start_n, k_base, kscale_base, v_base, svs,
-                                  S_K, NPAD, D, BLOCK_N, KB, False, PV_FP8, E4M3_MAX_)
+        m_i, l_i, acc = _key_tile(q8, q_scale, qk_scale, m_i, l_i, acc, start_n, k_src, kscale_base, v_src, svs,
+                                  S_K, NPAD, D, BLOCK_N, KB, False, PV_FP8, E4M3_MAX_, TMA)
     if full < S_K:
-        m_i, l_i, acc = _key_tile(q8, q_scale, qk_scale, m_i, l_i, acc, full, k_base, kscale_base, v_base, svs,
-                                  S_K, NPAD, D, BLOCK_N, KB, True, PV_FP8, E4M3_MAX_)
+        m_i, l_i, acc = _key_tile(q8, q_scale, qk_scale, m_i, l_i, acc, full, k_src, kscale_base, v_src, svs,
+                                  S_K, NPAD, D, BLOCK_N, KB, True, PV_FP8, E4M3_MAX_, TMA)
     out = acc / l_i[:, None]
     if PV_FP8:  # 448 P times (v - mean) / scale: back to v's units, the mean added
         v_scale = tl.load(vscale_ptr + bh * D + offs_d) / E4M3_MAX_
@@ -221,6 +238,14 @@ def quantize_keys(k: torch.Tensor):
     return k8, scale
 
 
+def _tma_rows(v: torch.Tensor) -> bool:
+    """Whether each head of ``v`` ``[B, H, S, D]`` is a 2-D ``[S, D]`` view a TMA descriptor takes:
+    16-byte aligned at every batch entry and head, rows 16-byte strided."""
+    size = v.element_size()
+    return (v.data_ptr() % 16 == 0 and all(st * size % 16 == 0 for st in v.stride()[:3])
+            and v.shape[-1] * size >= 16)
+
+
 def quantize_values(v: torch.Tensor):
     """``(vt, mean, scale)``: ``v`` less its mean, per channel as e4m3, transposed ``[B * H, D,
     tokens rounded up to K_BLOCK]`` (zeros past the tokens), and the fp32 means and scales
@@ -236,22 +261,29 @@ def quantize_values(v: torch.Tensor):
 
 
 class Config(NamedTuple):
-    """Keys a tile, warps, pipeline stages, and whether ``P @ v`` runs in e4m3."""
+    """Keys a tile, warps, pipeline stages, whether ``P @ v`` runs in e4m3, and whether keys and
+    values are read through TMA descriptors (asynchronous bulk copies, no address arithmetic in
+    the loop) rather than pointer loads."""
     block_n: int
     warps: int
     stages: int
     fp8_values: bool = False
+    tma: bool = False
 
 
 #: what the first sight of a signature times against each other: the Triton tutorial's Hopper
-#: choices around FlashAttention's; all compute the same blocks' scales
-CONFIGS = {128: (Config(64, 8, 3), Config(128, 8, 3), Config(64, 8, 4), Config(128, 8, 2), Config(64, 4, 3)),
-           64: (Config(64, 4, 3), Config(128, 4, 3), Config(128, 8, 3), Config(64, 4, 4)),
-           32: (Config(64, 4, 3), Config(128, 4, 3), Config(128, 4, 4))}
-#: the same with ``P @ v`` in e4m3 (half the bytes of v's tiles: deeper pipelines fit)
-FP8_VALUE_CONFIGS = {128: (Config(64, 8, 3, True), Config(128, 8, 3, True), Config(128, 8, 4, True)),
-                     64: (Config(64, 4, 3, True), Config(128, 4, 3, True), Config(128, 8, 3, True)),
-                     32: (Config(64, 4, 3, True), Config(128, 4, 3, True))}
+#: choices around FlashAttention's (P @ v in bf16, pointer loads; on the H200 at 2632107 the best
+#: took 678 µs at Flux's shape, against cuDNN's 403), then the same with ``P @ v`` in e4m3 (half
+#: the bytes of v's tiles: deeper pipelines fit) and reading through TMA; all compute the same
+#: blocks' scales
+CONFIGS = {128: (Config(64, 8, 3), Config(128, 8, 3), Config(64, 8, 4), Config(128, 8, 2), Config(64, 4, 3),
+                 Config(64, 8, 3, True), Config(128, 8, 3, True), Config(128, 8, 3, True, True),
+                 Config(128, 8, 4, True, True), Config(128, 8, 3, False, True)),
+           64: (Config(64, 4, 3), Config(128, 4, 3), Config(128, 8, 3), Config(64, 4, 4),
+                Config(64, 4, 3, True), Config(128, 4, 3, True), Config(128, 8, 3, True, True),
+                Config(128, 4, 3, False, True)),
+           32: (Config(64, 4, 3), Config(128, 4, 3), Config(128, 4, 4),
+                Config(64, 4, 3, True), Config(128, 4, 3, True, True))}
 
 FIRST_SIGHT = tuning.FirstSight("attention_int8")
 
@@ -260,6 +292,10 @@ def _launcher(config: Config):
     def launch(q, k, v, is_causal, scale):
         b, h, s_q, d = q.shape
         s_k = k.shape[2]
+        if config.tma:
+            if not (config.fp8_values or _tma_rows(v)):
+                raise ValueError("v's rows are not 16-byte aligned for a TMA descriptor")
+            ensure_allocator()
         k8, k_scale = quantize_keys(k)
         if config.fp8_values:
             vt, v_mean, v_scale = quantize_values(v)
@@ -272,7 +308,7 @@ def _launcher(config: Config):
             q, k8, k_scale, values, v_mean, v_scale, out, qk_scale, h, s_q, s_k, k8.shape[1], k_scale.shape[1],
             *q.stride()[:3], *value_strides, *out.stride()[:3], D=d, BLOCK_M=Q_BLOCK, BLOCK_N=config.block_n,
             KB=K_BLOCK, SCALE_FLOOR_=SCALE_FLOOR, INT8_MAX_=INT8_MAX, PV_FP8=config.fp8_values, E4M3_MAX_=E4M3_MAX,
-            num_warps=config.warps, num_stages=config.stages)
+            TMA=config.tma, num_warps=config.warps, num_stages=config.stages)
         return out
 
     return launch
@@ -285,11 +321,11 @@ def choices() -> list:
 
 def bind(q, k, v, is_causal, scale):
     """The launch of the fastest for this signature, chosen at its first sight
-    (:class:`sgdiff.kernels.tuning.FirstSight`) among :data:`CONFIGS`, :data:`FP8_VALUE_CONFIGS` and, on the GPU, the
+    (:class:`sgdiff.kernels.tuning.FirstSight`) among :data:`CONFIGS` and, on the GPU, the
     unquantized attention the tier below runs (torch's fastest fused kernel, :mod:`sgdiff.kernels.sdpa`),
     which is kept unless a configuration beats it: the tier pays in fidelity only where it gains speed."""
     key = (tuple(q.shape), q.device, q.dtype, scale, *[(t.shape, t.stride()) for t in (q, k, v)])
-    candidates = [(config, _launcher(config)) for config in CONFIGS[q.shape[-1]] + FP8_VALUE_CONFIGS[q.shape[-1]]]
+    candidates = [(config, _launcher(config)) for config in CONFIGS[q.shape[-1]]]
     if q.is_cuda:
         candidates.insert(0, (f"unquantized {sdpa.choose(q, k, v, is_causal, scale)[0]}",
                               sdpa.bind(q, k, v, is_causal, scale)))
