@@ -20,6 +20,7 @@ from sgdiff.fxpasses.addends import fold_addends
 from sgdiff.fxpasses.copies import drop_copies
 from sgdiff.fxpasses.narrow import narrow_elementwise
 from sgdiff.fxpasses.rewrite import PassResult, Skip, apply_family
+from sgdiff.fxpasses.repeated import merge_repeated
 from sgdiff.fxpasses.views import merge_same_views
 from sgdiff.kernels import registry
 from sgdiff.patterns.base import ChainPattern
@@ -95,6 +96,7 @@ class PassManager:
         if graph_log.isEnabledFor(logging.DEBUG):
             graph_log.debug("sgdiff: graph before passes (%s):\n%s", self.tier.value, gm.code)
         merge_same_views(gm)  # exact at every tier: a view taken twice is one operand of a chain
+        merge_repeated(gm)  # exact at every tier: a chain computed twice from one tensor is one chain
         narrow_elementwise(gm)  # exact at every tier: the families then see the 16-bit chain
         results = {}
         for p in self.passes:
