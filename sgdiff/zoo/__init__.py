@@ -13,12 +13,14 @@ from typing import Dict
 
 import torch
 
-from sgdiff.zoo import image, image_edit_and_text, image_extra, image_more, video, video_extra, video_more
+from sgdiff.zoo import (image, image_edit_and_text, image_extra, image_more, omni, video, video_extra, video_more,
+                        video_world)
 from sgdiff.zoo.parts import ModelCase, _image_ids
 from sgdiff.zoo.pipelines import _flux_vae, _wan_vae, build_pipeline  # noqa: F401 (the zoo's API)
 
 MODELS: Dict[str, ModelCase] = {**image.MODELS, **image_more.MODELS, **image_edit_and_text.MODELS,
-                                 **image_extra.MODELS, **video.MODELS, **video_more.MODELS, **video_extra.MODELS}
+                                 **image_extra.MODELS, **video.MODELS, **video_more.MODELS, **video_extra.MODELS,
+                                 **omni.MODELS, **video_world.MODELS}
 
 
 def build(name: str, size: str = "tiny", dtype: torch.dtype = torch.float32,

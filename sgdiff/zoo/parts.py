@@ -27,17 +27,22 @@ class ListDiT(torch.nn.Module):
     Wan-Animate 2's latents, text and condition latents), as the zoo's contract wants it: a batch
     in one tensor in, one out. The keyword arguments named in ``lists`` ([B, ...] tensors) are
     split into the lists its pipeline passes, the others passed as they are, each under the DiT's
-    own name for it (``names``), and the output list is stacked back. The DiT is ``.dit``."""
+    own name for it (``names``), and the output list is stacked back. With ``item_axis``, each item
+    keeps a leading axis of one (Cosmos 3's per-item latents are [1, C, T, H, W]): the batch is split
+    into [1, ...] items and the outputs, [1, ...] too, are concatenated. The DiT is ``.dit``."""
 
-    def __init__(self, dit: torch.nn.Module, lists: Tuple[str, ...], names: Optional[Dict[str, str]] = None):
+    def __init__(self, dit: torch.nn.Module, lists: Tuple[str, ...], names: Optional[Dict[str, str]] = None,
+                 item_axis: bool = False):
         super().__init__()
-        self.dit, self.lists, self.names = dit, tuple(lists), dict(names or {})
+        self.dit, self.lists, self.names, self.item_axis = dit, tuple(lists), dict(names or {}), item_axis
         self._keep_in_fp32_modules = getattr(dit, "_keep_in_fp32_modules", None)
 
     def forward(self, **kwargs):
         kwargs.pop("return_dict", None)  # a tuple out, as the zoo's other models are called
-        args = {self.names.get(k, k): list(v.unbind(0)) if k in self.lists else v for k, v in kwargs.items()}
-        return (torch.stack(self.dit(**args, return_dict=False)[0]),)
+        split = (lambda v: list(v.split(1))) if self.item_axis else (lambda v: list(v.unbind(0)))
+        args = {self.names.get(k, k): split(v) if k in self.lists else v for k, v in kwargs.items()}
+        out = self.dit(**args, return_dict=False)[0]
+        return ((torch.cat if self.item_axis else torch.stack)(out),)
 
 
 def _model(cls, cfg: Dict[str, Any], size: str) -> torch.nn.Module:

@@ -260,6 +260,28 @@ REWRITTEN = {
     # cast norm2, norm_out (4); gated residuals (2); RMSNorm QK norms of both attentions and the image keys' (5); the
     # CLIP projection's LayerNorms (2). Its RoPE is missed (MISSED)
     "wan_animate2": (4, 2, 0, 5, 0, 0, 2),
+    # 1 GDN + 1 softmax block (softmax_every_n 2), fp32 the same: the per-frame `x_norm * (1 + scale) + shift`
+    # before the attention and the FF, a reshape past the LayerNorm (the modulate family takes the product, the norm
+    # family the LayerNorm), 2 a block + the final layer's (5); complex RoPE (x.float() times the table, cast back):
+    # the main branch's on q and k (2 a block), the camera branch's UCPE on its q, its cat of k and v and its output
+    # (the table's conjugate) (3 a block) (10); RMSNorm QK norms of the main and camera branches and of the
+    # cross-attention (6 a block: 12); GLUMBConvTemp's 1x1 conv + SiLU and depthwise conv + SiLU GLU (2 a block) and
+    # the softmax block's output gate `attn * silu(output_gate(x).float())` (5); the softmax camera branch's q, k and
+    # v cast to bf16 and padded from their head dim to 128 (linear_attention's cast_copy, 3); norm1, norm2 (2 a
+    # block), norm_final and the caption's attention_y_norm (6). The gated residuals and the GDN block's output gate
+    # are missed (MISSED). Not sites: the Pluecker and cross-attention residuals (plain adds), GLUMBConvTemp's
+    # `x + t_conv(x)` (no bias), the GDN scan, the short temporal conv, the UCPE 4x4 transforms and RMS downscaling.
+    # Layer differencing (3 blocks: +1 GDN, 4 blocks: +1 of each): a GDN block (2, 0, 5, 6, 2, 0, 2), a softmax block
+    # (2, 0, 5, 6, 3, 3, 2)
+    "sana_wm": (5, 0, 10, 12, 5, 3, 6),
+    # 1 layer, a KV-cached denoising step, fp32 the same: `norm(x) * (1 + scale) + shift` RMSNorm-modulates
+    # (per-token tables) before the self-attention and the FF (2 a layer) + norm_out's LayerNorm-modulate (3); gated
+    # residuals of the self-attention and the FF (2 a layer); interleaved RoPE on q and k and on the cache's pre-RoPE
+    # sink keys (3 a layer); RMSNorms across heads on the self-attention's q and the cross-attention's q and k
+    # (qk_norm, 3 a layer); norm2 (not modulated) and the self-attention's norm_k, whose RoPE'd keys are concatenated
+    # after the sink's and history's before the head split (norm, 2 a layer). Not sites: the cross-attention's plain
+    # residual; the GELU-tanh of the FF and the caption projection (close). Per layer (+1 layer): (2, 2, 3, 3, 0, 0, 2)
+    "sana_wm_refiner": (3, 2, 3, 3, 0, 0, 2),
     # Models whose forward breaks the graph count the sites of every graph torch.compile makes of one call; blocks
     # that share a compiled frame count once (Mochi, HunyuanVideo 1.5, HiDream, HunyuanImage 2.1: their counts do
     # not grow with the block count).
@@ -306,6 +328,16 @@ REWRITTEN = {
     # (5); tanh-gated residuals (4); complex RoPE on image q, k and text k (6); RMSNorm QK norms (6); SwiGLU FF,
     # shared expert, grouped experts (3); the text and output RMSNorms (3)
     "nucleus_moe": (5, 4, 6, 6, 3, 0, 3),
+    # 1 layer of both pathways (understanding: the prompt's tokens, causal; generation: the video tokens), fp32 the
+    # same: no adaLN (the timestep embedding is scatter-added to the video tokens before the layers) and plain
+    # residuals, so no modulate or gated residual; the rotate-half mRoPE on q_und, q_gen, k_gen and k_und (4: k_und
+    # is rotated twice a layer, for the causal pathway and, as k_und_for_gen, the same normed tensor, for the
+    # generation pathway's keys; the second rotation is the first's computation again, merged before the families
+    # run, fxpasses/repeated.py); per-head RMSNorm QK norms norm_q, norm_k, norm_added_q, norm_added_k (4); the
+    # SiLU-gated MLPs of both pathways (2); the RMSNorms before attention and MLP of both pathways (4 a layer) and
+    # the final norm and norm_moe_gen (6). Layer differencing (1, 2, 3 layers: rope 4/8/12, qk_norm 4/8/12,
+    # activation 2/4/6, norm 6/10/14): +4, +4, +2, +4 a layer
+    "cosmos3": (0, 0, 4, 4, 2, 0, 6),
 }
 REWRITTEN_BY_DTYPE = {("sana", "fp32"): (3, 3, 0, 0, 2, 3, 1), ("wan", "fp32"): (3, 2, 2, 4, 0, 0, 1),
                       # fp32: the casts are gone, so the adaLN sites are one LayerNorm-modulate each (4 + 2 + 1)
@@ -351,6 +383,16 @@ MISSED: Dict[str, List[Miss]] = {
     "wan_animate2": [Miss("rope", 2, 2, "its RoPE rotates each sample's valid tokens in float64 and joins them to the "
                                         "rest (cat), stacks the samples, then casts (.float(), .type_as(value)): no "
                                         "cast back to x's dtype ends the rotation")],
+    "sana_wm": [Miss("residual_gate", 4, 4, "the blocks' gated residuals (attention and FF, 2 a block) `x + (gate * "
+                                            "y.reshape(B, T, S, C)).reshape(B, N, C)`: the per-frame gate rows [B, T, "
+                                            "1, C] multiply the update per frame and the product is reshaped to the "
+                                            "token stream before the add, where the chain takes the product as the "
+                                            "add's operand"),
+                Miss("activation", 1, 1, "the GDN block's output gate `attn * silu(output_gate(x).float())`: attn, "
+                                         "the GDN branch's `(num / den).permute(0, 3, 1, 2).reshape(B, N, C)` plus "
+                                         "the camera branch's projection, is channels-first (strides (N * C, 1, N)) "
+                                         "and so is eager's product, where the op writes the layout of SiLU's "
+                                         "operand; in bf16 the fit reported is the widened SiLU with no cast back")],
     "bria_fibo2": [Miss("modulate", 4, 4, "the main layers' `RMSNorm(x) * scale`, scale select_per_token's "
                                           "torch.where(noise_mask == 1, 1 + scale_noisy, 1 + scale_clean): the `1 +` "
                                           "before a per-token select is no modulate spelling; the norm family takes "
@@ -373,6 +415,13 @@ SKIPS: Dict[str, set] = {
                ("pad", "cat_pad", "intermediate cat_18 has another user (new_full_5)"),
                ("pad", "cat_pad", "not tensors of one dtype (float32, float16 or bfloat16), up to 5 dims")},
     "wan_animate2": {("rope", "rope_complex", "the result is not cast back to x's dtype")},  # MISSED
+    # bf16: each camera-branch RoPE whose input needs `.contiguous()` (a clone between its .to(float32) and the
+    # complex view) is found twice, the fit with the trailing .type_as skipped, the one without it taking the site;
+    # the GDN block's output gate (MISSED), bf16's and fp32's reasons
+    "sana_wm": {("rope", "rope_complex", "the result is not cast back to x's dtype"),
+                ("activation", "silu_mul", "the SiLU of a widened a is not cast back to a's dtype"),
+                ("activation", "silu_mul",
+                 "the chain's output strides (1536, 1, 48) do not follow the input's layout")},
     # a cast_copy candidate on an integer tensor, a cat_pad on the mask: no chains
     "mochi": {("linear_attention", "cast_copy", "not a 4-D floating-point tensor"),
               ("pad", "cat_pad", "not tensors of one dtype (float32, float16 or bfloat16), up to 5 dims")},
@@ -430,27 +479,20 @@ BLOCKS2: Dict[str, Tuple[int, ...]] = {
     "minimax_h3": (5, 4, 4, 6, 3, 0, 3),
     "anyflow": (7, 4, 4, 8, 0, 0, 0),
     "anyflow_far": (7, 4, 4, 8, 0, 0, 0),  # no meta-device run (flex attention): the tiny config at two layers
+    "sana_wm_refiner": (5, 4, 6, 6, 0, 0, 4),  # 2 layers (the meta device's count; the tiny config's at 2 layers)
     # the face extractor at its full depth (10 perceiver layers against the tiny 5) and widths, where one of its
     # LayerNorms is the norm family's rather than qk_norm's (the meta device's count, and the H200's)
     "consisid": (5, 5, 2, 2, 0, 0, 45),
     # at the real widths a transposed copy of a 4-D tensor is a cast_copy site (the H200's count: its autocast
     # refuses the meta device)
     "mochi": (8, 6, 1, 0, 3, 1, 8),
+    # no meta-device run (its RoPE's autocast): the tiny config at two layers, on the CPU; the real widths (2 layers,
+    # hidden 4096, 32 / 8 heads of 128, MLP 12288) on the CPU with a small latent give the same
+    "cosmos3": (0, 0, 8, 8, 4, 0, 10),
 }
 
-NOT_YET = {
-    "Cosmos3OmniTransformer": "a Qwen3-VL-style mixture-of-transformers decoder (two pathways, GQA, mRoPE), not an adaLN "
-                              "DiT: its forward takes lists of per-item latents and frame indexes, Python ints "
-                              "(und_len, sequence_length) and packed-sequence indexes, and returns a list of per-item "
-                              "predictions, where the zoo's contract is a tensor in and out",
-    "SanaWMTransformer3DModel": "not built in this pass: a camera-controlled world model (UCPE attention, chunked "
-                                "Gated-DeltaNet linear attention every block but each 4th softmax one, GLUMBConvTemp, "
-                                "Plucker-ray embeddings); needs camera_conditions / chunk_plucker inputs and the "
-                                "pipeline's (B, 1, T) timesteps",
-    "SanaWMLTX2RefinerTransformer3DModel": "not built in this pass: LTX-2's video stream as a chunk-causal AR refiner "
-                                           "with a sliding-window KV cache object (SanaWMRefinerKVCache) and the "
-                                           "caller's (cos, sin) video RoPE (build_rotary_emb_for_absolute_positions)",
-}
+#: image and video DiTs of diffusers.models.transformers with no zoo entry yet: class -> why
+NOT_YET: Dict[str, str] = {}
 
 #: classes of diffusers.models.transformers that are not image or video DiTs (no zoo entry)
 NOT_DITS = {
