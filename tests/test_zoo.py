@@ -88,3 +88,24 @@ def test_extra_high_adds_each_projection_gelu_and_stays_close(name):
         torch._dynamo.reset()
     assert not torch.equal(got, eager)  # the rewrite ran: one rounding fewer
     assert (got - eager).abs().max() <= 0.05 * eager.abs().max()
+
+
+def test_every_model_class_of_diffusers_transformers_is_in_the_zoo_or_named_as_no_dit():
+    """Each model class ``diffusers.models.transformers`` defines is built by a zoo entry (its
+    class named in the entry's description) or listed in ``sites.NOT_DITS`` with why it is no
+    image or video DiT; ``sites.NOT_YET`` names what is left to build."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import diffusers.models.transformers as transformers
+    from diffusers.models.modeling_utils import ModelMixin
+
+    classes = set()
+    for info in pkgutil.iter_modules(transformers.__path__):
+        module = importlib.import_module(f"{transformers.__name__}.{info.name}")
+        classes |= {name for name, c in vars(module).items()
+                    if inspect.isclass(c) and issubclass(c, ModelMixin) and c.__module__ == module.__name__}
+    built = {name for name in classes if any(case.doc.split()[0].rstrip(",") == name for case in zoo.MODELS.values())}
+    assert classes - built - set(sites.NOT_DITS) == set(sites.NOT_YET), sorted(classes - built - set(sites.NOT_DITS))
+    assert not built & set(sites.NOT_DITS)

@@ -504,8 +504,14 @@ NOT_DITS = {
     "TransformerTemporalModel": "the temporal attention layers inside video U-Nets (and SVD's spatio-temporal ones)",
     "DreamLiteTransformer2DModel": "the spatial transformer of DreamLite's U-Net (GroupNorm + conv proj_in, "
                                    "LayerNorm blocks with no timestep conditioning)",
-    "audio and other modalities": "ACE-Step, Stable Audio (and 3), LongCat-Audio-DiT, MiniMax-Music3 (and its RVQ "
-                                  "depth decoder), T5-FiLM (spectrograms), RFD4-Proteina (proteins)",
+    "AceStepTransformer1DModel": "ACE-Step: music over 1-D audio latents",
+    "StableAudioDiTModel": "Stable Audio: audio over 1-D latents",
+    "StableAudio3DiTModel": "Stable Audio 3: audio over 1-D latents",
+    "LongCatAudioDiTTransformer": "LongCat-Audio-DiT: audio",
+    "MiniMaxMusic3Transformer1DModel": "MiniMax-Music3: music over 1-D latents",
+    "MiniMaxMusic3RVQDepthDecoder": "MiniMax-Music3's RVQ depth decoder (codebook tokens)",
+    "T5FilmDecoder": "T5-FiLM: spectrograms (music)",
+    "RFD4ProteinaTransformer": "RFD4-Proteina: protein structures",
 }
 
 
