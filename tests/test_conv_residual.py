@@ -70,19 +70,22 @@ def test_every_spelling_of_the_sum_is_one_site_and_equal(dtype, conv_first, divi
 class NearMisses(torch.nn.Module):
     """Sums and norms of convolutions that must stay as they are: a convolution read twice (its
     sum and its norm are plain), one without a bias (nothing to fold), a residual broadcast
-    across the map, a sum with an alpha, a transposed convolution; and one site to count."""
+    across the map, a sum with an alpha, a transposed convolution; and one site to count. Each
+    case has a convolution of its own (one convolution of one input made twice is one value:
+    fxpasses.repeated)."""
 
     def __init__(self):
         super().__init__()
         self.a, self.b = torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.c, self.d, self.e = (torch.nn.Conv2d(8, 8, 3, padding=1) for _ in range(3))
         self.t = torch.nn.ConvTranspose2d(8, 8, 3, padding=1)
         self.norm = torch.nn.GroupNorm(4, 8)
 
     def forward(self, x, row):
         a = self.a(x)
         read_twice = (x + a, self.norm(a))
-        return (*read_twice, x + self.b(x), self.a(x) + row, torch.add(x, self.a(x), alpha=2), x + self.t(x),
-                self.norm(self.a(x)))
+        return (*read_twice, x + self.b(x), self.c(x) + row, torch.add(x, self.d(x), alpha=2), x + self.t(x),
+                self.norm(self.e(x)))
 
 
 def test_near_misses_stay_as_they_are():

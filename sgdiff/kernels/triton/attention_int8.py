@@ -61,6 +61,17 @@ def _int_scores(q8, k8):
         return tl.dot(q8, tl.trans(k8)).to(tl.float32)
 
 
+@triton.jit
+def _centred_tokens(x_ptr, mean_ptr, bh, rows, cols, H, S, sxb, sxh, sxs, D: tl.constexpr):
+    """Tokens ``rows`` of head ``bh`` of ``x`` ``[B, H, S, D]`` in fp32 less their mean over the
+    tokens (``mean_ptr``: ``[B * H, D]``), zeros past ``S``."""
+    b, h = bh // H, bh % H
+    inside = (rows < S)[:, None]
+    x = tl.load(x_ptr + b.to(tl.int64) * sxb + h * sxh + rows[:, None].to(tl.int64) * sxs + cols[None, :],
+                mask=inside, other=0.0).to(tl.float32)
+    return tl.where(inside, x - tl.load(mean_ptr + bh * D + cols)[None, :], 0.0)
+
+
 @LeanKernel
 @triton.jit
 def _quantize_keys_kernel(
@@ -70,15 +81,9 @@ def _quantize_keys_kernel(
     D: tl.constexpr, KB: tl.constexpr, SCALE_FLOOR_: tl.constexpr, INT8_MAX_: tl.constexpr,
 ):
     blk, bh = tl.program_id(0), tl.program_id(1)
-    b, h = bh // H, bh % H
-    rows = blk * KB + tl.arange(0, KB)
-    cols = tl.arange(0, D)
-    inside = (rows < S)[:, None]
+    rows, cols = blk * KB + tl.arange(0, KB), tl.arange(0, D)
     grid_dependency_wait()
-    k = tl.load(k_ptr + b.to(tl.int64) * skb + h * skh + rows[:, None].to(tl.int64) * sks + cols[None, :],
-                mask=inside, other=0.0).to(tl.float32)
-    mean = tl.load(mean_ptr + bh * D + cols)
-    k = tl.where(inside, k - mean[None, :], 0.0)
+    k = _centred_tokens(k_ptr, mean_ptr, bh, rows, cols, H, S, skb, skh, sks, D)
     amax = tl.max(tl.max(tl.abs(k), axis=1), axis=0)
     scale = tl.math.div_rn(tl.maximum(amax, SCALE_FLOOR_), INT8_MAX_)
     k8 = _to_int8(k, scale, INT8_MAX_)
@@ -97,17 +102,12 @@ def _quantize_values_kernel(
     """``KB`` tokens of one head: ``(v - mean) / scale`` per channel as e4m3, stored transposed
     (``vt[bh, d, token]``), zeros past the tokens."""
     blk, bh = tl.program_id(0), tl.program_id(1)
-    b, h = bh // H, bh % H
-    rows = blk * KB + tl.arange(0, KB)
-    cols = tl.arange(0, D)
-    inside = (rows < S)[:, None]
+    rows, cols = blk * KB + tl.arange(0, KB), tl.arange(0, D)
     grid_dependency_wait()
-    v = tl.load(v_ptr + b.to(tl.int64) * svb + h * svh + rows[:, None].to(tl.int64) * svs + cols[None, :],
-                mask=inside, other=0.0).to(tl.float32)
-    mean = tl.load(mean_ptr + bh * D + cols)
+    v = _centred_tokens(v_ptr, mean_ptr, bh, rows, cols, H, S, svb, svh, svs, D)
     scale = tl.load(scale_ptr + bh * D + cols)
-    x = tl.math.div_rn(v - mean[None, :], tl.broadcast_to(scale[None, :], (KB, D)))
-    x = tl.where(inside, tl.minimum(tl.maximum(x, -E4M3_MAX_), E4M3_MAX_), 0.0)
+    x = tl.math.div_rn(v, tl.broadcast_to(scale[None, :], (KB, D)))
+    x = tl.minimum(tl.maximum(x, -E4M3_MAX_), E4M3_MAX_)  # zeros past the tokens stay zeros
     tl.store(vt_ptr + bh.to(tl.int64) * D * NPAD + cols[None, :] * NPAD + rows[:, None], to_e4m3(x))
 
 
