@@ -26,7 +26,7 @@ import torch
 from torch import fx
 
 from sgdiff import _compat
-from sgdiff.fxpasses.views import _key, _mutates
+from sgdiff.fxpasses.views import argument_key, mutates_in_place
 
 log = logging.getLogger("sgdiff")
 aten = torch.ops.aten
@@ -47,7 +47,7 @@ def _deterministic(node: fx.Node) -> bool:
     schema = _compat.op_schema(node.target)
     if schema is None or schema.is_mutable or not schema.returns:
         return False
-    if node.target._overloadpacket.__name__ in UNSET:
+    if schema.name.split("::")[-1] in UNSET:
         return False
     return not any(tag in node.target.tags for tag in RANDOM_TAGS)
 
@@ -56,7 +56,7 @@ def merge_repeated(gm: fx.GraphModule) -> int:
     """Give the users of each computation made twice the first one's result; returns how many
     results were handed over (the duplicated chains that no longer have a reader go)."""
     nodes = list(gm.graph.nodes)
-    if any(_mutates(n) for n in nodes):
+    if any(mutates_in_place(n) for n in nodes):
         log.debug("sgdiff: repeated computations not merged: the graph mutates a tensor in place")
         return 0
     order = {n: i for i, n in enumerate(nodes)}
@@ -66,8 +66,8 @@ def merge_repeated(gm: fx.GraphModule) -> int:
         same[node] = node
         if not _deterministic(node):
             continue
-        args = _key(fx.node.map_arg(node.args, lambda n: same[n]))
-        kwargs = _key(fx.node.map_arg(node.kwargs, lambda n: same[n]))
+        args = argument_key(fx.node.map_arg(node.args, lambda n: same[n]))
+        kwargs = argument_key(fx.node.map_arg(node.kwargs, lambda n: same[n]))
         if args is not None and kwargs is not None:
             same[node] = first.setdefault((node.target, args, kwargs), node)
     merged = 0

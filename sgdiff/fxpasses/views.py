@@ -26,14 +26,14 @@ log = logging.getLogger("sgdiff")
 aten = torch.ops.aten
 
 
-def _key(value: Any) -> Optional[Any]:
+def argument_key(value: Any) -> Optional[Any]:
     """A hashable stand-in for a node's arguments (nodes by identity, numbers with their type,
     lists as tuples), or None where one is not hashable (a symbolic size outside a node)."""
     if isinstance(value, (list, tuple)):
-        items = tuple(_key(v) for v in value)
+        items = tuple(argument_key(v) for v in value)
         return None if any(i is None and v is not None for i, v in zip(items, value)) else (type(value), items)
     if isinstance(value, dict):
-        return _key(sorted(value.items(), key=lambda kv: kv[0]))
+        return argument_key(sorted(value.items(), key=lambda kv: kv[0]))
     try:
         hash(value)
     except TypeError:
@@ -41,7 +41,7 @@ def _key(value: Any) -> Optional[Any]:
     return value if isinstance(value, fx.Node) else (type(value), value)  # 2 is not 2.0, nor True
 
 
-def _mutates(node: fx.Node) -> bool:
+def mutates_in_place(node: fx.Node) -> bool:
     """Whether ``node`` is an in-place op other than a copy back into a graph input."""
     schema = _compat.op_schema(node.target) if node.op == "call_function" else None
     if schema is None or not schema.is_mutable:
@@ -51,7 +51,7 @@ def _mutates(node: fx.Node) -> bool:
 
 def merge_same_views(gm: fx.GraphModule) -> int:
     """Make each view op taken twice with the same arguments one node; returns how many went."""
-    if any(_mutates(n) for n in gm.graph.nodes):
+    if any(mutates_in_place(n) for n in gm.graph.nodes):
         log.debug("sgdiff: views not merged: the graph mutates a tensor in place")
         return 0
     first: Dict[Any, fx.Node] = {}
@@ -59,7 +59,7 @@ def merge_same_views(gm: fx.GraphModule) -> int:
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or not op_output(node)[1]:
             continue
-        args, kwargs = _key(node.args), _key(node.kwargs)
+        args, kwargs = argument_key(node.args), argument_key(node.kwargs)
         if args is None or kwargs is None:
             continue
         seen = first.setdefault((node.target, args, kwargs), node)

@@ -19,9 +19,10 @@ forward whose q k^T is an INT8 product.
 
 A program takes ``Q_BLOCK`` (128) queries; the keys a tile, warps, stages, the precision of
 ``P @ v`` and the loads are chosen per signature at first sight among :data:`CONFIGS`, timed
-against the unquantized fused attention, which stays where no configuration is faster (on the H200 at 2632107, with ``P @ v`` in bf16 only: 678 µs against
-eager's 403 at Flux's 1 x 24 x 4608 x 128, 429 against 186 at Wan's cross-attention; the e4m3
-product, which halves that product's tensor-core time, is not yet measured).
+against the unquantized fused attention, which stays where no configuration is faster (on the
+H200 at 2632107, with ``P @ v`` in bf16 only: 678 µs against eager's 403 at Flux's 1 x 24 x 4608
+x 128, 429 against 186 at Wan's cross-attention; the e4m3 product, which halves that product's
+tensor-core time, and the TMA reads are not yet measured).
 """
 from __future__ import annotations
 
