@@ -243,3 +243,21 @@ def test_fp8_row_quantization_compiles_for_every_dit_width(monkeypatch, k):
     compiled = compile_launch(*launches[0])
     assert compiled.metadata.num_warps == max(4, min(16, triton.next_power_of_2(k) // 1024))
     assert_waits_before_memory(launches[0][0], compiled)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_attention_fp8_operands_and_output_kernels_compile(monkeypatch, d):
+    """q, smoothed k and smoothed v to e4m3 (one scale, or per channel) and the output restored: each
+    compiles for sm_90, converts to or from e4m3, and waits for the kernel before it."""
+    from sgdiff.kernels.triton import fp8_heads
+
+    q, k, v = (_r(1, 200, 2, d).transpose(1, 2) for _ in range(3))
+    launches = recorded_launches(monkeypatch, lambda: fp8_heads.quantize_operands(q, k, v))
+    o8 = torch.zeros(1, 200, 2, d, dtype=torch.float8_e4m3fn)
+    launches += recorded_launches(monkeypatch, lambda: fp8_heads.restore_heads(o8, torch.zeros(1, 2, 1, d),
+                                                                               torch.ones(1, 2, d), torch.bfloat16))
+    assert [kernel.__name__ for kernel, _, _ in launches] == ["_quantize_heads_kernel"] * 3 + ["_restore_heads_kernel"]
+    for kernel, largs, kwargs in launches:
+        compiled = compile_launch(kernel, largs, kwargs)
+        assert_waits_before_memory(kernel, compiled)
+        assert "e4m3" in compiled.asm["ptx"], kernel.__name__

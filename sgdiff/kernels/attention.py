@@ -42,6 +42,28 @@ def qkv(t):
     return tuple(t.randn(t.B, t.S, t.H, t.D).transpose(1, 2) for _ in range(3))
 
 
+def _sdpa_chain(q, k, v, is_causal, scale):
+    """The eager chain of a lower-precision attention: torch's fused attention kernel (what the
+    kernel bench times such an op against)."""
+    return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+
+
+def _cross_qkv(t):
+    """q of ``S`` tokens, k and v of ``T`` (a text stream), diffusers' ``[B, S, H, D]`` views."""
+    return tuple(t.randn(t.B, n, t.H, t.D).transpose(1, 2) for n in (t.S, t.T, t.T))
+
+
+#: the examples of the lower-precision attention ops (``attention_int8``, ``attention_fp8``): their
+#: references' fp32 scores at Wan's 32760 self-attention tokens would take 51 GB, so Wan comes as
+#: its cross-attention (the GPU tests time its self-attention against eager's kernel)
+LOW_PRECISION_EXAMPLES = (
+    Example("Flux.1-dev joint attention", dict(B=1, S=4608, H=24, D=128),
+            lambda t: (*qkv(t), False, None), small=dict(S=200, H=2, D=64), chain=_sdpa_chain),
+    Example("Wan 2.1 1.3B cross-attention, 480p x 81 over 512 text tokens", dict(B=1, S=32760, T=512, H=12, D=128),
+            lambda t: (*_cross_qkv(t), False, None), small=dict(S=130, T=70, H=1, D=128), chain=_sdpa_chain),
+)
+
+
 attention = dispatch.define_op(OpDef(
     "attention", Contract.CLOSE, attention_reference,
     impls=(KernelSpec("", "sdpa", None, "sgdiff.kernels.sdpa:ATTENTION", devices=frozenset({"cuda"}),

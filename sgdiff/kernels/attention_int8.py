@@ -37,8 +37,7 @@ from typing import Optional
 import torch
 
 from sgdiff.kernels import dispatch
-from sgdiff.kernels.attention import heads_last, qkv
-from sgdiff.kernels.examples import Example
+from sgdiff.kernels.attention import LOW_PRECISION_EXAMPLES, heads_last
 from sgdiff.kernels.linear_fp8 import E4M3, E4M3_MAX, SCALE_FLOOR, divide
 from sgdiff.kernels.registry import OpDef, triton
 from sgdiff.tiers import Contract
@@ -123,26 +122,10 @@ def attention_int8_fp8_values_reference(q: torch.Tensor, k: torch.Tensor, v: tor
     return heads_last(out.to(q.dtype))
 
 
-def _cross(t):
-    """q of ``S`` tokens, k and v of ``T`` (a text stream), diffusers' ``[B, S, H, D]`` views."""
-    return tuple(t.randn(t.B, n, t.H, t.D).transpose(1, 2) for n in (t.S, t.T, t.T))
-
-
-def _sdpa(q, k, v, is_causal, scale):
-    """The eager chain: torch's fused attention kernel (what the kernel bench times the op against)."""
-    return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
-
-
 attention_int8 = dispatch.define_op(OpDef(
     "attention_int8", Contract.APPROX, attention_int8_reference,
     impls=(triton("attention_int8", dtypes=frozenset({"float16", "bfloat16"}), min_capability=(8, 9)),),
-    examples=(
-        Example("Flux.1-dev joint attention", dict(B=1, S=4608, H=24, D=128),
-                lambda t: (*qkv(t), False, None), small=dict(S=200, H=2, D=64), chain=_sdpa),
-        # (Wan's self-attention, 32760 tokens, would need 51 GB for the reference's fp32 scores)
-        Example("Wan 2.1 1.3B cross-attention, 480p x 81 over 512 text tokens", dict(B=1, S=32760, T=512, H=12, D=128),
-                lambda t: (*_cross(t), False, None), small=dict(S=130, T=70, H=1, D=128), chain=_sdpa),
-    ),
+    examples=LOW_PRECISION_EXAMPLES,
     doc="softmax(q k^T * scale) v with k smoothed (its mean over the tokens subtracted), q and k quantized "
         "to int8 per block of 128 tokens of a head, q k^T exact in int32, softmax in fp32, P in v's "
         "dtype times v accumulated in fp32 (or, where faster, P and the smoothed v in e4m3: v per "

@@ -71,7 +71,11 @@ def test_attention_int8_is_near_its_math_keeps_the_keys_bits_and_is_taken_where_
     chosen = [spec.backend for (op, *_), (spec, *_) in dispatch._chosen.items() if op == "attention_int8"]
     assert chosen == ["triton"] and not dispatch.disabled()
     label = [c for key, c in ai.choices() if key == tuple(q.shape)][0]
-    if isinstance(label, str):  # the unquantized fused attention kept: the tier below's bits
+    if label == "cudnn fp8":  # cuDNN's FP8 attention (sgdiff::attention_fp8's implementation) taken
+        from sgdiff.kernels.cudnn import attention_fp8 as cudnn_fp8
+
+        assert torch.equal(got, cudnn_fp8.attention_fp8(q, k, v, False, None))
+    elif isinstance(label, str):  # the unquantized fused attention kept: the tier below's bits
         assert label.startswith("unquantized ") and torch.equal(got, sdpa.attention(q, k, v, False, None))
     else:
         assert torch.equal(got, ai._launcher(label)(q, k, v, False, None))

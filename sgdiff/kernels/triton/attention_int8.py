@@ -63,7 +63,7 @@ def _int_scores(q8, k8):
 
 
 @triton.jit
-def _centred_tokens(x_ptr, mean_ptr, bh, rows, cols, H, S, sxb, sxh, sxs, D: tl.constexpr):
+def centred_tokens(x_ptr, mean_ptr, bh, rows, cols, H, S, sxb, sxh, sxs, D: tl.constexpr):
     """Tokens ``rows`` of head ``bh`` of ``x`` ``[B, H, S, D]`` in fp32 less their mean over the
     tokens (``mean_ptr``: ``[B * H, D]``), zeros past ``S``."""
     b, h = bh // H, bh % H
@@ -84,7 +84,7 @@ def _quantize_keys_kernel(
     blk, bh = tl.program_id(0), tl.program_id(1)
     rows, cols = blk * KB + tl.arange(0, KB), tl.arange(0, D)
     grid_dependency_wait()
-    k = _centred_tokens(k_ptr, mean_ptr, bh, rows, cols, H, S, skb, skh, sks, D)
+    k = centred_tokens(k_ptr, mean_ptr, bh, rows, cols, H, S, skb, skh, sks, D)
     amax = tl.max(tl.max(tl.abs(k), axis=1), axis=0)
     scale = tl.math.div_rn(tl.maximum(amax, SCALE_FLOOR_), INT8_MAX_)
     k8 = _to_int8(k, scale, INT8_MAX_)
@@ -105,7 +105,7 @@ def _quantize_values_kernel(
     blk, bh = tl.program_id(0), tl.program_id(1)
     rows, cols = blk * KB + tl.arange(0, KB), tl.arange(0, D)
     grid_dependency_wait()
-    v = _centred_tokens(v_ptr, mean_ptr, bh, rows, cols, H, S, svb, svh, svs, D)
+    v = centred_tokens(v_ptr, mean_ptr, bh, rows, cols, H, S, svb, svh, svs, D)
     scale = tl.load(scale_ptr + bh * D + cols)
     x = tl.math.div_rn(v, tl.broadcast_to(scale[None, :], (KB, D)))
     x = tl.minimum(tl.maximum(x, -E4M3_MAX_), E4M3_MAX_)  # zeros past the tokens stay zeros
@@ -322,12 +322,19 @@ def choices() -> list:
 
 def bind(q, k, v, is_causal, scale):
     """The launch of the fastest for this signature, chosen at its first sight
-    (:class:`sgdiff.kernels.tuning.FirstSight`) among :data:`CONFIGS` and, on the GPU, the
-    unquantized attention the tier below runs (torch's fastest fused kernel, :mod:`sgdiff.kernels.sdpa`),
-    which is kept unless a configuration beats it: the tier pays in fidelity only where it gains speed."""
+    (:class:`sgdiff.kernels.tuning.FirstSight`) among :data:`CONFIGS`, on Hopper cuDNN's FP8
+    attention (sgdiff::attention_fp8, where the cuDNN frontend is installed: the same tier's
+    contract, e4m3 for q k^T, P and the output), and on the GPU the unquantized attention the tier
+    below runs (torch's fastest fused kernel, :mod:`sgdiff.kernels.sdpa`), which is kept unless
+    another beats it: the tier pays in fidelity only where it gains speed."""
+    from sgdiff.kernels.cudnn import attention_fp8 as cudnn_fp8
+
     key = (tuple(q.shape), q.device, q.dtype, scale, *[(t.shape, t.stride()) for t in (q, k, v)])
     candidates = [(config, _launcher(config)) for config in CONFIGS[q.shape[-1]]]
     if q.is_cuda:
+        hopper = torch.cuda.get_device_capability(q.device) >= (9, 0)
+        if hopper and cudnn_fp8.supported_layout(q, k, v, is_causal, scale):
+            candidates.insert(0, ("cudnn fp8", cudnn_fp8.bind(q, k, v, is_causal, scale)))
         candidates.insert(0, (f"unquantized {sdpa.choose(q, k, v, is_causal, scale)[0]}",
                               sdpa.bind(q, k, v, is_causal, scale)))
     return FIRST_SIGHT.choose(key, candidates, (q, k, v, is_causal, scale))[1]

@@ -1,0 +1,118 @@
+"""sgdiff::attention_fp8 — scaled dot-product attention as cuDNN's FP8 (e4m3) attention (the
+``high`` tier).
+
+Eager chain it stands for (``F.scaled_dot_product_attention`` without a mask or dropout; q, k, v
+``[B, H, S, D]``)::
+
+    out = softmax(q @ k.transpose(-2, -1) * scale) @ v
+
+This op is **not** that chain: every operand of both products is e4m3 (3 mantissa bits), as
+cuDNN's FP8 attention on Hopper takes them (one scale per tensor for q and k; P, scaled by 448,
+and the output in e4m3 too):
+
+- q scaled to e4m3's range as a whole (its largest magnitude to 448, round to nearest even);
+- k smoothed first (its mean over the tokens, per batch, head and channel, subtracted in fp32:
+  every score of a query row moves by the same amount, which the softmax ignores), then scaled
+  as a whole;
+- v smoothed the same way and scaled per channel of a head (a softmax row sums to one and the
+  product is linear in each channel of v, so both come back exactly after the kernel: the
+  output channel times its scale, plus the mean) — cuDNN sees v's e4m3 copy with a unit scale;
+- the scores ``q8 k8^T`` accumulated in fp32 times the two scales and ``scale``; softmax in
+  fp32; ``exp(s - max)`` times 448 rounded to e4m3 and multiplied by v's copy with fp32
+  accumulation, divided by the row's sum and rounded to e4m3 (every output lies within v's
+  copy's ±448); times v's channel scale plus its mean in fp32, one rounding to q's dtype.
+
+The reference is that math with the softmax over a whole row (cuDNN's online softmax shifts by a
+running maximum: another order of the same math, which moves where P is rounded). Contract
+``approx``: each operand carries a relative error up to 2^-4; what that costs over a trajectory
+is bench/tiers.py's figure. Output in ``[B, S, H, D]`` memory order, as FlashAttention's. The
+kernel (:mod:`sgdiff.kernels.cudnn.attention_fp8`) needs the ``nvidia-cudnn-frontend`` package
+and Hopper; the ``int8_attention`` family reaches it through ``attention_int8``'s first sight,
+which times it against the INT8 kernel and the unquantized attention and keeps the fastest.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from sgdiff.kernels import dispatch
+from sgdiff.kernels.attention import LOW_PRECISION_EXAMPLES, heads_last
+from sgdiff.kernels.attention_int8 import value_channels_reference
+from sgdiff.kernels.linear_fp8 import E4M3, E4M3_MAX, SCALE_FLOOR, divide
+from sgdiff.kernels.registry import KernelSpec, OpDef
+from sgdiff.tiers import Contract
+
+P_SCALE = E4M3_MAX  # P (at most 1 after the shift) times this before its rounding to e4m3
+
+
+def takes_head_dim(d: int) -> bool:
+    """Head dims cuDNN's FP8 attention takes on Hopper: multiples of 16 up to 256."""
+    return d % 16 == 0 and 16 <= d <= 256
+
+
+def tensor_scale(x: torch.Tensor) -> torch.Tensor:
+    """One fp32 scale (0-dim) for all of ``x``: ``max(amax, SCALE_FLOOR) / 448``, the largest
+    magnitude from ATen's ``aminmax`` (no copy of ``x`` is made)."""
+    low, high = torch.aminmax(x)
+    return divide(torch.clamp_min(torch.maximum(high.float(), -low.float()), SCALE_FLOOR), E4M3_MAX)
+
+
+def operand_scales(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """``(q_scale, k_mean, k_scale, v_mean, v_scale)``: q's and smoothed k's one scale each
+    (0-dim), k's and v's means over the tokens ``[B, H, 1, D]``, and v's scale per channel of a
+    head ``[B, H, D]`` (:func:`sgdiff.kernels.attention_int8.value_channels_reference`; smoothed
+    k's largest magnitude is the largest of its channels', so its scale is their largest scale)."""
+    k_mean, k_scales = value_channels_reference(k)
+    v_mean, v_scale = value_channels_reference(v)
+    return tensor_scale(q), k_mean, k_scales.amax(), v_mean, v_scale
+
+
+def quantize_reference(x: torch.Tensor, mean: Optional[torch.Tensor], scale: torch.Tensor) -> torch.Tensor:
+    """``round_e4m3(clamp((x - mean) / scale, ±448))`` in fp32 (``mean`` ``[B, H, 1, D]`` or
+    None; ``scale`` 0-dim, or ``[B, H, D]`` per channel)."""
+    x = x.float() if mean is None else x.float() - mean
+    scale = scale if scale.dim() == 0 else scale[:, :, None]
+    return (x / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+
+
+def quantized_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """What the kernel is handed, heads-first ``[B, H, S, D]``: ``(q8, q_scale, k8, k_scale, v8,
+    v_mean, v_scale)``."""
+    q_scale, k_mean, k_scale, v_mean, v_scale = operand_scales(q, k, v)
+    return (quantize_reference(q, None, q_scale), q_scale, quantize_reference(k, k_mean, k_scale), k_scale,
+            quantize_reference(v, v_mean, v_scale), v_mean, v_scale)
+
+
+def restore_values(o8: torch.Tensor, v_mean: torch.Tensor, v_scale: torch.Tensor, dtype: torch.dtype):
+    """The e4m3 product ``o8`` ``[B, H, S, D]`` back in v's units: times v's channel scale, plus
+    its mean (fp32), one rounding to ``dtype``."""
+    return (o8.float() * v_scale[:, :, None] + v_mean).to(dtype)
+
+
+def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+                            scale: Optional[float]) -> torch.Tensor:
+    q8, q_scale, k8, k_scale, v8, v_mean, v_scale = quantized_operands(q, k, v)
+    sm_scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s = q8.float() @ k8.float().transpose(-1, -2) * (q_scale * k_scale) * sm_scale
+    if is_causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), float("-inf"))
+    e = torch.exp(s - s.amax(dim=-1, keepdim=True))
+    p8 = (e * P_SCALE).to(E4M3)
+    o = (p8.float() @ v8.float()) / (e.sum(dim=-1, keepdim=True) * P_SCALE)
+    o8 = o.clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+    return heads_last(restore_values(o8, v_mean, v_scale, q.dtype))
+
+
+attention_fp8 = dispatch.define_op(OpDef(
+    "attention_fp8", Contract.APPROX, attention_fp8_reference,
+    impls=(KernelSpec("", "cudnn", None, "sgdiff.kernels.cudnn.attention_fp8:ATTENTION_FP8",
+                      devices=frozenset({"cuda"}), dtypes=frozenset({"float16", "bfloat16"}),
+                      min_capability=(9, 0), priority=10),),
+    examples=LOW_PRECISION_EXAMPLES,
+    doc="softmax(q k^T * scale) v as cuDNN's FP8 attention computes it: q and k (smoothed: its mean over the "
+        "tokens subtracted) each scaled to e4m3 as a whole, v smoothed and scaled to e4m3 per channel of a "
+        "head, the scores in fp32, softmax in fp32, 448 P in e4m3 times v's copy accumulated in fp32, the "
+        "output rounded to e4m3, then scaled back and v's mean added in fp32, one rounding to q's dtype. "
+        "Operand relative error up to 2^-4; no mask, no dropout. Output in [B, S, H, D] memory order",
+))

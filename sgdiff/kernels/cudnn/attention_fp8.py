@@ -1,0 +1,165 @@
+"""sgdiff::attention_fp8 on Hopper: cuDNN's FP8 attention (``sdpa_fp8``) through the cuDNN
+frontend's graph API.
+
+1. q, k, v to e4m3 copies in ``[B, S, H, D]`` order (:func:`sgdiff.kernels.triton.fp8_heads.quantize_operands`);
+   the scales stay on the device: cuDNN reads them as its ``descale_q`` / ``descale_k`` tensors.
+   v's copy is scaled per channel, so cuDNN sees it with a unit scale; P is scaled by 448 before
+   its e4m3 rounding (``scale_s``, ``descale_s``) and the output kept at v's copy's scale
+   (``scale_o`` = 1: every output lies within its ±448).
+2. One cuDNN graph per geometry (batch, heads, tokens, head dim, causal, scale), built on its
+   first launch (at the first sight of a signature: outside CUDA-graph capture) and kept; it runs
+   on torch's current stream with a workspace from torch's allocator, so a CUDA graph captures it
+   like any kernel.
+3. The e4m3 output restored (:func:`sgdiff.kernels.triton.fp8_heads.restore_heads`), returned as
+   a ``[B, H, S, D]`` view of ``[B, S, H, D]`` memory.
+
+Hopper's FP8 attention writes e4m3 only (bf16 output is Blackwell's), hence the output's own
+rounding in the op's contract.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from typing import Dict, Optional
+
+import torch
+
+from sgdiff.kernels.attention_fp8 import P_SCALE, takes_head_dim
+from sgdiff.kernels.registry import Impl
+
+log = logging.getLogger("sgdiff")
+
+
+@functools.lru_cache(maxsize=None)
+def frontend():
+    """The ``cudnn`` module of ``nvidia-cudnn-frontend`` (ImportError where it is not installed)."""
+    import cudnn
+
+    return cudnn
+
+
+def available() -> bool:
+    """Whether the cuDNN frontend imports here."""
+    try:
+        frontend()
+        return True
+    except Exception as exc:  # not installed, or its library does not load
+        _say_once(f"cuDNN's FP8 attention is not available: {type(exc).__name__}: {exc}")
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def _say_once(message: str) -> None:
+    log.info("sgdiff: %s", message)
+
+
+def heads_dims(b: int, h: int, s: int, d: int):
+    """``(dims, strides)`` of a ``[B, H, S, D]`` view of contiguous ``[B, S, H, D]`` memory."""
+    return (b, h, s, d), (s * h * d, d, h * d, 1)
+
+
+SCALARS = ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o")
+
+
+def define_graph(cudnn, b: int, h: int, s_q: int, s_k: int, d: int, is_causal: bool, sm_scale: float, handle=None):
+    """The cuDNN graph of one geometry, validated (not yet built): ``(graph, tensors)`` with
+    ``tensors`` the graph's q, k, v, scalars (:data:`SCALARS`), o, amax_s and amax_o by name."""
+    e4m3, fp32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
+    options = dict(io_data_type=e4m3, intermediate_data_type=fp32, compute_data_type=fp32)
+    graph = cudnn.pygraph(**options, **({"handle": handle} if handle is not None else {}))
+    tensors = {}
+    for name, s in (("q", s_q), ("k", s_k), ("v", s_k)):
+        dims, strides = heads_dims(b, h, s, d)
+        tensors[name] = graph.tensor(name=name, dim=dims, stride=strides, data_type=e4m3)
+    for name in SCALARS:
+        tensors[name] = graph.tensor(name=name, dim=(1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=fp32)
+    o, _, amax_s, amax_o = graph.sdpa_fp8(
+        q=tensors["q"], k=tensors["k"], v=tensors["v"], **{name: tensors[name] for name in SCALARS},
+        generate_stats=False, attn_scale=sm_scale, use_causal_mask=is_causal, name="attention_fp8")
+    dims, strides = heads_dims(b, h, s_q, d)
+    o.set_output(True).set_dim(dims).set_stride(strides).set_data_type(e4m3)
+    for amax in (amax_s, amax_o):
+        amax.set_output(True).set_dim((1, 1, 1, 1)).set_stride((1, 1, 1, 1)).set_data_type(fp32)
+    tensors.update(o=o, amax_s=amax_s, amax_o=amax_o)
+    graph.validate()
+    return graph, tensors
+
+
+class _Plan:
+    """One geometry's built graph, its handle and its fixed scalars, on one device."""
+
+    def __init__(self, device: torch.device, b, h, s_q, s_k, d, is_causal, sm_scale):
+        cudnn = frontend()
+        self.handle = _handle(device)
+        self.graph, self.tensors = define_graph(cudnn, b, h, s_q, s_k, d, is_causal, sm_scale, self.handle)
+        self.graph.build_operation_graph()
+        self.graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        self.graph.check_support()
+        self.graph.build_plans()
+        self.workspace_bytes = max(int(self.graph.get_workspace_size()), 1)
+        one = torch.ones((1, 1, 1, 1), dtype=torch.float32, device=device)
+        self.fixed = {"descale_v": one, "descale_s": one / P_SCALE, "scale_s": one * P_SCALE, "scale_o": one}
+
+    def run(self, q8, k8, v8, q_scale, k_scale, o8):
+        cudnn, t = frontend(), self.tensors
+        amax = torch.empty((2, 1, 1, 1), dtype=torch.float32, device=q8.device)
+        pack = {t["q"]: q8, t["k"]: k8, t["v"]: v8, t["o"]: o8, t["amax_s"]: amax[0:1], t["amax_o"]: amax[1:2],
+                t["descale_q"]: q_scale.reshape(1, 1, 1, 1), t["descale_k"]: k_scale.reshape(1, 1, 1, 1),
+                **{t[name]: value for name, value in self.fixed.items()}}
+        workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=q8.device)
+        cudnn.set_stream(handle=self.handle, stream=torch.cuda.current_stream(q8.device).cuda_stream)
+        self.graph.execute(pack, workspace, handle=self.handle)
+
+
+_handles: Dict[int, object] = {}
+_plans: Dict[tuple, _Plan] = {}
+
+
+def _handle(device: torch.device):
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    handle = _handles.get(index)
+    if handle is None:
+        with torch.cuda.device(index):
+            handle = _handles[index] = frontend().create_handle()
+    return handle
+
+
+def supported_layout(q, k, v, is_causal, scale) -> bool:
+    """16-bit ``[B, H, S, D]`` q, k, v of one dtype and head dim (a multiple of 16 up to 256),
+    each with unit stride along D, k and v of one token count; the frontend installed."""
+    return (q.dim() == k.dim() == v.dim() == 4 and q.dtype == k.dtype == v.dtype
+            and q.dtype in (torch.float16, torch.bfloat16) and takes_head_dim(q.shape[-1])
+            and k.shape[-1] == v.shape[-1] == q.shape[-1] and q.shape[:2] == k.shape[:2] == v.shape[:2]
+            and k.shape[2] == v.shape[2] and q.shape[2] > 0 and k.shape[2] > 0
+            and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1 and available())
+
+
+def bind(q, k, v, is_causal, scale):
+    """The launch for this signature; its cuDNN graph is built on the first launch (a geometry
+    cuDNN refuses raises there, which first sight and the dispatcher take as a refusal)."""
+    from sgdiff.kernels.triton import fp8_heads
+
+    b, h, s_q, d = q.shape
+    sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    key = (q.device, b, h, s_q, k.shape[2], d, bool(is_causal), sm_scale)
+    plan: Optional[_Plan] = _plans.get(key)
+
+    def launch(q, k, v, is_causal, scale):
+        nonlocal plan
+        if plan is None:
+            plan = _plans.get(key) or _plans.setdefault(key, _Plan(q.device, *key[1:]))
+        q8, k8, v8, q_scale, k_scale, v_mean, v_scale = fp8_heads.quantize_operands(q, k, v)
+        o8 = torch.empty_like(q8)
+        plan.run(q8, k8, v8, q_scale, k_scale, o8)
+        return fp8_heads.restore_heads(o8, v_mean, v_scale, q.dtype).transpose(1, 2)
+
+    return launch
+
+
+def attention_fp8(q, k, v, is_causal: bool, scale: Optional[float]):
+    """Launch; the caller has checked :func:`supported_layout` and the device."""
+    return bind(q, k, v, is_causal, scale)(q, k, v, is_causal, scale)
+
+
+ATTENTION_FP8 = Impl(run=attention_fp8, supports=supported_layout, bind=bind)

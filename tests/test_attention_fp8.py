@@ -1,0 +1,94 @@
+"""sgdiff::attention_fp8 on the CPU: its math (cuDNN's FP8 attention as the op's reference computes
+it) against exact attention, the operands' scales, the layouts the cuDNN implementation refuses,
+and the cuDNN graph it defines, validated by the cuDNN frontend where that is installed (building
+and running it needs a GPU: tests/gpu/test_attention_fp8_gpu.py)."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+from sgdiff.kernels.attention import attention_reference
+from sgdiff.kernels.attention_fp8 import (attention_fp8_reference, operand_scales, quantized_operands,
+                                          takes_head_dim, tensor_scale)
+from sgdiff.kernels.cudnn import attention_fp8 as cudnn_fp8
+
+BF16 = torch.bfloat16
+
+
+def _qkv(s, s_k, d, offset=0.0, spread=1.0, seed=0, h=2):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, h, s, d, generator=g).to(BF16)
+    k = (torch.randn(1, h, s_k, d, generator=g) * spread + offset).to(BF16)
+    v = (torch.randn(1, h, s_k, d, generator=g) + offset * torch.randn(d, generator=g)).to(BF16)
+    return q, k, v
+
+
+@settings(max_examples=20, deadline=None)
+@given(s=st.integers(1, 300), s_k=st.integers(1, 300), d=st.sampled_from([64, 128]), offset=st.floats(-4, 4),
+       spread=st.floats(0.1, 3), causal=st.booleans())
+def test_fp8_attention_math_stays_near_exact_attention(s, s_k, d, offset, spread, causal):
+    """Within a tenth of what attention adds to v's mean (e4m3's 3 bits in each operand, P and the
+    output) plus 3% of the output: k's and v's offsets (taken out by the smoothing) cost nothing."""
+    s_k = s if causal else s_k
+    q, k, v = _qkv(s, s_k, d, offset, spread, seed=s * 1000 + s_k)
+    got = attention_fp8_reference(q, k, v, causal, None).float()
+    exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+    assert got.stride() == attention_reference(q, k, v, causal, None).stride()
+    added = (exact - v.float().mean(dim=2, keepdim=True)).norm()
+    assert float((got - exact).norm()) <= 0.1 * float(added) + 0.03 * float(exact.norm())
+
+
+def test_a_wrong_scale_is_far_from_exact_attention():
+    """The bound above tells attention from a near miss: the scores at twice the scale."""
+    q, k, v = _qkv(200, 200, 64, offset=1.0, spread=2.0)
+    exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    got = attention_fp8_reference(q, k, v, False, 2 / math.sqrt(64)).float()
+    added = (exact - v.float().mean(dim=2, keepdim=True)).norm()
+    assert float((got - exact).norm()) > 0.1 * float(added) + 0.03 * float(exact.norm())
+
+
+def test_each_operand_reaches_e4m3s_largest_value():
+    """q and smoothed k as a whole, v per channel of a head: each scale maps the largest magnitude
+    to 448; the scales from ATen's aminmax equal the largest magnitude computed directly."""
+    q, k, v = _qkv(150, 90, 64, offset=2.0, spread=1.5)
+    q8, q_scale, k8, k_scale, v8, v_mean, v_scale = quantized_operands(q, k, v)
+    assert float(q8.float().abs().max()) == 448.0 and float(k8.float().abs().max()) == 448.0
+    assert bool((v8.float().abs().amax(dim=2) == 448.0).all())
+    smoothed = k.float() - k.float().mean(dim=2, keepdim=True)
+    assert torch.equal(k_scale, smoothed.abs().amax().clamp_min(1e-12) / torch.tensor(448.0))
+    assert torch.equal(q_scale, q.float().abs().amax() / torch.tensor(448.0))
+    assert torch.equal(tensor_scale(torch.zeros(3, 4)), torch.tensor(1e-12) / torch.tensor(448.0))
+    assert operand_scales(q, k, v)[2].dim() == 0 and v_scale.shape == (1, 2, 64)
+
+
+def test_head_dims_and_layouts_the_cudnn_implementation_refuses():
+    q, k, v = _qkv(64, 64, 64)
+    assert [takes_head_dim(d) for d in (16, 40, 64, 128, 256, 272)] == [True, False, True, True, True, False]
+    refused = [
+        (q.float(), k.float(), v.float()),  # fp32
+        (q, k[..., :32], v[..., :32]),  # another head dim
+        (q, k[:, :1], v[:, :1]),  # grouped-query heads
+        (q, k, v[:, :, :32]),  # k and v of other token counts
+        (q.transpose(-1, -2).contiguous().transpose(-1, -2), k, v),  # not unit-strided along D
+        (q[..., :40], k[..., :40], v[..., :40]),  # a head dim cuDNN does not take
+    ]
+    for args in refused:
+        assert not cudnn_fp8.supported_layout(*args, False, None)
+    assert cudnn_fp8.supported_layout(q, k, v, False, None) == cudnn_fp8.available()
+
+
+@pytest.mark.parametrize("b,h,s_q,s_k,d,causal", [(1, 24, 4608, 4608, 128, False), (1, 12, 32760, 512, 128, False),
+                                                  (2, 4, 300, 300, 64, True)])
+def test_the_cudnn_graph_validates(b, h, s_q, s_k, d, causal):
+    """The graph of Flux's joint attention, Wan's cross-attention and a causal one: FP8 q, k, v and
+    output in [B, S, H, D] memory seen heads-first, six fp32 scalars, both amax outputs."""
+    cudnn = pytest.importorskip("cudnn")
+    graph, tensors = cudnn_fp8.define_graph(cudnn, b, h, s_q, s_k, d, causal, 1 / math.sqrt(d))
+    assert set(tensors) == {"q", "k", "v", "o", "amax_s", "amax_o", *cudnn_fp8.SCALARS}
+    for name, s in (("q", s_q), ("k", s_k), ("v", s_k), ("o", s_q)):
+        assert (tuple(tensors[name].get_dim()), tuple(tensors[name].get_stride())) == cudnn_fp8.heads_dims(b, h, s, d)
+        assert tensors[name].get_data_type() == cudnn.data_type.FP8_E4M3
+    for name in cudnn_fp8.SCALARS:
+        assert tuple(tensors[name].get_dim()) == (1, 1, 1, 1)
