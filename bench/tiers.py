@@ -115,6 +115,12 @@ def write_report(result: dict, out: pathlib.Path) -> None:
         lines.append(f"| {c['model']} ({c['size']}) | {c['tier']} | {c['step_ms']:.2f} | {low:.2f}-{high:.2f} | "
                      f"{c['lossless_ms']:.2f} | {c['step_ms'] / c['lossless_ms']:.3f} | {c['steps']} | "
                      f"{c['psnr_db_50']} | {c['max_diff_step']:.3g} | {sites} |")
+    kept = [f"- {c['model']} {c['tier']}: " + "; ".join(f"{a['op']} {tuple(a['q'])} {a['chosen']}"
+                                                         for a in c["attention_kernels"])
+            for c in result["cases"] if c.get("attention_kernels")]
+    if kept:
+        lines += ["", "What first sight kept for each attention signature (the fused kernel at extra-high; at high "
+                  "the unquantized one, cuDNN's FP8 attention or an INT8 tile configuration):", "", *kept]
     (out / "tiers.md").write_text("\n".join(lines) + "\n")
 
 

@@ -292,6 +292,17 @@ def test_tier_bench_on_a_tiny_flux(tmp_path):
     ref = torch.tensor([2.0, -1.0, 0.5, 0.0])
     assert tiers.psnr_db(ref + torch.tensor([0.02, 0.0, 0.0, 0.0]), ref) == pytest.approx(10 * math.log10(4 / 1e-4))
     assert "| flux (tiny) | high |" in (tmp_path / "tiers.md").read_text()
+    assert "What first sight kept" not in (tmp_path / "tiers.md").read_text()  # no attention site on the CPU
+
+
+def test_tier_report_names_the_attention_kernels_first_sight_kept(tmp_path):
+    from bench import tiers
+
+    case = dict(model="flux", size="full", tier="high", step_ms=90.0, step_ms_range=[89.0, 91.0], lossless_ms=130.0,
+                psnr_db_50=40.0, max_diff_step=0.5, steps=50, sites={"int8_attention": 57},
+                attention_kernels=[dict(op="attention_int8", q=[1, 24, 4608, 128], chosen="cudnn fp8")])
+    tiers.write_report(dict(gpu="H200", torch="2.11", triton="3.6", commit="abc", cases=[case]), tmp_path)
+    assert "- flux high: attention_int8 (1, 24, 4608, 128) cudnn fp8" in (tmp_path / "tiers.md").read_text()
 
 
 def test_pipeline_bench_on_tiny_pipelines(tmp_path):
