@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Tuple
 
 import torch
 
@@ -85,6 +85,17 @@ def _interpolation_overloads() -> list:
 
 def boxed_eager(gm: torch.fx.GraphModule, example_inputs) -> Callable:
     return boxed(gm.forward)
+
+
+def static_input_positions() -> Optional[Tuple[int, ...]]:
+    """Within an aot_autograd compiler call: the positions of the graph's inputs that are the
+    model's weights and buffers (aot_autograd's static inputs), else None."""
+    from torch._guards import TracingContext
+
+    context = TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None) if context is not None else None
+    positions = getattr(meta, "static_input_indices", None)
+    return None if positions is None else tuple(int(i) for i in positions)
 
 
 def boxed(fn: Callable) -> Callable:

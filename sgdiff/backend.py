@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from torch import fx
 
@@ -43,7 +43,7 @@ class SgdiffBackend:
         return _compat.aot_capture(self.compile_graph)(gm, example_inputs)
 
     def compile_graph(self, gm: fx.GraphModule, example_inputs: List[Any]) -> Callable:
-        return _compat.boxed(TieredGraph(gm, self.options, self.on_result))
+        return _compat.boxed(TieredGraph(gm, self.options, self.on_result, _compat.static_input_positions()))
 
 
 class TieredGraph:
@@ -53,9 +53,11 @@ class TieredGraph:
     default; variants are kept apart, so no tier runs another tier's rewrite.
     """
 
-    def __init__(self, gm: fx.GraphModule, options: Options, on_result: Optional[ResultSink]):
+    def __init__(self, gm: fx.GraphModule, options: Options, on_result: Optional[ResultSink],
+                 static_inputs: Optional[Sequence[int]] = None):
         self.options = options
         self.on_result = on_result
+        self.static_inputs = static_inputs  # the weights' and buffers' positions, where known
         self._pristine = _copy(gm)
         self._variants: Dict[Tier, Callable] = {}
         self._build(options.quality, gm)
@@ -82,7 +84,7 @@ class TieredGraph:
         direct_aten_calls(gm)
         fn = gm.forward
         if self.options.cudagraphs:
-            fn = CudaGraphRunner(fn, gm)
+            fn = CudaGraphRunner(fn, gm, static_inputs=self.static_inputs)
         self._variants[tier] = fn
         return fn
 

@@ -90,6 +90,61 @@ def test_a_moved_weight_is_captured_again_under_its_new_address(caplog):
     assert FakeGraph.replays == 3 and runner.captures == 2
 
 
+@pytest.mark.parametrize("static", [None, (1, 2)])
+def test_an_activation_that_kept_its_address_over_the_warm_up_is_copied_in_once_it_moves(caplog, static):
+    """Dynamo's frames with eager code between them: an activation sits at one address as long as
+    the allocations around it follow one pattern, and each capture changes that pattern (here:
+    the input moves to a new address it then keeps, after every capture). Where the compile named
+    the weights and buffers (positions 1 and 2), the activation is captured once more as a moving
+    input and replays from then on; without that knowledge it is taken for a weight that moved,
+    and every move costs a capture, until the cap."""
+    w, b = torch.randn(4, 8), torch.randn(8)
+    fn = Counted()
+    runner = CudaGraphRunner(fn, max_graphs=4, static_inputs=static)
+    held, captures = torch.randn(4, 8), 0
+    with caplog.at_level(logging.INFO, logger="sgdiff"):
+        for _ in range(6 * (WARMUP + 2)):
+            if runner.captures != captures:  # the allocations' pattern after a capture
+                held, captures = torch.randn(4, 8), runner.captures
+            runner(held, w, b)
+    shape = next(iter(runner.shapes.values()))
+    if static is None:
+        assert runner.captures == 4 and caplog.text.count("a weight or buffer moved since the capture") == 4
+    else:
+        assert runner.captures == 2 and list(shape.buffers) == [0] and shape.fixed == [1, 2]
+        assert caplog.text.count("copying them into the graph from now on") == 1
+        assert "a weight or buffer moved" not in caplog.text
+
+
+def test_the_compile_names_the_weights_and_buffers_as_static_inputs():
+    """aot_autograd's static inputs reach the CUDA graph runner: a Linear's weight and bias and a
+    buffer, not the activations."""
+    from sgdiff import _compat
+    from sgdiff.backend import SgdiffBackend
+
+    seen = []
+
+    class Spy(SgdiffBackend):
+        def compile_graph(self, gm, example_inputs):
+            seen.append((_compat.static_input_positions(), [tuple(e.shape) for e in example_inputs]))
+            return super().compile_graph(gm, example_inputs)
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 16)
+            self.register_buffer("shift", torch.ones(16))
+
+        def forward(self, x, y):
+            return self.lin(x) + self.shift + y
+
+    with torch.no_grad():
+        torch.compile(M(), backend=Spy())(torch.randn(4, 8), torch.randn(4, 16))
+    (static, shapes), = seen
+    assert sorted(shapes[i] for i in static) == [(16,), (16,), (16, 8)]
+    assert sorted(shapes[i] for i in range(len(shapes)) if i not in static) == [(4, 8), (4, 16)]
+
+
 def test_weights_that_keep_moving_stop_at_the_cap(caplog):
     w, b = torch.randn(4, 8), torch.randn(8)
     fn = Counted()

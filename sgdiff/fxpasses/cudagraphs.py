@@ -36,7 +36,12 @@ test is not yet measured there.
 Anything the capture cannot serve safely runs the graph normally, with one log line: inputs
 off the GPU; a graph that writes into its inputs; a failed capture; shapes beyond the cap.
 A weight or buffer given new storage after the capture (``param.data = ...``) is captured
-again under its new address (a LoRA swap), up to the cap. Where the graph runs an op that keeps
+again under its new address (a LoRA swap), up to the cap. An activation can keep its address
+over the warm-up calls and move once graphs replay (Dynamo splits a model into frames with
+eager code between them, whose allocations follow another pattern once the frames' outputs are
+clones of captured ones): where the compile names the weights and buffers (aot_autograd's
+static inputs), such an input, seen moving, is copied in from then on and the graph captured
+once more, where otherwise every capture would move it again until the cap. Where the graph runs an op that keeps
 a derived copy of an input (``caches_inputs``: a weight's FP8 copy), an in-place change of a
 fixed input (its version) is captured again the same way, after warm-up calls that remake the
 copy: the replay would read the old one.
@@ -45,7 +50,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 from torch import fx
@@ -78,9 +83,12 @@ _SIDE_STREAMS: Dict[torch.device, Any] = {}
 class CudaGraphRunner:
     """``fn`` (a compiled graph's forward) run under CUDA graphs, one per input shape."""
 
-    def __init__(self, fn: Callable, gm: Optional[fx.GraphModule] = None, max_graphs: int = MAX_GRAPHS):
+    def __init__(self, fn: Callable, gm: Optional[fx.GraphModule] = None, max_graphs: int = MAX_GRAPHS,
+                 static_inputs: Optional[Sequence[int]] = None):
         self.fn = fn
         self.max_graphs = max_graphs
+        # the positions of the weights and buffers, where the compile knew them (else None)
+        self.static = None if static_inputs is None else frozenset(static_inputs)
         self.captures = 0
         self.shapes: Dict[Tuple, _ShapeGraph] = {}
         self.sized = _symbolic_positions(gm)  # inputs whose shape the key must hold (dynamic shapes)
@@ -147,6 +155,7 @@ class _ShapeGraph:
         self.addresses: List[Optional[int]] = []
         self.graph = None
         self.off = False
+        self.seen_moving: Set[int] = set()  # activations that moved after a capture: copied in from then on
 
     def __call__(self, args):
         if self.off:
@@ -167,11 +176,11 @@ class _ShapeGraph:
             self.off = True
             return runner._full(args)
         tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        moving = [i for i in tensors if self.addresses[i] is None]
+        moving = [i for i in tensors if self.addresses[i] is None or i in self.seen_moving]
         self.meta = {i: _meta(args[i]) for i in moving}
         self.buffers = {i: torch.empty_strided(args[i].shape, args[i].stride(), dtype=args[i].dtype,
                                                device=args[i].device) for i in moving}
-        self.fixed = [i for i in tensors if self.addresses[i] is not None]
+        self.fixed = [i for i in tensors if i not in self.buffers]
         self.fixed_addresses = [self.addresses[i] for i in self.fixed]
         self.fixed_versions = self._versions(args)
         static = [self.buffers.get(i, a) for i, a in enumerate(args)]
@@ -224,8 +233,18 @@ class _ShapeGraph:
         # (hundreds of inputs) need only their address checked; the moving inputs, copied into
         # the graph's buffers, are checked in full. A step's host time before the GPU starts
         # is this check.
-        if [args[i].data_ptr() for i in self.fixed] != self.fixed_addresses:
-            log.info("sgdiff: a weight or buffer moved since the capture; capturing the graph again")
+        addresses = [args[i].data_ptr() for i in self.fixed]
+        if addresses != self.fixed_addresses:
+            moved = [i for i, now, then in zip(self.fixed, addresses, self.fixed_addresses) if now != then]
+            static = self.runner.static
+            activations = [i for i in moved if static is not None and i not in static]
+            if activations:
+                self.seen_moving.update(activations)
+                log.info("sgdiff: %d inputs that are no weight or buffer kept their address over the warm-up calls "
+                         "and moved since the capture; copying them into the graph from now on, capturing it again",
+                         len(activations))
+            else:
+                log.info("sgdiff: a weight or buffer moved since the capture; capturing the graph again")
             return self._recapture(args)
         if self.runner.watch_versions and self._versions(args) != self.fixed_versions:
             log.info("sgdiff: a weight or buffer changed in place since the capture, and the graph keeps a copy "
