@@ -92,3 +92,16 @@ def test_the_cudnn_graph_validates(b, h, s_q, s_k, d, causal):
         assert tensors[name].get_data_type() == cudnn.data_type.FP8_E4M3
     for name in cudnn_fp8.SCALARS:
         assert tuple(tensors[name].get_dim()) == (1, 1, 1, 1)
+    assert "seq_len_q" not in tensors
+
+
+def test_the_padded_cudnn_graph_validates():
+    """Wan's self-attention, 32760 tokens, as cuDNN's FP8 kernels may take it only: 32768 tokens,
+    the last 8 masked out by the true counts."""
+    cudnn = pytest.importorskip("cudnn")
+    assert [cudnn_fp8.padded(s) for s in (1, 128, 129, 32760)] == [128, 128, 256, 32768]
+    graph, tensors = cudnn_fp8.define_graph(cudnn, 1, 12, 32760, 32760, 128, False, 1 / math.sqrt(128), pad=True)
+    for name in ("q", "k", "v", "o"):
+        assert tuple(tensors[name].get_dim()) == (1, 12, 32768, 128)
+    for name in ("seq_len_q", "seq_len_kv"):
+        assert tuple(tensors[name].get_dim()) == (1, 1, 1, 1) and tensors[name].get_data_type() == cudnn.data_type.INT32

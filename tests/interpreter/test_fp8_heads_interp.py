@@ -40,6 +40,22 @@ def test_operands_are_the_references_bits_in_cudnns_order(b, h, s, s_k, d, heads
     assert float(q8.float().abs().max()) == 448.0 and float(k8.float().abs().max()) == 448.0
 
 
+def test_padded_copies_hold_zeros_past_the_tokens_and_the_restoration_reads_the_first_ones():
+    """The copies of a geometry cuDNN takes only padded: the tokens, then zeros; the output's
+    first tokens restored from a padded one."""
+    q, k, v = _qkv(2, 2, 70, 50, 64)
+    q8, k8, v8, *_ = fp8_heads.quantize_operands(q, k, v, 128, 128)
+    plain = fp8_heads.quantize_operands(q, k, v)
+    for got, want, s in ((q8, plain[0], 70), (k8, plain[1], 50), (v8, plain[2], 50)):
+        assert got.shape == (2, 128, 2, 64) and torch.equal(got[:, :s].view(torch.uint8), want.view(torch.uint8))
+        assert not got[:, s:].view(torch.uint8).any()
+    mean, scale = torch.randn(2, 2, 1, 64), torch.rand(2, 2, 64) + 0.01
+    o8 = (torch.randn(2, 128, 2, 64) * 50).to(E4M3)
+    got = fp8_heads.restore_heads(o8, mean, scale, torch.float32, 70)
+    assert got.shape == (2, 70, 2, 64)
+    assert torch.equal(got, fp8_heads.restore_heads(o8[:, :70].contiguous(), mean, scale, torch.float32))
+
+
 def test_the_output_restored_as_the_reference_restores_it():
     b, h, s, d = 1, 2, 150, 64
     g = torch.Generator().manual_seed(1)

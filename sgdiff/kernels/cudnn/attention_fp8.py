@@ -9,7 +9,10 @@ frontend's graph API.
 2. One cuDNN graph per geometry (batch, heads, tokens, head dim, causal, scale), built on its
    first launch (at the first sight of a signature: outside CUDA-graph capture) and kept; it runs
    on torch's current stream with a workspace from torch's allocator, so a CUDA graph captures it
-   like any kernel.
+   like any kernel. Where cuDNN refuses the token counts as they are (its FP8 kernels have taken
+   only multiples of 64 on Hopper: Wan's 32760 is none), the copies are padded with zero tokens
+   to a multiple of :data:`PAD` and the graph masks them out (``use_padding_mask`` with the true
+   counts): the same attention over the same keys.
 3. The e4m3 output restored (:func:`sgdiff.kernels.triton.fp8_heads.restore_heads`), returned as
    a ``[B, H, S, D]`` view of ``[B, S, H, D]`` memory.
 
@@ -60,24 +63,39 @@ def heads_dims(b: int, h: int, s: int, d: int):
 
 
 SCALARS = ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o")
+PAD = 128  # the token counts a padded geometry rounds up to
 
 
-def define_graph(cudnn, b: int, h: int, s_q: int, s_k: int, d: int, is_causal: bool, sm_scale: float, handle=None):
+def padded(tokens: int) -> int:
+    return -(-tokens // PAD) * PAD
+
+
+def define_graph(cudnn, b: int, h: int, s_q: int, s_k: int, d: int, is_causal: bool, sm_scale: float, handle=None,
+                 pad: bool = False):
     """The cuDNN graph of one geometry, validated (not yet built): ``(graph, tensors)`` with
-    ``tensors`` the graph's q, k, v, scalars (:data:`SCALARS`), o, amax_s and amax_o by name."""
+    ``tensors`` the graph's q, k, v, scalars (:data:`SCALARS`), o, amax_s and amax_o by name; with
+    ``pad``, q, k, v and o hold :func:`padded` token counts and the graph masks the padding out
+    (``seq_len_q`` and ``seq_len_kv``, int32 ``[B, 1, 1, 1]``, the true counts, in ``tensors``)."""
     e4m3, fp32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
     options = dict(io_data_type=e4m3, intermediate_data_type=fp32, compute_data_type=fp32)
     graph = cudnn.pygraph(**options, **({"handle": handle} if handle is not None else {}))
+    rows_q, rows_k = (padded(s_q), padded(s_k)) if pad else (s_q, s_k)
     tensors = {}
-    for name, s in (("q", s_q), ("k", s_k), ("v", s_k)):
+    for name, s in (("q", rows_q), ("k", rows_k), ("v", rows_k)):
         dims, strides = heads_dims(b, h, s, d)
         tensors[name] = graph.tensor(name=name, dim=dims, stride=strides, data_type=e4m3)
     for name in SCALARS:
         tensors[name] = graph.tensor(name=name, dim=(1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=fp32)
+    masking = {}
+    if pad:
+        for name in ("seq_len_q", "seq_len_kv"):
+            tensors[name] = graph.tensor(name=name, dim=(b, 1, 1, 1), stride=(1, 1, 1, 1),
+                                         data_type=cudnn.data_type.INT32)
+        masking = dict(use_padding_mask=True, seq_len_q=tensors["seq_len_q"], seq_len_kv=tensors["seq_len_kv"])
     o, _, amax_s, amax_o = graph.sdpa_fp8(
-        q=tensors["q"], k=tensors["k"], v=tensors["v"], **{name: tensors[name] for name in SCALARS},
+        q=tensors["q"], k=tensors["k"], v=tensors["v"], **{name: tensors[name] for name in SCALARS}, **masking,
         generate_stats=False, attn_scale=sm_scale, use_causal_mask=is_causal, name="attention_fp8")
-    dims, strides = heads_dims(b, h, s_q, d)
+    dims, strides = heads_dims(b, h, rows_q, d)
     o.set_output(True).set_dim(dims).set_stride(strides).set_data_type(e4m3)
     for amax in (amax_s, amax_o):
         amax.set_output(True).set_dim((1, 1, 1, 1)).set_stride((1, 1, 1, 1)).set_data_type(fp32)
@@ -87,19 +105,33 @@ def define_graph(cudnn, b: int, h: int, s_q: int, s_k: int, d: int, is_causal: b
 
 
 class _Plan:
-    """One geometry's built graph, its handle and its fixed scalars, on one device."""
+    """One geometry's built graph (padded where cuDNN refuses it as it is), its handle and its
+    fixed inputs, on one device."""
 
     def __init__(self, device: torch.device, b, h, s_q, s_k, d, is_causal, sm_scale):
         cudnn = frontend()
         self.handle = _handle(device)
-        self.graph, self.tensors = define_graph(cudnn, b, h, s_q, s_k, d, is_causal, sm_scale, self.handle)
-        self.graph.build_operation_graph()
-        self.graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-        self.graph.check_support()
-        self.graph.build_plans()
+        for pad in (False, True):
+            try:
+                self.graph, self.tensors = define_graph(cudnn, b, h, s_q, s_k, d, is_causal, sm_scale, self.handle,
+                                                        pad)
+                self.graph.build_operation_graph()
+                self.graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+                self.graph.check_support()
+                self.graph.build_plans()
+                break
+            except Exception as exc:  # refused as it is: once more padded
+                if pad or (padded(s_q), padded(s_k)) == (s_q, s_k):
+                    raise
+                log.info("sgdiff: cuDNN's FP8 attention refuses %d x %d tokens as they are (%s: %s); padding them to "
+                         "%d x %d, masked", s_q, s_k, type(exc).__name__, str(exc)[:200], padded(s_q), padded(s_k))
+        self.rows = (padded(s_q), padded(s_k)) if pad else (s_q, s_k)
         self.workspace_bytes = max(int(self.graph.get_workspace_size()), 1)
         one = torch.ones((1, 1, 1, 1), dtype=torch.float32, device=device)
         self.fixed = {"descale_v": one, "descale_s": one / P_SCALE, "scale_s": one * P_SCALE, "scale_o": one}
+        if pad:
+            self.fixed.update(seq_len_q=torch.full((b, 1, 1, 1), s_q, dtype=torch.int32, device=device),
+                              seq_len_kv=torch.full((b, 1, 1, 1), s_k, dtype=torch.int32, device=device))
 
     def run(self, q8, k8, v8, q_scale, k_scale, o8):
         cudnn, t = frontend(), self.tensors
@@ -149,10 +181,10 @@ def bind(q, k, v, is_causal, scale):
         nonlocal plan
         if plan is None:
             plan = _plans.get(key) or _plans.setdefault(key, _Plan(q.device, *key[1:]))
-        q8, k8, v8, q_scale, k_scale, v_mean, v_scale = fp8_heads.quantize_operands(q, k, v)
+        q8, k8, v8, q_scale, k_scale, v_mean, v_scale = fp8_heads.quantize_operands(q, k, v, *plan.rows)
         o8 = torch.empty_like(q8)
         plan.run(q8, k8, v8, q_scale, k_scale, o8)
-        return fp8_heads.restore_heads(o8, v_mean, v_scale, q.dtype).transpose(1, 2)
+        return fp8_heads.restore_heads(o8, v_mean, v_scale, q.dtype, q.shape[2]).transpose(1, 2)
 
     return launch
 
