@@ -395,3 +395,70 @@ def test_an_across_heads_norm_before_rope_then_the_head_split_is_a_site(dtype):
         assert result.counts["rope"] == 1 and result.counts["qk_norm"] == sites, split
         assert result.passes["qk_norm"].found_count == sites and count_op(gm, RMS) == sites
         assert bits_equal(run(*args), fn(*args))
+
+
+RMS_HEADS_ROPE = registry.op_def("rms_norm_heads_rope").load()
+ROPE_OPS = {"even_odd": registry.op_def("rope_even_odd").load(), "interleaved": registry.op_def("rope").load(),
+            "halves": registry.op_def("rope").load()}
+
+
+def cuda_form_across_heads(rotation, weighted=True, extra_user=False, shape=None, weight_dtype=None):
+    """Wan's QK norms as a CUDA capture gives them once the rope family has run: aten._fused_rms_norm
+    over the whole projection, its split into heads, then the RoPE op over the heads."""
+
+    B, S, N = 2, 5, 256  # across_heads_args's
+
+    def fn(q, k, w, cos, sin):
+        outs = []
+        for t in (q, k):
+            n = aten._fused_rms_norm.default(t, shape or [N], (w.to(weight_dtype) if weight_dtype else w)
+                                             if weighted else None, 1e-6)[0]
+            heads = aten.view.default(n, [B, S, 2, N // 2])
+            rope = ROPE_OPS[rotation]
+            outs.append(rope(heads, cos, sin) if rotation == "even_odd" else rope(heads, cos, sin,
+                                                                                    rotation == "interleaved"))
+            if extra_user:
+                outs.append(heads)
+        return tuple(outs)
+
+    return fn
+
+
+def across_heads_args(rotation, dtype, S=5, D=128, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    width = D // 2 if rotation == "even_odd" else D
+    return (torch.randn(2, S, 2 * D, generator=g).to(dtype), torch.randn(2, S, 2 * D, generator=g).to(dtype),
+            torch.randn(2 * D, generator=g).to(dtype), torch.randn(1, S, 1, width, generator=g),
+            torch.randn(1, S, 1, width, generator=g))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rotation", ["even_odd", "interleaved", "halves"])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_fused_rms_norm_over_heads_split_then_rope_is_one_op(dtype, rotation, weighted):
+    """Wan: the norm over every head, its split into heads and the RoPE become one op per q and k;
+    the norm stays a qk_norm site each."""
+    fn, args = cuda_form_across_heads(rotation, weighted), across_heads_args(rotation, dtype)
+    gm = fx_graph(fn, *args)
+    result = PassManager(families=["rope", "qk_norm"]).apply(gm)
+    assert {f: n for f, n in result.counts.items() if n} == {"qk_norm": 2}  # the RoPE ops came made
+    assert result.passes["qk_norm"].ops == {"rms_norm_heads_rope": 2}
+    assert count_op(gm, RMS_HEADS_ROPE) == 2 and count_op(gm, ROPE_OPS[rotation]) == 0
+    assert aten._fused_rms_norm.default not in targets(gm)
+    node = next(n for n in gm.graph.nodes if n.target == RMS_HEADS_ROPE)
+    assert node.args[3] == "fused" and node.args[4] == 2 and node.args[7] == rotation
+    for got, want in zip(gm(*args), fn(*args)):
+        assert bits_equal(got, want) and got.stride() == want.stride()
+
+
+@pytest.mark.parametrize("case", ["the heads read again", "a norm over two dims", "an fp32 weight"])
+def test_rms_norm_over_heads_and_rope_stay_apart(case):
+    kwargs = {"the heads read again": dict(extra_user=True), "a norm over two dims": dict(shape=[5, 256]),
+              "an fp32 weight": dict(weight_dtype=torch.float32)}[case]
+    fn, args = cuda_form_across_heads("even_odd", **kwargs), across_heads_args("even_odd", torch.bfloat16)
+    gm = fx_graph(fn, *args)
+    PassManager(families=["rope", "qk_norm"]).apply(gm)
+    assert count_op(gm, RMS_HEADS_ROPE) == 0, case
+    assert count_op(gm, ROPE_OPS["even_odd"]) == 2
+    for got, want in zip(gm(*args), fn(*args)):
+        assert bits_equal(got, want)

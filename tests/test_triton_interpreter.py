@@ -50,10 +50,12 @@ EXPECTED = {
     "test_attention_int8_interp.py": 4 + 4 + 1 + 1,
     # attention_fp8's operands at 3 geometries (one heads-first), padded, its output restored
     "test_fp8_heads_interp.py": 3 + 1 + 1,
+    # rms_norm_heads_rope: 3 rotations x 4 geometries x 2 dtypes, the refusals
+    "test_rms_norm_heads_rope_interp.py": 3 * 4 * 2 + 1,
     # the power-of-two reciprocal against IEEE division
     "test_welford_interp.py": 1,
-    # every Triton op's bound launch on its first example (21 ops), and that count itself
-    "test_binds_interp.py": 21 * 2 + 1,  # each op: a launch reads its call's tensors, holds none of its binding's
+    # every Triton op's bound launch on its first example (22 ops), and that count itself
+    "test_binds_interp.py": 22 * 2 + 1,  # each op: a launch reads its call's tensors, holds none of its binding's
     # channel_normalize: 4 geometries (one frame-major) x 2 dtypes x SiLU or not, a scale tensor, the refusals
     "test_channel_normalize_interp.py": 4 * 2 * 2 + 2,
     # cat_pad bit for bit: 6 geometries x 3 dtypes, the pad alone 2 dtypes, strided inputs, the refusals

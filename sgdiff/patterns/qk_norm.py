@@ -12,7 +12,9 @@ splits its output into heads. Other norms (QwenImage's ``txt_norm``) are not sit
 Where ``F.rms_norm``'s fused form over ``head_dim`` = 128 feeds nothing but the RoPE that the
 ``rope`` family (applied before this one) turned into ``sgdiff::rope`` (Flux single blocks), the
 two become one ``sgdiff::rms_norm_rope``; where two such norms are joined along the sequence
-first (Flux double blocks: text, then image), ``sgdiff::rms_norm_cat_rope``.
+first (Flux double blocks: text, then image), ``sgdiff::rms_norm_cat_rope``; where the fused
+form over every head feeds nothing but its split into heads and a RoPE over them
+(``sgdiff::rope_even_odd`` or ``sgdiff::rope``: Wan), ``sgdiff::rms_norm_heads_rope``.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import torch
 from sgdiff.patterns.matcher import Arg, Items, Lit, Match, Op, When, getitem
 from sgdiff.kernels import registry
 from sgdiff.patterns import parts
-from sgdiff.patterns.base import ChainPattern, Family, like_layout_reason, tensor_meta
+from sgdiff.patterns.base import ChainPattern, Family, like_layout_reason, same_shape, same_size, tensor_meta
 
 # its fused patterns match the norms feeding sgdiff::rope calls
 FAMILY = Family("qk_norm", after=("rope",))
@@ -153,8 +155,43 @@ def rms_norm_rope_pattern() -> ChainPattern:
     )
 
 
+def _heads_rope_reason(m: Match) -> Optional[str]:
+    x, heads, out = tensor_meta(m["x"]), tensor_meta(m["heads"]), tensor_meta(m.root)
+    if x is None or heads is None or out is None or not 2 <= x.dim() <= 4:
+        return "the norm is not over a [..., H * D] tensor of up to 3 leading dims"
+    shape = m["shape"]
+    if not (isinstance(shape, (list, tuple)) and len(shape) == 1 and same_size(shape[0], x.shape[-1])):
+        return "the norm is not over the last dim alone"
+    if not (heads.dim() == x.dim() + 1 and same_shape(heads.shape[:-2], x.shape[:-1])):
+        return "the norm's output is not split into heads along its last dim"
+    weight = m["weight"]
+    if weight is not None and (tensor_meta(weight) is None or tensor_meta(weight).dtype != x.dtype):
+        return "the norm's weight has another dtype than its input"
+    return like_layout_reason(out, heads)
+
+
+def rms_norm_heads_rope_patterns() -> List[ChainPattern]:
+    """A fused RMSNorm over every head (Wan's QK norm), its split into heads, then a RoPE over the
+    heads (sgdiff::rope_even_odd or sgdiff::rope), as one sgdiff::rms_norm_heads_rope."""
+    norm = getitem(Op(torch.ops.aten._fused_rms_norm.default, Arg("x"), Arg("shape"), Arg("weight"), Arg("eps")), 0)
+    heads = Op(parts.RESHAPES, norm, name="heads")
+    ropes = (("rope_even_odd", Op(registry.op_def("rope_even_odd").load(), heads, Arg("cos"), Arg("sin")),
+              lambda m: "even_odd"),
+             ("rope", When(Op(registry.op_def("rope").load(), heads, Arg("cos"), Arg("sin"), Arg("interleaved")),
+                           _fp32_rope), lambda m: "interleaved" if m["interleaved"] else "halves"))
+
+    def replacement(rotation):
+        return lambda m: dict(x=m["x"], weight=m["weight"], eps=m["eps"], form="fused",
+                              heads=tensor_meta(m["heads"]).shape[-2], cos=m["cos"], sin=m["sin"],
+                              rotation=rotation(m))
+
+    return [ChainPattern(family="qk_norm", name=f"qk_rms_norm_heads_{name}", chain=chain, op="rms_norm_heads_rope",
+                         replacement=replacement(rotation), check=_heads_rope_reason, priority=1)
+            for name, chain, rotation in ropes]
+
+
 def patterns() -> List[ChainPattern]:
-    out = [rms_norm_rope_pattern(), rms_norm_cat_rope_pattern()]
+    out = [rms_norm_rope_pattern(), rms_norm_cat_rope_pattern(), *rms_norm_heads_rope_patterns()]
     for norm in NORMS:
         for heads in HEADS:
             key = QkNormKey(norm, heads)

@@ -335,6 +335,16 @@ def mean_factor(n_rows: int, n: int) -> float:
     return float(np.float32(n_rows) / np.float32(n_rows * n))
 
 
+def fused_launch(n: int) -> dict:
+    """The fused form's launch for rows of ``n``: ``THREADS`` per row (ATen's 128; 32 for rows up
+    to 128, where warps 1-3 would hold nothing), ``ITERS`` 4-vectors a thread, ``BLOCK_R`` rows a
+    program (about 2048 elements), warps."""
+    threads = 32 if n <= 128 else 128
+    block_r = _last_pow2(max(1, 2048 // (4 * threads * triton.cdiv(n, 4 * threads))))
+    return dict(ITERS=triton.cdiv(n, 4 * threads), THREADS=threads, BLOCK_R=block_r,
+                num_warps=2 if threads == 32 else 4)  # measured: 2 warps best for short rows
+
+
 @cached_plan
 def _plan(x, form, scale=None, shift=None):
     """``(out strides, grid, ints, consts, factor, (sc strides, sh strides))``; with a ``scale``
@@ -347,11 +357,8 @@ def _plan(x, form, scale=None, shift=None):
     shape, (sx, so, *smod) = merge_rows(shape4(x.shape), [strides4(t, x.shape) for t in operands])
     n_rows, n = shape[0] * shape[1] * shape[2], shape[3]
     if form == "fused":
-        threads = 32 if n <= 128 else 128
-        block_r = _last_pow2(max(1, 2048 // (4 * threads * triton.cdiv(n, 4 * threads))))
         ints = (n_rows, shape[1], shape[2], n, *sx[:3], *so[:3])
-        consts = dict(ITERS=triton.cdiv(n, 4 * threads), THREADS=threads, BLOCK_R=block_r,
-                      num_warps=2 if threads == 32 else 4)  # measured: 2 warps best for short rows
+        consts = fused_launch(n)
     else:
         block_n = triton.next_power_of_2(n)
         # a row a warp, as ATen's mean takes it, about 1024 elements a one-warp program (per
@@ -361,7 +368,7 @@ def _plan(x, form, scale=None, shift=None):
         vectorized = n >= VECTORIZE_MIN
         consts = dict(N=n, VECTORIZED=vectorized, ITERS=triton.cdiv(n, 4 * LANES if vectorized else LANES),
                       BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps)
-    return out.stride(), (triton.cdiv(n_rows, block_r),), ints, consts, mean_factor(n_rows, n), tuple(smod)
+    return out.stride(), (triton.cdiv(n_rows, consts["BLOCK_R"]),), ints, consts, mean_factor(n_rows, n), tuple(smod)
 
 
 def bind(x, weight, eps, form, scale=None, shift=None):

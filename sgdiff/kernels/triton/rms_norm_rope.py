@@ -20,12 +20,14 @@ import triton.language as tl
 
 from sgdiff.kernels.layout import like_strides
 from sgdiff.kernels.registry import Impl
+from sgdiff.kernels.rms_norm_heads_rope import ROTATIONS
 from sgdiff.kernels.triton import rms_norm as trms
 from sgdiff.kernels.triton import rope as trope
 from sgdiff.kernels.triton.cuda_math import INTERPRET
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.rms_norm import FLT_EPSILON, fused_inv_rms, fused_sum_squares
-from sgdiff.kernels.triton.rows import cached_plan, halves, row_index, row_offsets, shape4, strides4
+from sgdiff.kernels.triton.rope import even_odd_pairs
+from sgdiff.kernels.triton.rows import TL_DTYPE, cached_plan, halves, row_index, row_offsets, shape4, strides4
 
 HEAD_DIM = 128  # one 4-vector per thread of a warp
 
@@ -75,19 +77,96 @@ def _rms_norm_rope_kernel(
                   other=0.0, eviction_policy="evict_last").to(tl.float32)
     sin = tl.load(sin_ptr + row_offsets(rows, n1, n2, ss0, ss1, ss2)[:, None] + d[None, :] * ss3, mask=row_ok,
                   other=0.0, eviction_policy="evict_last").to(tl.float32)
+    out = rotated(y, cos, sin, INTERLEAVED)
+    o = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None] + d[None, :]
+    tl.store(o, out.to(out_ptr.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
+def rotated(y, cos, sin, INTERLEAVED: tl.constexpr):
+    """sgdiff::rope of a [R, D] tile of heads (fp32 ``y``, as rounded to the input's dtype, and
+    its tables): fp32 products and sum, ``-x`` as ``x * -1``; the caller rounds once."""
+    R: tl.constexpr = y.shape[0]
+    D: tl.constexpr = y.shape[1]
     if INTERLEAVED:  # pairs (2j, 2j + 1) side by side
-        y0, y1 = tl.split(tl.reshape(y, (BLOCK_R, D // 2, 2)))
-        c0, c1 = tl.split(tl.reshape(cos, (BLOCK_R, D // 2, 2)))
-        s0, s1 = tl.split(tl.reshape(sin, (BLOCK_R, D // 2, 2)))
-        out = tl.reshape(tl.join(y0 * c0 + (y1 * -1.0) * s0, y1 * c1 + y0 * s1), (BLOCK_R, D))
+        y0, y1 = tl.split(tl.reshape(y, (R, D // 2, 2)))
+        c0, c1 = tl.split(tl.reshape(cos, (R, D // 2, 2)))
+        s0, s1 = tl.split(tl.reshape(sin, (R, D // 2, 2)))
+        out = tl.reshape(tl.join(y0 * c0 + (y1 * -1.0) * s0, y1 * c1 + y0 * s1), (R, D))
     else:  # rotate-half: columns j and j + D/2
         y0, y1 = halves(y)
         c0, c1 = halves(cos)
         s0, s1 = halves(sin)
-        out = tl.reshape(tl.permute(tl.join(y0 * c0 + (y1 * -1.0) * s0, y1 * c1 + y0 * s1), (0, 2, 1)),
-                         (BLOCK_R, D))
-    o = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None] + d[None, :]
-    tl.store(o, out.to(out_ptr.dtype.element_ty), mask=row_ok)
+        out = tl.reshape(tl.permute(tl.join(y0 * c0 + (y1 * -1.0) * s0, y1 * c1 + y0 * s1), (0, 2, 1)), (R, D))
+    return out
+
+
+@LeanKernel
+@triton.jit
+def _rms_norm_heads_rope_kernel(
+    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr,
+    n_rows, n1, n2, N,
+    sx0, sx1, sx2,
+    so0, so1, so2,
+    sc0, sc1, sc2, sch, scd,  # the tables' strides over the rows, the heads and head_dim
+    ss0, ss1, ss2, ssh, ssd,
+    eps,
+    D: tl.constexpr,  # head_dim; the row is N / D heads
+    ITERS: tl.constexpr,  # 4-vectors per thread: ceil(N / (4 * THREADS))
+    THREADS: tl.constexpr,  # 128 as ATen; 32 when N <= 128
+    HAS_WEIGHT: tl.constexpr,
+    ROTATION: tl.constexpr,  # 0 interleaved, 1 halves (sgdiff::rope), 2 even/odd slots (sgdiff::rope_even_odd)
+    PRODUCT_DTYPE: tl.constexpr,  # even/odd: promote(x, cos, sin), each op's rounding
+    BLOCK_R: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """ATen's fused RMSNorm over a whole row of heads (as :func:`.rms_norm._rms_norm_fused_kernel`
+    computes it), its output rounded to the input's dtype, then each head of it rotated
+    (:func:`rotated`, or :func:`.rope.even_odd_pairs` with a table entry a pair): a chunk of
+    ``4 * THREADS`` columns holds whole heads."""
+    C: tl.constexpr = 4 * THREADS
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < n_rows
+    x_row = x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None]
+    o_row = out_ptr + row_offsets(rows, n1, n2, so0, so1, so2)[:, None]
+    c_row = cos_ptr + row_offsets(rows, n1, n2, sc0, sc1, sc2)[:, None]
+    s_row = sin_ptr + row_offsets(rows, n1, n2, ss0, ss1, ss2)[:, None]
+    cols = tl.arange(0, C)
+    acc = tl.zeros((BLOCK_R, THREADS), tl.float32)
+    grid_dependency_wait()
+    for k in tl.static_range(ITERS):  # read twice where the row is several chunks, as the norm's kernel
+        col = cols + k * C
+        v = tl.load(x_row + col[None, :], mask=row_ok[:, None] & (col < N)[None, :], other=0.0,
+                    eviction_policy="evict_last" if ITERS > 1 else "evict_first")
+        acc = fused_sum_squares(acc, v)
+    r = fused_inv_rms(acc, N, eps, INTERPRET)[:, None]
+    for k in tl.static_range(ITERS):
+        col = cols + k * C
+        mask = row_ok[:, None] & (col < N)[None, :]
+        if ITERS > 1:
+            v = tl.load(x_row + col[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+        y = r * v.to(tl.float32)
+        if HAS_WEIGHT:
+            y = tl.load(w_ptr + col, mask=col < N, other=0.0).to(tl.float32)[None, :] * y
+        y = y.to(out_ptr.dtype.element_ty).to(tl.float32)  # the norm's output, as eager stores it
+        head, d = col // D, col % D
+        if ROTATION == 2:
+            d = d // 2  # one table entry a pair, read at both of its columns
+        cos = tl.load(c_row + (head * sch + d * scd)[None, :], mask=mask, other=0.0,
+                      eviction_policy="evict_last").to(tl.float32)
+        sin = tl.load(s_row + (head * ssh + d * ssd)[None, :], mask=mask, other=0.0,
+                      eviction_policy="evict_last").to(tl.float32)
+        if ROTATION == 2:
+            y_even, y_odd = tl.split(tl.reshape(y, (BLOCK_R, C // 2, 2)))
+            cos, _ = tl.split(tl.reshape(cos, (BLOCK_R, C // 2, 2)))
+            sin, _ = tl.split(tl.reshape(sin, (BLOCK_R, C // 2, 2)))
+            out_even, out_odd = even_odd_pairs(y_even, y_odd, cos, sin, PRODUCT_DTYPE)
+            out = tl.reshape(tl.join(out_even, out_odd), (BLOCK_R, C))
+        else:
+            out = tl.reshape(rotated(tl.reshape(y, (BLOCK_R * C // D, D)), tl.reshape(cos, (BLOCK_R * C // D, D)),
+                                     tl.reshape(sin, (BLOCK_R * C // D, D)), ROTATION == 0), (BLOCK_R, C))
+        tl.store(o_row + col[None, :], out.to(out_ptr.dtype.element_ty), mask=mask,
+                 eviction_policy="evict_first" if ITERS > 1 else "")
 
 
 def supported_layout(x, weight, eps, form, cos, sin, interleaved) -> bool:
@@ -105,6 +184,26 @@ def supported_layout_cat(x0, w0, x1, w1, eps, form, cos, sin, interleaved) -> bo
     fp32_math = torch.promote_types(torch.float32, torch.promote_types(cos.dtype, sin.dtype)) == torch.float32
     return (fp32_math and trope.tables_ok(x0, cos, sin, out_shape)
             and trms.supported_layout(x0, w0, eps, form) and trms.supported_layout(x1, w1, eps, form))
+
+
+def heads_view(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """``x`` ``[..., H * D]`` seen ``[..., H, D]`` (a view)."""
+    return x.unflatten(-1, (heads, x.shape[-1] // heads))
+
+
+def supported_layout_heads(x, weight, eps, form, heads, cos, sin, rotation) -> bool:
+    """A fused RMSNorm over a row of ``heads`` whole heads (up to 3 leading dims, head_dim even
+    and dividing the kernel's chunk of 512 columns, or 128 for rows up to 128), its tables
+    rotating each head as sgdiff::rope's or sgdiff::rope_even_odd's kernel would."""
+    if not (form == "fused" and 2 <= x.dim() <= 4 and isinstance(heads, int) and heads > 0
+            and x.shape[-1] % heads == 0 and rotation in ROTATIONS):
+        return False
+    d, chunk = x.shape[-1] // heads, (128 if x.shape[-1] <= 128 else 512)
+    if not (d % 2 == 0 and chunk % d == 0 and trms.supported_layout(x, weight, eps, form)):
+        return False
+    if rotation == "even_odd":
+        return trope.supported_layout_even_odd(heads_view(x, heads), cos, sin)
+    return trope.supported_layout(heads_view(x, heads), cos, sin, rotation == "interleaved")
 
 
 def can_use(x, weight, eps, form, cos, sin, interleaved) -> bool:
@@ -165,6 +264,45 @@ def bind_cat(x0, w0, x1, w1, eps, form, cos, sin, interleaved):
     return lambda x0, w0, x1, w1, eps, form, cos, sin, *_: launch(x0, w0, x1, w1, cos, sin)
 
 
+@cached_plan
+def _plan_heads(x, heads, cos, sin, rotation):
+    shape = shape4(x.shape)
+    n_rows, n = shape[0] * shape[1] * shape[2], shape[3]
+    d = n // heads
+    out = torch.empty_strided(x.shape, like_strides(x), device="meta")
+    view = (*x.shape[:-1], heads, d // 2 if rotation == "even_odd" else d)  # the tables' shape
+    tables = [(0,) * (4 - x.dim()) + t.expand(view).stride() for t in (cos, sin)]  # 3 row strides, head, d
+    ints = (n_rows, shape[1], shape[2], n, *strides4(x, x.shape)[:3], *strides4(out, x.shape)[:3], *tables[0],
+            *tables[1])
+    consts = dict(trms.fused_launch(n), D=d)
+    return out.stride(), (triton.cdiv(n_rows, consts["BLOCK_R"]),), ints, consts
+
+
+def bind_heads(x, weight, eps, form, heads, cos, sin, rotation):
+    """:func:`rms_norm_heads_rope` for inputs of this signature, its host arithmetic done."""
+    out_strides, grid, ints, consts = _plan_heads(x, heads, cos, sin, rotation)
+    product = torch.promote_types(x.dtype, torch.promote_types(cos.dtype, sin.dtype))
+    kernel = _rms_norm_heads_rope_kernel.bind(grid, **consts, HAS_WEIGHT=weight is not None,
+                                              ROTATION=ROTATIONS.index(rotation),
+                                              PRODUCT_DTYPE=TL_DTYPE[product], INTERPRET=INTERPRET,
+                                              enable_fp_fusion=False)
+    eps = FLT_EPSILON if eps is None else eps
+    shape = x.shape
+
+    def launch(x, weight, eps_, form_, heads_, cos, sin, *_):
+        out = torch.empty_strided(shape, out_strides, dtype=x.dtype, device=x.device)
+        kernel(x, weight if weight is not None else x, cos, sin, out, *ints, eps)
+        return heads_view(out, heads)
+
+    return launch
+
+
+def rms_norm_heads_rope(x, weight, eps, form, heads, cos, sin, rotation):
+    """Launch; the caller has checked :func:`supported_layout_heads` and the device."""
+    return bind_heads(x, weight, eps, form, heads, cos, sin, rotation)(x, weight, eps, form, heads, cos, sin,
+                                                                       rotation)
+
+
 def rms_norm_cat_rope(x0, w0, x1, w1, eps, form, cos, sin, interleaved):
     """Launch; the caller has checked :func:`can_use_cat`."""
     return bind_cat(x0, w0, x1, w1, eps, form, cos, sin, interleaved)(x0, w0, x1, w1, eps, form, cos, sin,
@@ -173,3 +311,4 @@ def rms_norm_cat_rope(x0, w0, x1, w1, eps, form, cos, sin, interleaved):
 
 RMS_NORM_ROPE = Impl(run=rms_norm_rope, supports=supported_layout, bind=bind)
 RMS_NORM_CAT_ROPE = Impl(run=rms_norm_cat_rope, supports=supported_layout_cat, bind=bind_cat)
+RMS_NORM_HEADS_ROPE = Impl(run=rms_norm_heads_rope, supports=supported_layout_heads, bind=bind_heads)

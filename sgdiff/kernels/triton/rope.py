@@ -128,9 +128,7 @@ def _rope_kernel(
             pair_mask = (rows < n_rows)[:, None] & (2 * j < D)[None, :]
             cos = tl.load(c_row + j[None, :] * sc3, mask=pair_mask, other=0.0).to(tl.float32)
             sin = tl.load(s_row + j[None, :] * ss3, mask=pair_mask, other=0.0).to(tl.float32)
-            # Wan: each op rounded to PRODUCT_DTYPE
-            out_even = (_round(x_even * cos, PRODUCT_DTYPE) - _round(x_odd * sin, PRODUCT_DTYPE)).to(PRODUCT_DTYPE)
-            out_odd = (_round(x_even * sin, PRODUCT_DTYPE) + _round(x_odd * cos, PRODUCT_DTYPE)).to(PRODUCT_DTYPE)
+            out_even, out_odd = even_odd_pairs(x_even, x_odd, cos, sin, PRODUCT_DTYPE)
         out = tl.reshape(tl.join(out_even, out_odd), (BLOCK_R, BLOCK_D))
         tl.store(o_row + d[None, :] * so3, out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -138,6 +136,15 @@ def _rope_kernel(
 @triton.jit
 def _round(v, dtype: tl.constexpr):
     return v.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def even_odd_pairs(x_even, x_odd, cos, sin, PRODUCT_DTYPE: tl.constexpr):
+    """Wan's rotation of pairs (fp32 tiles, one table entry a pair): ``x1 * cos - x2 * sin`` and
+    ``x1 * sin + x2 * cos``, each op rounded to PRODUCT_DTYPE (the caller rounds to the output's)."""
+    out_even = (_round(x_even * cos, PRODUCT_DTYPE) - _round(x_odd * sin, PRODUCT_DTYPE)).to(PRODUCT_DTYPE)
+    out_odd = (_round(x_even * sin, PRODUCT_DTYPE) + _round(x_odd * cos, PRODUCT_DTYPE)).to(PRODUCT_DTYPE)
+    return out_even, out_odd
 
 
 @triton.jit
