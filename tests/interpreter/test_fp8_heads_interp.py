@@ -66,3 +66,112 @@ def test_the_output_restored_as_the_reference_restores_it():
     got = fp8_heads.restore_heads(o8, mean, scale, BF16).transpose(1, 2)
     assert got.dtype == BF16 and got.transpose(1, 2).is_contiguous()
     assert float(((got.float() - want) / want.abs().clamp_min(1e-30)).abs().max()) <= 2 ** -7
+
+
+class _FakeTensor:
+    """A cuDNN frontend tensor: its name, dims, strides and type, set as the graph API sets them."""
+
+    def __init__(self, name, dim=None, stride=None, data_type=None):
+        self.name, self.dim, self.stride, self.data_type, self.output = name, dim, stride, data_type, False
+
+    def set_output(self, value):
+        self.output = value
+        return self
+
+    def set_dim(self, dim):
+        self.dim = tuple(dim)
+        return self
+
+    def set_stride(self, stride):
+        self.stride = tuple(stride)
+        return self
+
+    def set_data_type(self, data_type):
+        self.data_type = data_type
+        return self
+
+
+class _FakeGraph:
+    """cuDNN's FP8 attention as its documentation states it, computed by torch on the CPU: S = q8 k8^T
+    times the descales and the scale (padded keys past seq_len_kv masked), P = exp(S - max), 448 P in
+    e4m3 (scale_s) times v8, times descale_s and descale_v, over the row's sum, times scale_o, in
+    e4m3. With ``refuse_unpadded``, token counts that are not multiples of 64 fail check_support."""
+
+    refuse_unpadded = False
+
+    def __init__(self, **options):
+        self.options = options
+
+    def tensor(self, name, dim, stride, data_type):
+        return _FakeTensor(name, tuple(dim), tuple(stride), data_type)
+
+    def sdpa_fp8(self, q, k, v, descale_q, descale_k, descale_v, descale_s, scale_s, scale_o, generate_stats,
+                 attn_scale, use_causal_mask, name, use_padding_mask=False, seq_len_q=None, seq_len_kv=None):
+        self.io = dict(q=q, k=k, v=v, descale_q=descale_q, descale_k=descale_k, descale_v=descale_v,
+                       descale_s=descale_s, scale_s=scale_s, scale_o=scale_o, seq_len_kv=seq_len_kv)
+        self.attn_scale, self.causal, self.padding = attn_scale, use_causal_mask, use_padding_mask
+        self.io["o"] = _FakeTensor("o")
+        return self.io["o"], None, _FakeTensor("amax_s"), _FakeTensor("amax_o")
+
+    def validate(self, *modes):
+        pass
+
+    build_operation_graph = create_execution_plans = build_plans = validate
+
+    def check_support(self):
+        if self.refuse_unpadded and not self.padding and (self.io["q"].dim[2] % 64 or self.io["k"].dim[2] % 64):
+            raise RuntimeError("fake: token counts must be multiples of 64")
+
+    def get_workspace_size(self):
+        return 0
+
+    def execute(self, pack, workspace, handle=None):
+        def arg(name):
+            t = self.io[name]
+            return torch.as_strided(pack[t], t.dim, t.stride) if t.dim is not None and len(t.dim) == 4 else pack[t]
+
+        def scalar(name):
+            return float(pack[self.io[name]].reshape(()))
+
+        q, k, v = (arg(n).float() for n in "qkv")
+        s = q @ k.transpose(-1, -2) * (scalar("descale_q") * scalar("descale_k") * self.attn_scale)
+        keys = torch.arange(k.shape[2])
+        if self.padding:
+            s = s.masked_fill(keys >= int(pack[self.io["seq_len_kv"]].reshape(-1)[0]), float("-inf"))
+        if self.causal:
+            s = s.masked_fill(keys[None, :] > torch.arange(q.shape[2])[:, None], float("-inf"))
+        e = torch.exp(s - s.amax(dim=-1, keepdim=True))
+        p8 = (e * scalar("scale_s")).to(E4M3).float()
+        # (the descales by division, as the reference divides: the fake's order of operations is its own)
+        o = p8 @ v * scalar("descale_v") / (e.sum(dim=-1, keepdim=True) / scalar("descale_s")) * scalar("scale_o")
+        o_t = self.io["o"]
+        torch.as_strided(pack[o_t], o_t.dim, o_t.stride).copy_(o.clamp(-448, 448).to(E4M3))
+
+
+@pytest.mark.parametrize("s,s_k,causal,refuse", [(200, 200, False, False), (130, 77, False, True),
+                                                 (96, 96, True, True)])
+def test_the_cudnn_implementation_hands_cudnn_what_the_reference_computes(monkeypatch, s, s_k, causal, refuse):
+    """The cuDNN implementation's every input and its output's restoration, against a frontend that
+    computes what cuDNN's documentation states: the reference's bits (fp32 q, k, v), at token counts
+    taken as they are and at counts the fake takes only padded (masked)."""
+    import types
+
+    from sgdiff.kernels.attention_fp8 import attention_fp8_reference
+    from sgdiff.kernels.cudnn import attention_fp8 as cudnn_fp8
+
+    fake = types.SimpleNamespace(
+        data_type=types.SimpleNamespace(FP8_E4M3="e4m3", FLOAT="float", INT32="int32"),
+        heur_mode=types.SimpleNamespace(A="A", FALLBACK="FALLBACK"), pygraph=_FakeGraph,
+        set_stream=lambda handle, stream: None)
+    monkeypatch.setattr(_FakeGraph, "refuse_unpadded", refuse)
+    monkeypatch.setattr(cudnn_fp8, "frontend", lambda: fake)
+    monkeypatch.setattr(cudnn_fp8, "_handle", lambda device: "handle")
+    monkeypatch.setattr(cudnn_fp8, "_stream", lambda device: 0)
+    monkeypatch.setattr(cudnn_fp8, "_plans", {})
+    q, k, v = (t.float() for t in _qkv(2, 2, s, s_k, 64))  # fp32: no bf16 rounding (the interpreter truncates)
+    got = cudnn_fp8.bind(q, k, v, causal, None)(q, k, v, causal, None)
+    want = attention_fp8_reference(q, k, v, causal, None)
+    assert got.shape == want.shape and got.stride() == want.stride()
+    assert torch.equal(got, want), float((got - want).abs().max())
+    (plan,) = cudnn_fp8._plans.values()
+    assert plan.rows == ((cudnn_fp8.padded(s), cudnn_fp8.padded(s_k)) if refuse and s % 64 else (s, s_k))

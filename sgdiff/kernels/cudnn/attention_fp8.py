@@ -28,6 +28,7 @@ from typing import Dict, Optional
 
 import torch
 
+from sgdiff import _compat
 from sgdiff.kernels.attention_fp8 import P_SCALE, takes_head_dim
 from sgdiff.kernels.registry import Impl
 
@@ -140,12 +141,17 @@ class _Plan:
                 t["descale_q"]: q_scale.reshape(1, 1, 1, 1), t["descale_k"]: k_scale.reshape(1, 1, 1, 1),
                 **{t[name]: value for name, value in self.fixed.items()}}
         workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=q8.device)
-        cudnn.set_stream(handle=self.handle, stream=torch.cuda.current_stream(q8.device).cuda_stream)
+        cudnn.set_stream(handle=self.handle, stream=_stream(q8.device))
         self.graph.execute(pack, workspace, handle=self.handle)
 
 
 _handles: Dict[int, object] = {}
 _plans: Dict[tuple, _Plan] = {}
+
+
+def _stream(device: torch.device) -> int:
+    """torch's current stream on ``device``, as cuDNN takes it."""
+    return _compat.current_raw_stream(device.index if device.index is not None else _compat.current_cuda_device())
 
 
 def _handle(device: torch.device):
