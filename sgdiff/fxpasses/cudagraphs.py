@@ -41,10 +41,10 @@ over the warm-up calls and move once graphs replay (Dynamo splits a model into f
 eager code between them, whose allocations follow another pattern once the frames' outputs are
 clones of captured ones): where the compile names the weights and buffers (aot_autograd's
 static inputs), such an input, seen moving, is copied in from then on and the graph captured
-once more, where otherwise every capture would move it again until the cap. Where the graph runs an op that keeps
-a derived copy of an input (``caches_inputs``: a weight's FP8 copy), an in-place change of a
-fixed input (its version) is captured again the same way, after warm-up calls that remake the
-copy: the replay would read the old one.
+once more, where otherwise every capture would move it again until the cap. Where the graph
+runs an op that keeps a derived copy of an input (``caches_inputs``: a weight's FP8 copy), an
+in-place change of a fixed input (its version) is captured again the same way, after warm-up
+calls that remake the copy: the replay would read the old one.
 """
 from __future__ import annotations
 

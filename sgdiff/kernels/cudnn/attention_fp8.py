@@ -9,10 +9,11 @@ frontend's graph API.
 2. One cuDNN graph per geometry (batch, heads, tokens, head dim, causal, scale), built on its
    first launch (at the first sight of a signature: outside CUDA-graph capture) and kept; it runs
    on torch's current stream with a workspace from torch's allocator, so a CUDA graph captures it
-   like any kernel. Where cuDNN refuses the token counts as they are (its FP8 kernels have taken
-   only multiples of 64 on Hopper: Wan's 32760 is none), the copies are padded with zero tokens
-   to a multiple of :data:`PAD` and the graph masks them out (``use_padding_mask`` with the true
-   counts): the same attention over the same keys.
+   like any kernel. Where cuDNN refuses the token counts as they are (FP8 attention in cuDNN has
+   required multiples of 64 in some versions; Wan's 32760 is none: which holds for the installed
+   one is not yet seen), the copies are padded with zero tokens to a multiple of :data:`PAD` and
+   the graph masks them out (``use_padding_mask`` with the true counts): the same attention over
+   the same keys.
 3. The e4m3 output restored (:func:`sgdiff.kernels.triton.fp8_heads.restore_heads`), returned as
    a ``[B, H, S, D]`` view of ``[B, S, H, D]`` memory.
 
@@ -155,7 +156,8 @@ def _stream(device: torch.device) -> int:
 
 
 def _handle(device: torch.device):
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    """The cuDNN handle of ``device`` (one a device, made on first use)."""
+    index = device.index if device.index is not None else _compat.current_cuda_device()
     handle = _handles.get(index)
     if handle is None:
         with torch.cuda.device(index):

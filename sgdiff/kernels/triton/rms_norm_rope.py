@@ -11,6 +11,12 @@ refused here too, and other head sizes are left to the two ops.
 ``rms_norm_cat_rope`` is the same for Flux's double blocks, whose text and image queries are
 normalized apart and joined along the sequence before the rotation: each output row is read
 from the input (and normalized with the weight) it comes from.
+
+``rms_norm_heads_rope`` normalizes a whole row of heads (Wan's QK norm over ``heads * head_dim``)
+as the fused RMSNorm kernel of :mod:`sgdiff.kernels.triton.rms_norm` does (ATen's 128 threads a
+row, 4-vectors, chunks of 512 columns), rounds it, and rotates each chunk's whole heads in
+registers: sgdiff::rope's interleaved or rotate-half math, or sgdiff::rope_even_odd's (Wan's
+``x1 * cos - x2 * sin`` with half-width tables, each op rounded to the promoted dtype).
 """
 from __future__ import annotations
 
