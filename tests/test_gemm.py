@@ -45,6 +45,48 @@ def test_gelu_after_linear():
         assert "sgdiff.linear_act" in gm.code
 
 
+def _swiglu(gate_first, bias=True, cat_dim=-1):
+    def fn(x, w, b):
+        first, second = F.linear(x, w, b if bias else None).chunk(2, dim=cat_dim)
+        return F.silu(first) * second if gate_first else first * F.silu(second)
+    return fn
+
+
+@pytest.mark.parametrize("gate_first", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+def test_swiglu_halves_of_a_linear_are_one_gemm(gate_first, bias):
+    """diffusers' SwiGLU (gate second) and Flux.2's (gate first): the activation family's silu_mul
+    of the two halves of one projection becomes linear_glu, the projection never written."""
+    x, w, b = torch.randn(2, 80, 64, dtype=BF16), _w(192, 64), torch.randn(192, dtype=BF16)
+    fn = _swiglu(gate_first, bias)
+    run, gm, result = rewrite(fn, [x, w, b], families=["activation", "gemm"])
+    assert result.counts == {"activation": 1, "gemm": 1} and result.passes["gemm"].ops == {"linear_glu": 1}
+    assert "sgdiff.silu_mul" not in gm.code and "aten.addmm" not in gm.code
+    node = next(n for n in gm.graph.nodes if "linear_glu" in str(n.target))
+    assert node.args[3] is gate_first
+    assert torch.equal(run(x, w, b), fn(x, w, b))
+
+
+def test_swiglu_near_misses_stay_apart():
+    x, w, b = torch.randn(2, 80, 64, dtype=BF16), _w(192, 64), torch.randn(192, dtype=BF16)
+
+    def read_elsewhere(x, w, b):  # the projection read again: fusing would run the GEMM twice
+        y = F.linear(x, w, b)
+        first, second = y.chunk(2, dim=-1)
+        return F.silu(first) * second, y.sum()
+
+    def thirds(x, w, b):  # not two halves of the projection
+        first, second, _ = F.linear(x, w, b).split([64, 64, 64], dim=-1)
+        return F.silu(first) * second
+
+    for fn in (read_elsewhere, thirds):
+        run, gm, result = rewrite(fn, [x, w, b], families=["activation", "gemm"])
+        assert result.passes["gemm"].ops.get("linear_glu", 0) == 0, fn.__name__
+        want, got = fn(x, w, b), run(x, w, b)
+        assert all(torch.equal(a, e) for a, e in zip(got if isinstance(got, tuple) else (got,),
+                                                     want if isinstance(want, tuple) else (want,)))
+
+
 def test_near_misses_are_not_rewritten():
     w, b = _w(256, 64), torch.randn(256, dtype=BF16)
     few = torch.randn(1, 16, 64, dtype=BF16)  # 16 rows: not a site

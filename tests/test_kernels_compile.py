@@ -23,6 +23,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from sgdiff.kernels import registry  # noqa: E402
 from sgdiff.kernels.triton.cuda_math import INTERPRET  # noqa: E402
 from sgdiff.kernels.triton.attention_int8 import CONFIGS as ATTENTION_CONFIGS  # noqa: E402
+from sgdiff.kernels.triton.gemm import GLU_CONFIGS  # noqa: E402
 from sgdiff.kernels.triton.launch import LeanKernel  # noqa: E402
 
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -261,3 +262,22 @@ def test_attention_fp8_operands_and_output_kernels_compile(monkeypatch, d):
         compiled = compile_launch(kernel, largs, kwargs)
         assert_waits_before_memory(kernel, compiled)
         assert "e4m3" in compiled.asm["ptx"], kernel.__name__
+
+
+@pytest.mark.parametrize("gate_first", [True, False])
+@pytest.mark.parametrize("config", GLU_CONFIGS, ids=lambda c: c.label)
+def test_every_swiglu_configuration_compiles_within_an_h200s_shared_memory(monkeypatch, config, gate_first):
+    """linear_glu's GEMM (two weight tiles a stage, two accumulators a tile) in each configuration
+    first sight times: compiles for sm_90, fits in 227 KiB, multiplies on Hopper's bf16 ``wgmma``
+    (HGMMA) and waits for the kernel before it. (The op's example compiles cuBLAS + silu_mul, its
+    first candidate.)"""
+    from sgdiff.kernels.triton import gemm
+
+    x, w, b = _r(2, 200, 256), _r(2 * 384, 256), _r(2 * 384)
+    glu = gemm.Epilogue(glu="gate_first" if gate_first else "gate_second")
+    launches = recorded_launches(monkeypatch, lambda: gemm.launcher(config, x, w, b, None, glu)(x, w, b))
+    (kernel, largs, kwargs), = launches
+    compiled = compile_launch(kernel, largs, kwargs)
+    assert compiled.metadata.shared <= 227 * 1024, compiled.metadata.shared
+    assert_waits_before_memory(kernel, compiled)
+    assert "HGMMA" in machine_code(compiled)

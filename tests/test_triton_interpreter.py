@@ -55,15 +55,16 @@ EXPECTED = {
     "test_rms_norm_heads_rope_interp.py": 3 * 4 * 2 + 1,
     # the power-of-two reciprocal against IEEE division
     "test_welford_interp.py": 1,
-    # every Triton op's bound launch on its first example (22 ops), and that count itself
-    "test_binds_interp.py": 22 * 2 + 1,  # each op: a launch reads its call's tensors, holds none of its binding's
+    # every Triton op's bound launch on its first example (23 ops), and that count itself
+    "test_binds_interp.py": 23 * 2 + 1,  # each op: a launch reads its call's tensors, holds none of its binding's
     # channel_normalize: 4 geometries (one frame-major) x 2 dtypes x SiLU or not, a scale tensor, the refusals
     "test_channel_normalize_interp.py": 4 * 2 * 2 + 2,
     # cat_pad bit for bit: 6 geometries x 3 dtypes, the pad alone 2 dtypes, strided inputs, the refusals
     "test_cat_pad_interp.py": 6 * 3 + 2 + 1 + 1,
     # the GEMM's every configuration: plain 3 shapes x 2 biases, plain-gated residual 3 shapes x 2 gate
-    # paths, the cat operand with an fp32 gate, 3 activations x 2 gate functions within a tolerance
-    "test_gemm_interp.py": 3 * 2 + 3 * 2 + 1 + 3 * 2,
+    # paths, the cat operand with an fp32 gate, 3 activations x 2 gate functions within a tolerance, SwiGLU
+    # halves 2 geometries x the gate first or second
+    "test_gemm_interp.py": 3 * 2 + 3 * 2 + 1 + 3 * 2 + 2 * 2,
     # GroupNorm: 5 fp32 orders, 2 dtypes, the plan, the refusals; the pre-biased norm 3 geometries,
     # the flagged division
     "test_group_norm_interp.py": 5 + 2 + 1 + 1 + 3 + 1,

@@ -4,6 +4,8 @@
 bias). The chains::
 
     act(linear(x))                              act: GELU-tanh, GELU, SiLU    -> linear_act
+    silu_mul(*linear(x).chunk(2, -1))           a SwiGLU (sgdiff::silu_mul, rewritten by the
+                                                activation family first)      -> linear_glu
     residual_gate(residual, gate, linear(x))    the gated residual after a block's output
                                                 projection (sgdiff::residual_gate, rewritten
                                                 by its family first)          -> linear_residual_gate
@@ -31,7 +33,7 @@ import torch
 from sgdiff.kernels import registry
 from sgdiff.patterns import parts
 from sgdiff.patterns.base import ChainPattern, Family, broadcast_reason, same_shape, same_size, tensor_meta
-from sgdiff.patterns.matcher import AnyOf, Arg, Items, Lit, Match, Op, Views, When
+from sgdiff.patterns.matcher import AnyOf, Arg, Items, Lit, Match, Op, Views, When, getitem
 
 # after the activation family: where Flux single blocks' GELU feeds the cat before proj_out,
 # gelu_tanh_cat writes it there in one pass (a GEMM epilogue would still leave the cat to make);
@@ -156,6 +158,24 @@ def _residual_reason(m: Match) -> Optional[str]:
     return broadcast_reason(m["gate"], out, "the gate")
 
 
+def _glu(gate_first: bool) -> Op:
+    """``silu_mul(gate, hidden)`` (the activation family's rewrite of a SwiGLU) of the two halves of
+    one linear's output, ``chunk(2, -1)`` traced as a ``split``."""
+    split = Op(aten.split.Tensor, Views(LINEAR, "out_views"), Arg("half"), Arg("dim"), name="split")
+    gate, hidden = (getitem(split, 0), getitem(split, 1)) if gate_first else (getitem(split, 1), getitem(split, 0))
+    return Op(registry.op_def("silu_mul").load(), gate, hidden, wide_silu=Arg("wide_silu"))
+
+
+def _glu_reason(m: Match) -> Optional[str]:
+    out, projection, weight = tensor_meta(m.root), tensor_meta(m["split"].args[0]), tensor_meta(m["weight"])
+    if out is None or projection is None or weight is None or not out.is_contiguous():
+        return "the SwiGLU's output is not contiguous"
+    if not (isinstance(m["dim"], int) and m["dim"] in (-1, projection.dim() - 1)
+            and isinstance(m["half"], int) and 2 * m["half"] == weight.shape[0]):
+        return "the linear's output is not split in two halves along its last dim"
+    return _linear_reason(m, projection)
+
+
 def patterns() -> List[ChainPattern]:
     found = [ChainPattern(
         family="gemm", name="gemm_residual_gate", chain=When(_residual_gate(), _update_enough_rows), op="linear_residual_gate",
@@ -168,6 +188,13 @@ def patterns() -> List[ChainPattern]:
             op="linear_act",
             replacement=lambda m, act=act: dict(x=m["x"], weight=m["weight"], bias=m.get("bias"), act=act),
             check=_act_reason, priority=2))
+    for gate_first in (True, False):
+        found.append(ChainPattern(
+            family="gemm", name=f"gemm_swiglu_gate_{'first' if gate_first else 'second'}",
+            chain=When(_glu(gate_first), _enough_rows), op="linear_glu",
+            replacement=lambda m, gate_first=gate_first: dict(x=m["x"], weight=m["weight"], bias=m.get("bias"),
+                                                              gate_first=gate_first, wide_silu=m["wide_silu"]),
+            check=_glu_reason, priority=2))
     found.append(ChainPattern(family="gemm", name="gemm_cat", chain=When(Views(LINEAR_CAT, "out_views"), _enough_rows),
                               op="linear",
                               replacement=_linear_arguments, check=lambda m: _linear_reason(m, tensor_meta(m.root)),

@@ -52,6 +52,23 @@ def test_linear_and_activation(shape, dtype, bias, act, strided):
 
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(shape=shapes, dtype=st.sampled_from([torch.bfloat16, torch.float16]), bias=st.booleans(),
+       gate_first=st.booleans(), strided=st.booleans())
+def test_swiglu_halves(shape, dtype, bias, gate_first, strided):
+    """linear_glu: every configuration (and cuBLAS + silu_mul) gives the SwiGLU chain's bits, each
+    half of the weight's rows its own accumulator; output columns N with tails (N % 128)."""
+    M, K, N = shape
+    N -= N % 8  # whole 16-byte rows of output
+    x = torch.randn(M, K + (64 if strided else 0), device="cuda", dtype=dtype)[:, :K]
+    w = torch.randn(2 * N, K, device="cuda", dtype=dtype) / K ** 0.5
+    b = torch.randn(2 * N, device="cuda", dtype=dtype) if bias else None
+    first, second = F.linear(x, w, b).chunk(2, dim=-1)
+    chain = F.silu(first) * second if gate_first else first * F.silu(second)
+    assert torch.equal(dispatch.reference("linear_glu")(x, w, b, gate_first, False), chain)
+    _all_configs_equal("linear_glu", (x, w, b, gate_first, False))
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(shape=shapes, dtype=st.sampled_from([torch.bfloat16, torch.float16]), bias=st.booleans(),
        gate_kind=st.sampled_from(["plain", "tanh", "sigmoid"]), per_token=st.booleans(), fp32=st.booleans(),
        cat=st.booleans())
 def test_residual_gate_epilogue(shape, dtype, bias, gate_kind, per_token, fp32, cat):

@@ -92,3 +92,19 @@ def test_inexact_epilogues_within_tolerance(act, gate_kind):
     variants, want = _each_variant("linear_residual_gate", (x, w, b, residual, gate, gate_kind, None, None))
     for label, got in variants:  # the interpreter's tanh is another formula: a wider margin
         check(got, want, exact=False, tol=2 ** -5)
+
+
+@pytest.mark.parametrize("gate_first", [True, False])
+@pytest.mark.parametrize("B,M,K,N,bias", [(1, 130, 128, 96, True), (2, 67, 64, 160, False)])
+def test_swiglu_halves_every_configuration_within_tolerance(every_configuration, gate_first, B, M, K, N, bias):
+    """linear_glu: both halves of the weight (N output columns each: a last tile reaching past the
+    first half's end), their biases, the gate first or second; the SiLU within a tolerance."""
+    torch.manual_seed(4)
+    x, w = torch.randn(B, M, K, dtype=BF16), torch.randn(2 * N, K, dtype=BF16) / 16
+    b = torch.randn(2 * N, dtype=BF16) / 4 if bias else None
+    variants, want = _each_variant("linear_glu", (x, w, b, gate_first, False))
+    assert [label for label, _ in variants][0] == "cublas silu_mul" and len(variants) >= 4
+    for label, got in variants:  # the linear's, SiLU's and product's truncations compound: a wider margin
+        check(got, want, exact=False, tol=2 ** -5)
+    swapped = dispatch.reference("linear_glu")(x, w, b, not gate_first, False)
+    assert (variants[1][1].float() - swapped.float()).abs().max() > 0.1  # the other half's gate is no near miss

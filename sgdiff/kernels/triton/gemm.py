@@ -12,6 +12,8 @@ the signature stays on cuBLAS.
 The epilogue, in registers on the rounded linear output ``y`` (each step as eager rounds it):
 
     y = round(acc + bias)                      # the linear (addmm / mm), x.dtype
+    y = silu(gate) * hidden                    # GLU: the two halves of the weight's rows, each its own
+                                               # accumulator (a SwiGLU), SiLU and product as ATen's, rounded
     y = act(y)                                 # ACT: ATen's GELU-tanh / GELU / SiLU in fp32, rounded
     y = residual + g(gate) * y                 # RESIDUAL: sgdiff::residual_gate's steps and dtypes
 
@@ -46,6 +48,7 @@ from sgdiff.kernels.triton.triton_compat import ensure_allocator
 
 HALF = (torch.float16, torch.bfloat16)
 ACTS = {"none": 0, "gelu_tanh": 1, "gelu": 2, "silu": 3}
+GLUS = {"none": 0, "gate_second": 1, "gate_first": 2}
 GATE_FNS = {"plain": 0, "tanh": 1, "sigmoid": 2}
 
 
@@ -59,18 +62,30 @@ def _tile(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _epilogue(acc, om, on, M, N, S,
+def _epilogue(acc, acc2, om, on, M, N, S,
               bias_ptr, res_desc, gate_ptr, out_desc,
               stride_gb, stride_gs, stride_gn,
-              HAS_BIAS: tl.constexpr, ACT: tl.constexpr, RESIDUAL: tl.constexpr, GATE_FN: tl.constexpr,
-              GATE_ROWS: tl.constexpr, LINEAR_DTYPE: tl.constexpr, PRODUCT_DTYPE: tl.constexpr,
-              SUM_DTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, INTERPRET: tl.constexpr):
-    """The chain after the GEMM on the fp32 tile ``acc`` (rows ``om..``, columns ``on..``), each
-    step rounded as eager rounds it, stored through ``out_desc``."""
+              HAS_BIAS: tl.constexpr, GLU: tl.constexpr, ACT: tl.constexpr, RESIDUAL: tl.constexpr,
+              GATE_FN: tl.constexpr, GATE_ROWS: tl.constexpr, LINEAR_DTYPE: tl.constexpr,
+              PRODUCT_DTYPE: tl.constexpr, SUM_DTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+              INTERPRET: tl.constexpr):
+    """The chain after the GEMM on the fp32 tile ``acc`` (rows ``om..``, columns ``on..``; with
+    GLU, ``acc2`` the same columns of the weight's second half), each step rounded as eager
+    rounds it, stored through ``out_desc``."""
     rn = on + tl.arange(0, BN)
     if HAS_BIAS:  # the bias joins the fp32 sum before the one rounding, as cuBLAS's epilogue
         acc = acc + tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        if GLU != 0:
+            acc2 = acc2 + tl.load(bias_ptr + N + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     y = acc.to(LINEAR_DTYPE)
+    if GLU != 0:  # 1: silu(second half) * first (diffusers' SwiGLU); 2: silu(first half) * second
+        y2 = acc2.to(LINEAR_DTYPE)
+        if GLU == 1:
+            gate, hidden = y2, y
+        else:
+            gate, hidden = y, y2
+        y = (silu_rounded(gate.to(tl.float32), LINEAR_DTYPE, INTERPRET).to(tl.float32)
+             * hidden.to(tl.float32)).to(LINEAR_DTYPE)
     if ACT == 1:
         y = gelu_tanh(y.to(tl.float32), INTERPRET).to(LINEAR_DTYPE)
     elif ACT == 2:
@@ -114,6 +129,7 @@ def _gemm_kernel(
     stride_am, stride_a2m, stride_wn,
     stride_gb, stride_gs, stride_gn,
     HAS_A2: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+    GLU: tl.constexpr,  # 0; else the weight holds 2N rows, its halves' products joined (see _epilogue)
     RESIDUAL: tl.constexpr, GATE_FN: tl.constexpr,
     GATE_ROWS: tl.constexpr,  # the gate varies along a tile's rows (else one row serves the tile)
     LINEAR_DTYPE: tl.constexpr,  # the linear's output dtype (x's)
@@ -130,7 +146,8 @@ def _gemm_kernel(
         a2_desc = tl.make_tensor_descriptor(a2_ptr, shape=[M, K2], strides=[stride_a2m, 1], block_shape=[BM, BK])
     else:
         a2_desc = a_desc
-    w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K1 + K2], strides=[stride_wn, 1], block_shape=[BN, BK])
+    w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N * 2 if GLU != 0 else N, K1 + K2], strides=[stride_wn, 1],
+                                       block_shape=[BN, BK])
     out_desc = tl.make_tensor_descriptor(out_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, EN])
     if RESIDUAL:
         res_desc = tl.make_tensor_descriptor(res_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, EN])
@@ -145,22 +162,27 @@ def _gemm_kernel(
         om = pid_m * BM
         on = pid_n * BN
         acc = tl.zeros((BM, BN), dtype=tl.float32)
+        acc2 = tl.zeros((BM, BN), dtype=tl.float32)  # GLU's second half (else unused, and dropped)
         for ki in range(k1_tiles):  # K in increasing order: one accumulator, as cuBLAS's
-            acc = dot_acc(a_desc.load([om, ki * BK]), w_desc.load([on, ki * BK]).T, acc)
+            a = a_desc.load([om, ki * BK])
+            acc = dot_acc(a, w_desc.load([on, ki * BK]).T, acc)
+            if GLU != 0:  # the same columns of the second half: its own accumulator, in the same order
+                acc2 = dot_acc(a, w_desc.load([N + on, ki * BK]).T, acc2)
         if HAS_A2:  # the cat's second part: K1 is a multiple of BK, so the weight's columns line up
             for ki in range(tl.cdiv(K2, BK)):
                 acc = dot_acc(a2_desc.load([om, ki * BK]), w_desc.load([on, K1 + ki * BK]).T, acc)
         if SUBTILE:
             left, right = tl.split(tl.permute(tl.reshape(acc, (BM, 2, EN)), (0, 2, 1)))
-            _epilogue(left, om, on, M, N, S, bias_ptr, res_desc, gate_ptr, out_desc, stride_gb, stride_gs,
-                      stride_gn, HAS_BIAS, ACT, RESIDUAL, GATE_FN, GATE_ROWS, LINEAR_DTYPE, PRODUCT_DTYPE,
+            left2, right2 = tl.split(tl.permute(tl.reshape(acc2, (BM, 2, EN)), (0, 2, 1)))
+            _epilogue(left, left2, om, on, M, N, S, bias_ptr, res_desc, gate_ptr, out_desc, stride_gb, stride_gs,
+                      stride_gn, HAS_BIAS, GLU, ACT, RESIDUAL, GATE_FN, GATE_ROWS, LINEAR_DTYPE, PRODUCT_DTYPE,
                       SUM_DTYPE, BM, EN, INTERPRET)
-            _epilogue(right, om, on + EN, M, N, S, bias_ptr, res_desc, gate_ptr, out_desc, stride_gb, stride_gs,
-                      stride_gn, HAS_BIAS, ACT, RESIDUAL, GATE_FN, GATE_ROWS, LINEAR_DTYPE, PRODUCT_DTYPE,
-                      SUM_DTYPE, BM, EN, INTERPRET)
+            _epilogue(right, right2, om, on + EN, M, N, S, bias_ptr, res_desc, gate_ptr, out_desc, stride_gb,
+                      stride_gs, stride_gn, HAS_BIAS, GLU, ACT, RESIDUAL, GATE_FN, GATE_ROWS, LINEAR_DTYPE,
+                      PRODUCT_DTYPE, SUM_DTYPE, BM, EN, INTERPRET)
         else:
-            _epilogue(acc, om, on, M, N, S, bias_ptr, res_desc, gate_ptr, out_desc, stride_gb, stride_gs,
-                      stride_gn, HAS_BIAS, ACT, RESIDUAL, GATE_FN, GATE_ROWS, LINEAR_DTYPE, PRODUCT_DTYPE,
+            _epilogue(acc, acc2, om, on, M, N, S, bias_ptr, res_desc, gate_ptr, out_desc, stride_gb, stride_gs,
+                      stride_gn, HAS_BIAS, GLU, ACT, RESIDUAL, GATE_FN, GATE_ROWS, LINEAR_DTYPE, PRODUCT_DTYPE,
                       SUM_DTYPE, BM, EN, INTERPRET)
 
 
@@ -197,24 +219,28 @@ SWEEP = tuple(dict.fromkeys(LARGE_M + SMALL_M + (
     Config(128, 128, 64, 2, 4, ctas=2, subtile=True), Config(64, 256, 64, 2, 4, ctas=2, subtile=True),
     Config(128, 128, 32, 4, 4, ctas=2, subtile=True), Config(128, 64, 64, 4, 4, ctas=2),
     Config(128, 128, 64, 2, 8, ctas=2), Config(128, 128, 64, 2, 8, ctas=2, subtile=True))))
+#: what first sight times for a GLU (two accumulators a tile: the registers of one twice as wide)
+GLU_CONFIGS = (Config(128, 128, 64, 3, 8, subtile=True), Config(128, 128, 64, 4, 8),
+               Config(128, 64, 64, 4, 4, ctas=2), Config(64, 128, 64, 4, 4))
 SMEM = 233472  # bytes of shared memory an SM holds for its programs on sm_90 (228 KiB)
 SMEM_RESERVED = 1024 + 640  # what the runtime keeps a program, and what _smem may leave out
 
 
-def _smem(c: Config, out_size: int, residual_size: int) -> int:
-    """Shared memory a program takes: the pipeline's A and weight tiles, the epilogue's staging
-    of its output tile and of the residual's (as Triton 3.6 compiles them for sm_90, within
-    0.6 KiB of this, over every configuration and epilogue)."""
+def _smem(c: Config, out_size: int, residual_size: int, weight_tiles: int = 1) -> int:
+    """Shared memory a program takes: the pipeline's A and weight tiles (two a stage for a GLU),
+    the epilogue's staging of its output tile and of the residual's (as Triton 3.6 compiles them
+    for sm_90, within 0.6 KiB of this, over every configuration and epilogue)."""
     width = c.BN // 2 if c.subtile else c.BN
-    return c.stages * (c.BM + c.BN) * c.BK * 2 + c.BM * width * (out_size + residual_size)
+    return c.stages * (c.BM + weight_tiles * c.BN) * c.BK * 2 + c.BM * width * (out_size + residual_size)
 
 
 def configs(M: int, K1: int, out_size: int, has_a2: bool, residual_size: int = 0,
-            candidates: Optional[Tuple[Config, ...]] = None) -> Tuple[Config, ...]:
+            candidates: Optional[Tuple[Config, ...]] = None, glu: bool = False) -> Tuple[Config, ...]:
     """The configurations worth timing for this problem: of ``candidates`` (by default those
-    for its row count), the ones whose programs fit in shared memory ``ctas`` to an SM."""
-    found = tuple(c for c in (candidates or (LARGE_M if M >= 256 else SMALL_M))
-                  if c.ctas * (_smem(c, out_size, residual_size) + SMEM_RESERVED) <= SMEM
+    for its row count, or a GLU's), the ones whose programs fit in shared memory ``ctas`` to an SM."""
+    default = GLU_CONFIGS if glu else (LARGE_M if M >= 256 else SMALL_M)
+    found = tuple(c for c in (candidates or default)
+                  if c.ctas * (_smem(c, out_size, residual_size, 2 if glu else 1) + SMEM_RESERVED) <= SMEM
                   and (not has_a2 or (K1 % c.BK == 0 and not c.ws)))
     return found or (Config(64, 64, 64, 2, 4),)
 
@@ -262,6 +288,7 @@ def _rows(x: torch.Tensor) -> Optional[torch.Tensor]:
 
 
 class Epilogue(NamedTuple):
+    glu: str = "none"  # "gate_second" (silu(second half) * first), "gate_first", or none
     act: str = "none"
     gate_kind: str = "plain"
     residual: bool = False
@@ -276,7 +303,7 @@ def launcher(config: Config, x, weight, bias, x2=None, epilogue: Epilogue = Epil
     ensure_allocator()
     a = _rows(x)
     M, K1 = a.shape
-    N = weight.shape[0]
+    N = weight.shape[0] // 2 if epilogue.glu != "none" else weight.shape[0]  # the output's columns
     K2 = x2.shape[-1] if x2 is not None else 0
     lead = tuple(x.shape[:-1])
     tiles = triton.cdiv(M, config.BM) * triton.cdiv(N, config.BN)
@@ -287,7 +314,7 @@ def launcher(config: Config, x, weight, bias, x2=None, epilogue: Epilogue = Epil
     gate_rows = gate is not None and not (gate_strides[1] == 0 and (S == M or S % config.BM == 0))
     out_dtype = epilogue.out_dtype if epilogue.residual else x.dtype
     kernel = _gemm_kernel.bind(
-        (programs,), HAS_A2=x2 is not None, HAS_BIAS=bias is not None, ACT=ACTS[epilogue.act],
+        (programs,), HAS_A2=x2 is not None, HAS_BIAS=bias is not None, ACT=ACTS[epilogue.act], GLU=GLUS[epilogue.glu],
         RESIDUAL=epilogue.residual, GATE_FN=GATE_FNS[epilogue.gate_kind], GATE_ROWS=gate_rows,
         LINEAR_DTYPE=TL_DTYPE[x.dtype],
         PRODUCT_DTYPE=TL_DTYPE[epilogue.product_dtype], SUM_DTYPE=TL_DTYPE[epilogue.sum_dtype],
@@ -321,11 +348,11 @@ def _gate_geometry(gate, lead, N):
 candidates: list = [None]
 
 
-def _timed(make, x, weight, bias, x2=None, out_size: int = 2, residual_size: int = 0):
+def _timed(make, x, weight, bias, x2=None, out_size: int = 2, residual_size: int = 0, glu: bool = False):
     """Every configuration's launch for this problem, labelled (first sight times them)."""
     a = _rows(x)
     return [(c.label, make(c)) for c in configs(a.shape[0], a.shape[1], out_size, x2 is not None, residual_size,
-                                                candidates[-1])]
+                                                candidates[-1], glu)]
 
 
 # --- the ops' implementations (sgdiff/kernels/linear*.py declare the ops) -----------------
@@ -350,6 +377,36 @@ def linear_act_variants(x, weight, bias, act):
         launch = launcher(c, x, weight, bias, None, Epilogue(act=act))
         return lambda x, weight, bias, act: launch(x, weight, bias)
     return _timed(make, x, weight, bias)
+
+
+def linear_glu_supported(x, weight, bias, gate_first, wide_silu=False) -> bool:
+    """A linear whose weight's rows are two halves of whole 16-byte rows of output (N % 8)."""
+    return weight.dim() == 2 and weight.shape[0] % 16 == 0 and supported(x, weight, bias)
+
+
+def linear_glu_variants(x, weight, bias, gate_first, wide_silu=False):
+    """The fused GEMM's configurations, and cuBLAS followed by sgdiff's silu_mul kernel (what the
+    activation family runs where the gemm family does not: first sight keeps the faster)."""
+    from sgdiff.kernels.triton import silu_mul as tsilu
+
+    epilogue = Epilogue(glu="gate_first" if gate_first else "gate_second")
+
+    def make(c):
+        launch = launcher(c, x, weight, bias, None, epilogue)
+        return lambda x, weight, bias, gate_first, wide_silu=False: launch(x, weight, bias)
+
+    def halves(x, weight, bias, gate_first):
+        first, second = torch.nn.functional.linear(x, weight, bias).chunk(2, dim=-1)
+        return (first, second) if gate_first else (second, first)
+
+    def cublas_silu_mul(x, weight, bias, gate_first, wide_silu=False):
+        return tsilu.silu_mul(*halves(x, weight, bias, gate_first), wide_silu)
+
+    found = _timed(make, x, weight, bias, glu=True)
+    projection = torch.empty((*x.shape[:-1], weight.shape[0]), dtype=x.dtype, device="meta")
+    if tsilu.supported_layout(*projection.chunk(2, dim=-1), wide_silu):
+        found.insert(0, ("cublas silu_mul", cublas_silu_mul))
+    return found
 
 
 def _residual_epilogue(x, residual, gate, gate_kind, out_dtype) -> Epilogue:
@@ -400,4 +457,5 @@ def _impl(variants, supports) -> Impl:
 
 LINEAR = _impl(linear_variants, linear_supported)
 LINEAR_ACT = _impl(linear_act_variants, linear_act_supported)
+LINEAR_GLU = _impl(linear_glu_variants, linear_glu_supported)
 LINEAR_RESIDUAL_GATE = _impl(linear_residual_gate_variants, linear_residual_gate_supported)
