@@ -1,12 +1,13 @@
-"""GEMM bench: every large GEMM shape of Flux.1-dev, Sana 1.6B and Wan 2.1 1.3B and 14B, with its epilogue.
+"""GEMM bench: every large GEMM shape of Flux.1-dev, Sana 1.6B and Wan 2.1 1.3B and 14B, with its epilogue
+(and Flux.2's SwiGLU feed-forward).
 
 Per case, in one process, GPU time from CUDA-graph replays alternating between (bench/timing.py):
 cuBLAS (``F.linear``), sgdiff's Triton GEMM alone (its best tile config), the fused op (GEMM
-with the epilogue), the unfused pair (cuBLAS + the chain's kernel: ATen's activation, or
-sgdiff's residual_gate kernel), whether every Triton config gave cuBLAS's bits, and the path
-first-sight tuning chose. Writes bench/results/gemm.{json,md,png} (gemm-sweep.* with --sweep).
+with the epilogue), the unfused pair (cuBLAS + the chain's kernel: ATen's activation,
+sgdiff's residual_gate kernel, or its silu_mul for a SwiGLU), whether every Triton config gave
+cuBLAS's bits, and the path first-sight tuning chose. Writes bench/results/gemm.{json,md,png} (gemm-sweep.* with --sweep).
 
-    python -m bench.gemm [--out bench/results] [--models flux,sana,wan,wan14b] [--sweep] [--jobs 12]
+    python -m bench.gemm [--out bench/results] [--models flux,sana,wan,wan14b,flux2] [--sweep] [--jobs 12]
 
 ``--sweep`` times every tile configuration of ``gemm.SWEEP`` (what picked the ones first sight
 times); ``--jobs`` compiles the kernels of each case in worker processes first (Triton's cache
@@ -24,7 +25,8 @@ import torch.nn.functional as F
 
 from bench.timing import gpu_times
 
-# (model, site, M, K, N, epilogue): epilogue none | gelu_tanh | residual | cat_residual
+# (model, site, M, K, N, epilogue): epilogue none | gelu_tanh | residual | cat_residual | swiglu (N: the
+# weight's rows, both halves)
 CASES = [
     ("flux", "double img to_q/k/v", 4096, 3072, 3072, "none"),
     ("flux", "double img to_out + gate", 4096, 3072, 3072, "residual"),
@@ -43,6 +45,7 @@ CASES = [
     ("wan14b", "self-attn q/k/v", 32760, 5120, 5120, "none"),
     ("wan14b", "ffn up + gelu", 32760, 5120, 13824, "gelu_tanh"),
     ("wan14b", "ffn down + gate (fp32)", 32760, 13824, 5120, "residual"),
+    ("flux2", "single ff in + swiglu (gate first)", 4608, 6144, 36864, "swiglu"),
 ]
 
 
@@ -52,7 +55,7 @@ def _operands(model, M, K, N, epilogue, g):
     K1 = 3072 if epilogue == "cat_residual" else K
     x = randn(1, M, K1)
     x2 = randn(1, M, K - K1) if epilogue == "cat_residual" else None
-    w, b = randn(N, K, scale=K ** -0.5), randn(N)
+    w, b = randn(N, K, scale=K ** -0.5), (None if epilogue == "swiglu" else randn(N))  # Flux.2: no bias
     fp32 = epilogue == "residual" and model.startswith("wan")  # Wan: fp32 gate, bf16 stream cast back
     residual = randn(1, M, N)
     gate = randn(1, 6, N, dtype=torch.float32 if fp32 else torch.bfloat16)[:, 2:3]
@@ -103,6 +106,9 @@ def run_case(model, site, M, K, N, epilogue, g, time_it: bool = True, calls: int
     elif epilogue == "gelu_tanh":
         op, args = "linear_act", (x, w, b, "gelu_tanh")
         unfused = lambda: F.gelu(F.linear(xs, w, b), approximate="tanh")  # noqa: E731
+    elif epilogue == "swiglu":
+        op, args = "linear_glu", (x, w, b, True, False)
+        unfused = lambda: dispatch.run("silu_mul", *F.linear(xs, w, b).chunk(2, dim=-1), False)  # noqa: E731
     else:
         op, args = "linear_residual_gate", (x, w, b, residual, gate, "plain", out_dtype, x2)
         unfused = lambda: dispatch.run("residual_gate", residual, gate, F.linear(xs, w, b), "plain", True,  # noqa: E731
@@ -188,7 +194,7 @@ def write_png(result, path: pathlib.Path) -> None:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench/results")
-    parser.add_argument("--models", default="flux,sana,wan,wan14b")
+    parser.add_argument("--models", default="flux,sana,wan,wan14b,flux2")
     parser.add_argument("--sweep", action="store_true", help="time every configuration of gemm.SWEEP")
     parser.add_argument("--jobs", type=int, default=0, help="compile in this many worker processes first")
     a = parser.parse_args(argv)
