@@ -38,7 +38,7 @@ import torch
 
 from sgdiff.kernels import dispatch
 from sgdiff.kernels.attention import LOW_PRECISION_EXAMPLES, heads_last
-from sgdiff.kernels.attention_int8 import value_channels_reference
+from sgdiff.kernels.attention_int8 import quantize_reference, value_channels_reference
 from sgdiff.kernels.linear_fp8 import E4M3, E4M3_MAX, SCALE_FLOOR, divide
 from sgdiff.kernels.registry import KernelSpec, OpDef
 from sgdiff.tiers import Contract
@@ -66,14 +66,6 @@ def operand_scales(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     k_mean, k_scales = value_channels_reference(k)
     v_mean, v_scale = value_channels_reference(v)
     return tensor_scale(q), k_mean, k_scales.amax(), v_mean, v_scale
-
-
-def quantize_reference(x: torch.Tensor, mean: Optional[torch.Tensor], scale: torch.Tensor) -> torch.Tensor:
-    """``round_e4m3(clamp((x - mean) / scale, ±448))`` in fp32 (``mean`` ``[B, H, 1, D]`` or
-    None; ``scale`` 0-dim, or ``[B, H, D]`` per channel)."""
-    x = x.float() if mean is None else x.float() - mean
-    scale = scale if scale.dim() == 0 else scale[:, :, None]
-    return (x / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
 
 
 def quantized_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):

@@ -84,12 +84,19 @@ def value_channels_reference(v: torch.Tensor):
     return mean, divide(amax.clamp_min(SCALE_FLOOR), E4M3_MAX)
 
 
+def quantize_reference(x: torch.Tensor, mean: Optional[torch.Tensor], scale: torch.Tensor) -> torch.Tensor:
+    """``round_e4m3(clamp((x - mean) / scale, ±448))`` in fp32 (``mean`` ``[B, H, 1, D]`` or
+    None; ``scale`` 0-dim, or ``[B, H, D]`` per channel)."""
+    x = x.float() if mean is None else x.float() - mean
+    scale = scale if scale.dim() == 0 else scale[:, :, None]
+    return (x / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+
+
 def quantize_values_reference(v: torch.Tensor):
     """``(v8, mean, scale)``: ``v`` less its mean, divided by its channel's scale, as e4m3
     ``[B, H, S, D]`` (:func:`value_channels_reference`)."""
     mean, scale = value_channels_reference(v)
-    v8 = ((v.float() - mean) / scale[:, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
-    return v8, mean, scale
+    return quantize_reference(v, mean, scale), mean, scale
 
 
 def _int8_scores(q, k, scale):

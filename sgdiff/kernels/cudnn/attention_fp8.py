@@ -150,14 +150,18 @@ _handles: Dict[int, object] = {}
 _plans: Dict[tuple, _Plan] = {}
 
 
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else _compat.current_cuda_device()
+
+
 def _stream(device: torch.device) -> int:
     """torch's current stream on ``device``, as cuDNN takes it."""
-    return _compat.current_raw_stream(device.index if device.index is not None else _compat.current_cuda_device())
+    return _compat.current_raw_stream(_index(device))
 
 
 def _handle(device: torch.device):
     """The cuDNN handle of ``device`` (one a device, made on first use)."""
-    index = device.index if device.index is not None else _compat.current_cuda_device()
+    index = _index(device)
     handle = _handles.get(index)
     if handle is None:
         with torch.cuda.device(index):
@@ -188,7 +192,9 @@ def bind(q, k, v, is_causal, scale):
     def launch(q, k, v, is_causal, scale):
         nonlocal plan
         if plan is None:
-            plan = _plans.get(key) or _plans.setdefault(key, _Plan(q.device, *key[1:]))
+            if key not in _plans:
+                _plans[key] = _Plan(q.device, *key[1:])
+            plan = _plans[key]
         q8, k8, v8, q_scale, k_scale, v_mean, v_scale = fp8_heads.quantize_operands(q, k, v, *plan.rows)
         o8 = torch.empty_like(q8)
         plan.run(q8, k8, v8, q_scale, k_scale, o8)
