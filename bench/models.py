@@ -199,6 +199,8 @@ def run_model(name: str, size: str, device: torch.device, dtype, variants, repea
             # garbage collector's full passes walk every live object (~700k after a compile)
             gc.collect()
             gc.freeze()
+            # when each variant's timing starts, to read beside a log of the GPU's clocks and power
+            print(f"bench.models: {name} {variant} timed from {time.strftime('%H:%M:%S')}", file=sys.stderr, flush=True)
             for key, value in step_times(lambda: fn(**kwargs), device, repeats).items():
                 row[f"{variant}_{key}"] = value
             if variant in PAIRED:
@@ -343,7 +345,7 @@ def write_report(result: dict, out: pathlib.Path) -> None:
         best, ind, aot = c.get("sgdiff_lossless_ms"), c.get("inductor_ms"), c.get("aot_eager_first_call_s")
         ind_best = c.get("inductor_best_ms")
         first = c.get(f"{c.get('sgdiff_lossless_best')}_first_call_s")
-        lines.append(f"| {c['model']} | {c.get('eager_ms', 0):.2f} | {ms(ind)} | {ms(ind_best)} | {ms(best)} | "
+        lines.append(f"| {c['model']} | {ms(c.get('eager_ms'))} | {ms(ind)} | {ms(ind_best)} | {ms(best)} | "
                      f"{c.get('sgdiff_lossless_best', '-')} | {ratio(best, ind)} | {ratio(best, ind_best)} | "
                      f"{c.get('sgdiff_lossless_equal')} | {ratio(first, aot)} |")
     if any(f"{v}_host_ms" in c for c in result["cases"] for v in cols):
