@@ -215,6 +215,19 @@ def test_a_moving_input_unlike_the_captured_one_runs_without_the_graph(change, c
     assert "input 0 differs from the captured one" in caplog.text
 
 
+def _timed(figures, drift=0.0):
+    """A stand-in for a timer: ``figures`` (direct run, replay) by what the call ran (a replay
+    counts one on FakeGraph), each ``1 + drift`` times the one timed before it (a clock falling)."""
+    timed = []
+
+    def seconds(call, device, *hold):
+        replays = FakeGraph.replays
+        call()
+        timed.append(None)
+        return figures[FakeGraph.replays > replays] * (1 + drift) ** (len(timed) - 1)
+    return seconds
+
+
 @pytest.mark.parametrize("wall,gpu,kept", [
     ((1.0, 0.5), (1.0, 1.01), True),  # faster on the wall clock, copies within the slack
     ((1e-3, 5e-4), (1e-4, 1.1e-4), True),  # a graph of microseconds: its copies' few µs allowed
@@ -227,16 +240,8 @@ def test_a_replay_that_does_not_pay_is_dropped(monkeypatch, caplog, wall, gpu, k
     the wall clock and in GPU time; a replay slower on the first (beyond WALL_SLACK), or adding more than
     GPU_SLACK on the second, is dropped with a log line and later calls run the graph directly."""
     monkeypatch.setattr(cudagraphs._ShapeGraph, "_replay_pays", REPLAY_PAYS)  # the real one, timed by
-    walls, gpus = iter(wall * cudagraphs.PAY_ROUNDS), iter(gpu * cudagraphs.PAY_ROUNDS)  # direct, replay, ...
-
-    def timed(figures):
-        def seconds(call, device, *hold):
-            call()
-            return next(figures)
-        return seconds
-
-    monkeypatch.setattr(cudagraphs, "_seconds", timed(walls))
-    monkeypatch.setattr(cudagraphs, "_gpu_seconds", timed(gpus))
+    monkeypatch.setattr(cudagraphs, "_seconds", _timed(wall))
+    monkeypatch.setattr(cudagraphs, "_gpu_seconds", _timed(gpu))
     w, b = torch.randn(4, 8), torch.randn(8)
     fn = Counted()
     runner = CudaGraphRunner(fn)
@@ -253,6 +258,30 @@ def test_a_replay_that_does_not_pay_is_dropped(monkeypatch, caplog, wall, gpu, k
     assert FakeGraph.replays == timed_runs + (2 if kept else 0)
     assert fn.runs == runs + (0 if kept else 1)
     assert kept or torch.equal(out, x * w + b)  # (a fake replay computes nothing)
+
+
+def test_a_drift_of_the_clocks_weighs_on_the_direct_run_and_the_replay_alike(monkeypatch):
+    """Each timing 3% slower than the one before (a power-capped GPU warming up), the replay as fast
+    as the direct run: timed in balanced order (direct, replay, replay, direct) the replay is kept,
+    where timed second every round it would read about 3% slower than the direct run, past the
+    2% slack."""
+    assert cudagraphs.WALL_SLACK < 0.03 and cudagraphs.PAY_ROUNDS % 2 == 0
+    monkeypatch.setattr(cudagraphs._ShapeGraph, "_replay_pays", REPLAY_PAYS)
+    monkeypatch.setattr(cudagraphs, "_seconds", _timed((0.5, 0.5), drift=0.03))
+    monkeypatch.setattr(cudagraphs, "_gpu_seconds", _timed((0.5, 0.5), drift=0.03))
+    w, b = torch.randn(4, 8), torch.randn(8)
+    runner = CudaGraphRunner(Counted())
+    for _ in range(WARMUP + 1):
+        runner(torch.randn(4, 8), w, b)
+    replays = FakeGraph.replays
+    runner(torch.randn(4, 8), w, b)
+    assert FakeGraph.replays == replays + 1  # kept: the call replays
+
+
+def test_balanced_means_reverse_every_other_round():
+    order = []
+    means = cudagraphs.balanced_means((lambda: "a", lambda: "b"), lambda call: order.append(call()) or len(order))
+    assert order == ["a", "b", "b", "a"][:2 * cudagraphs.PAY_ROUNDS] and means == [2.5, 2.5]
 
 
 def _graph_running(*ops):

@@ -22,7 +22,8 @@ step at 480p x 81 frames peaked at 9.7 GiB with it, where a pool per graph had m
 
 A graph is kept only where it pays: right after the capture, the graph run directly and its
 replay (copying the moving inputs in and the outputs out) are timed against each other,
-alternating, twice over: wall time (what the host's launches cost, where the host is the
+alternating in balanced order (direct, replay, replay, direct: a drift of the clocks falls on
+both alike), twice over: wall time (what the host's launches cost, where the host is the
 bottleneck) and GPU time with the launches queued up behind a held stream (what the copies cost,
 where the host runs ahead of the GPU, as it does between a VAE decode's large convolutions). The
 replay is kept if it is no slower on the wall clock (within WALL_SLACK: a GPU-bound graph's two
@@ -200,20 +201,12 @@ class _ShapeGraph:
 
     def _replay_pays(self, args) -> bool:
         """Whether a replay beats the graph run directly on these inputs: faster on the wall clock
-        and within the GPU-time slack (the module doc; fastest of :data:`PAY_ROUNDS` each,
-        alternating)."""
+        and within the GPU-time slack (the module doc; :func:`balanced_means`)."""
         device = next(a.device for a in args if isinstance(a, torch.Tensor))
         calls = (lambda: self.runner.fn(*args), lambda: self._replay(args))
-        wall = [[], []]
-        for _ in range(PAY_ROUNDS):
-            for times, call in zip(wall, calls):
-                times.append(_seconds(call, device))
-        hold = int(2 * max(wall[0]) * tuning.CLOCK_HZ)  # outlasts the host's issuing of a direct run
-        gpu = [[], []]
-        for _ in range(PAY_ROUNDS):
-            for times, call in zip(gpu, calls):
-                times.append(_gpu_seconds(call, device, hold))
-        (direct, replay), (direct_gpu, replay_gpu) = ([min(t) for t in pair] for pair in (wall, gpu))
+        direct, replay = balanced_means(calls, lambda call: _seconds(call, device))
+        hold = int(2 * direct * tuning.CLOCK_HZ)  # outlasts the host's issuing of a direct run
+        direct_gpu, replay_gpu = balanced_means(calls, lambda call: _gpu_seconds(call, device, hold))
         figures = (replay * 1e3, direct * 1e3, replay_gpu * 1e3, direct_gpu * 1e3)
         if replay <= direct * (1 + WALL_SLACK) and replay_gpu <= direct_gpu * (1 + GPU_SLACK) + GPU_SLACK_S:
             log.debug("sgdiff: CUDA graph kept: replay %.3f ms, run directly %.3f ms (GPU time %.3f, %.3f); "
@@ -268,6 +261,22 @@ class _ShapeGraph:
         if not self.runner.watch_versions:
             return None
         return [_compat.version(args[i]) for i in self.fixed]
+
+
+def balanced_means(calls: Sequence[Callable[[], Any]], measure: Callable[[Callable[[], Any]], float]) -> List[float]:
+    """Each of two calls' mean ``measure(call)`` over :data:`PAY_ROUNDS` rounds, every other round
+    in reverse order (direct, replay, replay, direct, ...): a drift across the rounds (a
+    power-capped GPU's clock falling as it warms: a Wan 2.1 step on the H100 fell from 1980 to
+    about 1680 MHz) then weighs on both alike, where in a fixed order it falls on the one timed
+    second: the replay. (Wan's plain call ran its step without the graph in two runs, 51.4 and
+    28.9 ms of host time a step, where the same options spelled out kept it: most likely a
+    GPU-bound replay measured slower than the slack that way; the log line that says so was not
+    recorded.)"""
+    times: List[List[float]] = [[] for _ in calls]
+    for r in range(PAY_ROUNDS):
+        for i in (range(len(calls)) if r % 2 == 0 else reversed(range(len(calls)))):
+            times[i].append(measure(calls[i]))
+    return [sum(t) / len(t) for t in times]
 
 
 def _seconds(call: Callable[[], Any], device: torch.device) -> float:
