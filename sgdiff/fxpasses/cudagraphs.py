@@ -264,14 +264,11 @@ class _ShapeGraph:
 
 
 def balanced_means(calls: Sequence[Callable[[], Any]], measure: Callable[[Callable[[], Any]], float]) -> List[float]:
-    """Each of two calls' mean ``measure(call)`` over :data:`PAY_ROUNDS` rounds, every other round
-    in reverse order (direct, replay, replay, direct, ...): a drift across the rounds (a
-    power-capped GPU's clock falling as it warms: a Wan 2.1 step on the H100 fell from 1980 to
-    about 1680 MHz) then weighs on both alike, where in a fixed order it falls on the one timed
-    second: the replay. (Wan's plain call ran its step without the graph in two runs, 51.4 and
-    28.9 ms of host time a step, where the same options spelled out kept it: most likely a
-    GPU-bound replay measured slower than the slack that way; the log line that says so was not
-    recorded.)"""
+    """Each call's mean ``measure(call)`` over :data:`PAY_ROUNDS` rounds, every other round in
+    reverse order (direct, replay, replay, direct, ...): a drift across the rounds (a power-capped
+    GPU's clock falling as it warms: 1980 to about 1680 MHz over a Wan 2.1 step on the H100,
+    ``bench/results/runs/h100-2026-12-05.md``) weighs on both alike, where in a fixed order it
+    falls on the one timed second, the replay."""
     times: List[List[float]] = [[] for _ in calls]
     for r in range(PAY_ROUNDS):
         for i in (range(len(calls)) if r % 2 == 0 else reversed(range(len(calls)))):

@@ -79,12 +79,11 @@ def _round(fn: Callable, args: tuple, cuda: bool, graph=None) -> float:
     """Seconds a launch of ``fn(*args)`` takes, over LAUNCHES launches (replays of ``graph``, its
     capture, where given)."""
     if cuda:
+        launch = graph.replay if graph is not None else lambda: fn(*args)
+
         def launches():
             for _ in range(LAUNCHES):
-                if graph is not None:
-                    graph.replay()
-                else:
-                    fn(*args)
+                launch()
 
         return gpu_seconds(launches) / LAUNCHES
     t0 = time.perf_counter()
