@@ -201,6 +201,26 @@ def convolution_on_cudnn(x, weight, bias, stride, padding, dilation, groups) -> 
     return backend == torch._C._ConvBackend.Cudnn
 
 
+@contextlib.contextmanager
+def cuda_graph_capture(graph: "torch.cuda.CUDAGraph", **kwargs):
+    """``torch.cuda.graph(graph, **kwargs)`` that leaves the CUDA generators usable when the
+    capture fails.
+
+    A capture that fails (a host synchronization in the captured code, an error raised inside
+    it) never reaches the generators' capture epilogue: the default CUDA generator stays marked
+    as capturing, and every later random draw on that device raises "Offset increment outside
+    graph capture encountered unexpectedly" -- in the user's code, long after the capture. On
+    failure each default CUDA generator gets a fresh copy of its state (the same seed and
+    offset, so the random stream goes on where it was) and the error propagates."""
+    try:
+        with torch.cuda.graph(graph, **kwargs):
+            yield
+    except BaseException:
+        for generator in torch.cuda.default_generators:
+            generator.graphsafe_set_state(generator.clone_state())
+        raise
+
+
 # --- kernels ATen keeps private -------------------------------------------------------------
 
 def addmm_gelu_tanh(bias: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:

@@ -309,3 +309,31 @@ def test_an_in_place_weight_change_is_captured_again_where_an_op_caches_a_copy(c
         for _ in range(WARMUP):
             runner(torch.randn(4, 8), w, b)
         assert runner.captures == 2
+
+
+def test_a_failed_capture_hands_each_cuda_generator_a_fresh_copy_of_its_state(monkeypatch):
+    """A failed capture skips the generators' epilogue; left alone, the next random draw on the
+    device raises. The capture helper re-seats each default generator on a clone of its state,
+    and only where the capture failed."""
+    from sgdiff import _compat
+
+    class Generator:
+        def __init__(self):
+            self.state = "capturing"
+
+        def clone_state(self):
+            return f"clone of {self.state}"
+
+        def graphsafe_set_state(self, state):
+            self.state = state
+
+    generators = (Generator(), Generator())
+    monkeypatch.setattr(torch.cuda, "default_generators", generators)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, **kwargs: contextlib.nullcontext())
+    with pytest.raises(RuntimeError, match="synchronize"):
+        with _compat.cuda_graph_capture(object()):
+            raise RuntimeError("operation not permitted when stream is capturing (synchronize)")
+    assert [g.state for g in generators] == ["clone of capturing"] * 2
+    with _compat.cuda_graph_capture(object(), capture_error_mode="thread_local"):
+        pass
+    assert [g.state for g in generators] == ["clone of capturing"] * 2

@@ -141,7 +141,7 @@ class CudaGraphRunner:
                 self.fn(*static)  # warm-up on a side stream, as capture requires
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with _compat.cuda_graph_capture(graph):
                 outputs = self.fn(*static)
         self.captures += 1
         return graph, outputs

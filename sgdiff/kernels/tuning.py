@@ -66,7 +66,8 @@ def graph_of(fn: Callable, args: tuple) -> Optional["torch.cuda.CUDAGraph"]:
     refuses): then it is timed from plain launches."""
     try:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other threads' CUDA calls go on
+        # thread_local: other threads' CUDA calls go on during the capture
+        with _compat.cuda_graph_capture(graph, capture_error_mode="thread_local"):
             fn(*args)
         return graph
     except Exception as exc:  # not capturable: timed as launched

@@ -44,3 +44,16 @@ def test_a_candidate_that_cannot_be_captured_is_timed_as_launched():
     times = tuning.best_times([_gpu_heavy, _not_capturable], (x,))
     assert all(0 < t < 1 for t in times), times
     assert torch.equal(_not_capturable(x), x + 1)  # the stream and the allocator still serve
+
+
+def test_a_failed_capture_leaves_the_random_stream_where_it_was():
+    """A capture that fails must not leave the CUDA generator marked as capturing: the user's
+    next random draw (a model's init, a pipeline's noise) works and continues the stream."""
+    x = torch.randn(64, device="cuda")
+    torch.cuda.manual_seed(7)
+    first, second = torch.rand(8, device="cuda"), torch.rand(8, device="cuda")
+    torch.cuda.manual_seed(7)
+    assert torch.equal(torch.rand(8, device="cuda"), first)
+    assert tuning.graph_of(_not_capturable, (x,)) is None
+    assert torch.equal(torch.rand(8, device="cuda"), second)
+    torch.nn.Linear(16, 16, device="cuda")  # kaiming init draws on the generator
