@@ -97,8 +97,17 @@ def test_attention_int8s_first_sight_times_it(fresh_dispatch, caplog):
                                          (1, 12, 32760, 128, 512)])
 def test_attention_fp8_times_against_eager(b, h, s, d, s_k, capsys):
     """GPU time against eager's kernel, alternating (printed: run with -s); FLOP/s of q k^T and P v."""
+    from sgdiff.kernels.triton import fp8_heads
+
     q, k, v = _qkv(b, h, s, d, s_k)
-    calls = [lambda: F.scaled_dot_product_attention(q, k, v), lambda: cudnn_fp8.attention_fp8(q, k, v, False, None)]
+    plan = cudnn_fp8._Plan(q.device, b, h, s, k.shape[2], d, False, d ** -0.5)
+    q8, k8, v8, q_scale, k_scale, v_mean, v_scale = fp8_heads.quantize_operands(q, k, v, *plan.rows)
+    o8 = torch.empty_like(q8)
+    calls = [lambda: F.scaled_dot_product_attention(q, k, v), lambda: cudnn_fp8.attention_fp8(q, k, v, False, None),
+             # its parts: the operands' quantization, cuDNN's kernel, the output's restoring
+             lambda: fp8_heads.quantize_operands(q, k, v, *plan.rows),
+             lambda: plan.run(q8, k8, v8, q_scale, k_scale, o8),
+             lambda: fp8_heads.restore_heads(o8, v_mean, v_scale, q.dtype, s)]
     for c in calls:
         c()
     times = tuning.best_times([lambda _, c=c: c() for c in calls], (q,))
@@ -106,5 +115,7 @@ def test_attention_fp8_times_against_eager(b, h, s, d, s_k, capsys):
     with capsys.disabled():
         print(f"\nattention_fp8 {(b, h, s, d, k.shape[2])}: eager {times[0] * 1e6:.1f} us "
               f"({flop / times[0] / 1e12:.0f} TFLOP/s), cudnn fp8 {times[1] * 1e6:.1f} us "
-              f"({flop / times[1] / 1e12:.0f} TFLOP/s), {times[1] / times[0]:.3f}x")
+              f"({flop / times[1] / 1e12:.0f} TFLOP/s), {times[1] / times[0]:.3f}x; its parts: quantize "
+              f"{times[2] * 1e6:.1f} us, cuDNN's kernel {times[3] * 1e6:.1f} us ({flop / times[3] / 1e12:.0f} "
+              f"TFLOP/s), restore {times[4] * 1e6:.1f} us")
     assert all(t > 0 for t in times) and math.isfinite(times[1])
