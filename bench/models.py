@@ -191,10 +191,12 @@ def run_model(name: str, size: str, device: torch.device, dtype, variants, repea
             fn = model if spec is None else torch.compile(model, **spec)
             _sync(device)
             t0 = time.perf_counter()
-            out = fn(**kwargs)[0]
+            out = fn(**kwargs)[0].clone()
             _sync(device)
             row[f"{variant}_first_call_s"] = time.perf_counter() - t0
-            outs = [out] + [fn(**kwargs)[0] for _ in range(3)]  # past warm-up and capture
+            # past warm-up and capture; copies: a CUDA graph of Inductor's (reduce-overhead) writes
+            # each call's output where the last call's was, and refuses a read of an overwritten one
+            outs = [out] + [fn(**kwargs)[0].clone() for _ in range(3)]
             # what earlier variants and compiles left behind must not slow this one's host: the
             # garbage collector's full passes walk every live object (~700k after a compile)
             gc.collect()
@@ -233,9 +235,13 @@ def run_isolated(name: str, variants, common_args, on_update: Callable[[dict], N
         with tempfile.TemporaryDirectory() as tmp:
             # as a module from the checkout's root: run as a script, bench/ would lead sys.path and its
             # kernels.py would stand for the `kernels` package that transformers looks for
-            subprocess.run([sys.executable, "-m", "bench.models", "--models", name, "--variants",
-                            variant, "--no-isolate", "--out", tmp, *common_args], check=True,
-                           cwd=pathlib.Path(__file__).resolve().parent.parent)
+            done = subprocess.run([sys.executable, "-m", "bench.models", "--models", name, "--variants",
+                                   variant, "--no-isolate", "--out", tmp, *common_args],
+                                  cwd=pathlib.Path(__file__).resolve().parent.parent)
+            if done.returncode:  # the variant's failure is in its row; the other variants still run
+                print(f"bench.models: {name} {variant} failed (exit status {done.returncode})", file=sys.stderr)
+                row.setdefault(f"{variant}_errors", []).append(f"its process exited with status {done.returncode}")
+                continue
             row.update(json.loads((pathlib.Path(tmp) / "models.json").read_text())["cases"][0])
         on_update(row)
     return summarize(row)

@@ -109,9 +109,12 @@ def build_pipeline(name: str, size: str = "tiny", dtype: torch.dtype = torch.flo
     else:
         raise ValueError(f"no pipeline for {name!r}; known: flux, wan, sana, zimage")
     pipe.vae.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    for key in ("prompt_embeds", "pooled_prompt_embeds", "negative_prompt_embeds"):  # the masks stay as they are
+    for key in ("prompt_embeds", "pooled_prompt_embeds", "negative_prompt_embeds"):
         if isinstance(call.get(key), list):  # Z-Image: one tensor per prompt
             call[key] = [t.to(device=device, dtype=dtype) for t in call[key]]
         elif key in call:
             call[key] = call[key].to(device=device, dtype=dtype)
+    for key in ("prompt_attention_mask", "negative_prompt_attention_mask"):  # on the device, in their own dtype:
+        if key in call:  # the pipeline moves only the masks it makes itself
+            call[key] = call[key].to(device=device)
     return pipe, dict(call, output_type="pt", generator=torch.Generator(device="cpu").manual_seed(0))
