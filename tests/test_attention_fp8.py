@@ -56,8 +56,14 @@ def test_each_operand_reaches_e4m3s_largest_value():
     q8, q_scale, k8, k_scale, v8, v_mean, v_scale = quantized_operands(q, k, v)
     assert float(q8.float().abs().max()) == 448.0 and float(k8.float().abs().max()) == 448.0
     assert bool((v8.float().abs().amax(dim=2) == 448.0).all())
-    smoothed = k.float() - k.float().mean(dim=2, keepdim=True)
+    centre = (k.float().amax(dim=2, keepdim=True) + k.float().amin(dim=2, keepdim=True)) * 0.5
+    smoothed = k.float() - centre
     assert torch.equal(k_scale, smoothed.abs().amax().clamp_min(1e-12) / torch.tensor(448.0))
+    # k around the centre of each channel's range: its largest and smallest values land at +-448
+    # alike where the channel's range is the widest
+    widest = (k.float().amax(dim=2) - k.float().amin(dim=2)).flatten().argmax()
+    k8c = k8.float().transpose(2, 3).flatten(0, 2)[widest]
+    assert float(k8c.max()) >= 416.0 and float(k8c.min()) <= -416.0
     assert torch.equal(q_scale, q.float().abs().amax() / torch.tensor(448.0))
     assert torch.equal(tensor_scale(torch.zeros(3, 4)), torch.tensor(1e-12) / torch.tensor(448.0))
     assert operand_scales(q, k, v)[2].dim() == 0 and v_scale.shape == (1, 2, 64)

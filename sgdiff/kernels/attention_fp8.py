@@ -11,16 +11,24 @@ cuDNN's FP8 attention on Hopper takes them (one scale per tensor for q and k; P,
 and the output in e4m3 too):
 
 - q scaled to e4m3's range as a whole (its largest magnitude to 448, round to nearest even);
-- k smoothed first (its mean over the tokens, per batch, head and channel, subtracted in fp32:
-  every score of a query row moves by the same amount, which the softmax ignores), then scaled
-  as a whole;
-- v smoothed the same way and scaled per channel of a head (a softmax row sums to one and the
-  product is linear in each channel of v, so both come back exactly after the kernel: the
-  output channel times its scale, plus the mean) — cuDNN sees v's e4m3 copy with a unit scale;
+- k smoothed first (the centre of its range over the tokens, ``(max + min) / 2`` per batch,
+  head and channel, subtracted in fp32: every score of a query row moves by the same amount,
+  which the softmax ignores; of all the constants a channel could lose, the centre leaves it
+  the smallest largest magnitude, so the finest scale), then scaled as a whole;
+- v smoothed by its mean over the tokens instead and scaled per channel of a head (a softmax
+  row sums to one and the product is linear in each channel of v, so both come back exactly
+  after the kernel: the output channel times its scale, plus the mean) — cuDNN sees v's e4m3
+  copy with a unit scale. The output lies near v's mean where attention is diffuse, and its own
+  e4m3 rounding is relative to its distance from what was taken out: the mean keeps it small;
 - the scores ``q8 k8^T`` accumulated in fp32 times the two scales and ``scale``; softmax in
   fp32; ``exp(s - max)`` times 448 rounded to e4m3 and multiplied by v's copy with fp32
   accumulation, divided by the row's sum and rounded to e4m3 (every output lies within v's
   copy's ±448); times v's channel scale plus its mean in fp32, one rounding to q's dtype.
+
+Every statistic but v's mean is a largest or smallest value (k's centre and half-range one IEEE
+addition, halving and subtraction of two of them), so any order of reduction gives the same bits:
+the Triton kernels compute them in one pass over each operand and equal this reference exactly;
+v's mean is ATen's, as here.
 
 The reference is that math with the softmax over a whole row (cuDNN's online softmax shifts by a
 running maximum: another order of the same math, which moves where P is rounded). Contract
@@ -58,21 +66,34 @@ def tensor_scale(x: torch.Tensor) -> torch.Tensor:
     return divide(torch.clamp_min(torch.maximum(high.float(), -low.float()), SCALE_FLOOR), E4M3_MAX)
 
 
+def channel_ranges(x: torch.Tensor):
+    """``(centre, scale)`` of ``x`` ``[B, H, S, D]`` per channel of a head: the centre of its range
+    over the tokens ``(max + min) / 2`` in fp32 ``[B, H, 1, D]``, and ``max(half-range,
+    SCALE_FLOOR) / 448`` ``[B, H, D]``, the half-range being ``max(max - centre, centre - min)``:
+    the largest magnitude of the channel less its centre (fp32 rounding is monotonic)."""
+    low, high = torch.aminmax(x, dim=2)
+    low, high = low.float(), high.float()
+    centre = (high + low) * 0.5
+    amax = torch.maximum(high - centre, centre - low)
+    return centre[:, :, None], divide(amax.clamp_min(SCALE_FLOOR), E4M3_MAX)
+
+
 def operand_scales(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    """``(q_scale, k_mean, k_scale, v_mean, v_scale)``: q's and smoothed k's one scale each
-    (0-dim), k's and v's means over the tokens ``[B, H, 1, D]``, and v's scale per channel of a
-    head ``[B, H, D]`` (:func:`sgdiff.kernels.attention_int8.value_channels_reference`; smoothed
-    k's largest magnitude is the largest of its channels', so its scale is their largest scale)."""
-    k_mean, k_scales = value_channels_reference(k)
+    """``(q_scale, k_centre, k_scale, v_mean, v_scale)``: q's and smoothed k's one scale each
+    (0-dim), k's centres (:func:`channel_ranges`) and v's means over the tokens ``[B, H, 1, D]``,
+    and v's scale per channel of a head ``[B, H, D]``
+    (:func:`sgdiff.kernels.attention_int8.value_channels_reference`; smoothed k's largest
+    magnitude is the largest of its channels', so its scale is their largest scale)."""
+    k_centre, k_scales = channel_ranges(k)
     v_mean, v_scale = value_channels_reference(v)
-    return tensor_scale(q), k_mean, k_scales.amax(), v_mean, v_scale
+    return tensor_scale(q), k_centre, k_scales.amax(), v_mean, v_scale
 
 
 def quantized_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     """What the kernel is handed, heads-first ``[B, H, S, D]``: ``(q8, q_scale, k8, k_scale, v8,
     v_mean, v_scale)``."""
-    q_scale, k_mean, k_scale, v_mean, v_scale = operand_scales(q, k, v)
-    return (quantize_reference(q, None, q_scale), q_scale, quantize_reference(k, k_mean, k_scale), k_scale,
+    q_scale, k_centre, k_scale, v_mean, v_scale = operand_scales(q, k, v)
+    return (quantize_reference(q, None, q_scale), q_scale, quantize_reference(k, k_centre, k_scale), k_scale,
             quantize_reference(v, v_mean, v_scale), v_mean, v_scale)
 
 
@@ -102,9 +123,10 @@ attention_fp8 = dispatch.define_op(OpDef(
                       devices=frozenset({"cuda"}), dtypes=frozenset({"float16", "bfloat16"}),
                       min_capability=(9, 0), priority=10),),
     examples=LOW_PRECISION_EXAMPLES,
-    doc="softmax(q k^T * scale) v as cuDNN's FP8 attention computes it: q and k (smoothed: its mean over the "
-        "tokens subtracted) each scaled to e4m3 as a whole, v smoothed and scaled to e4m3 per channel of a "
-        "head, the scores in fp32, softmax in fp32, 448 P in e4m3 times v's copy accumulated in fp32, the "
-        "output rounded to e4m3, then scaled back and v's mean added in fp32, one rounding to q's dtype. "
-        "Operand relative error up to 2^-4; no mask, no dropout. Output in [B, S, H, D] memory order",
+    doc="softmax(q k^T * scale) v as cuDNN's FP8 attention computes it: q and k (smoothed: the centre of "
+        "each channel's range over the tokens subtracted) each scaled to e4m3 as a whole, v smoothed by its "
+        "mean over the tokens and scaled to e4m3 per channel of a head, the scores in fp32, softmax in fp32, "
+        "448 P in e4m3 times v's copy accumulated in fp32, the output rounded to e4m3, then scaled back and "
+        "v's mean added in fp32, one rounding to q's dtype. Operand relative error up to 2^-4; no mask, no "
+        "dropout. Output in [B, S, H, D] memory order",
 ))

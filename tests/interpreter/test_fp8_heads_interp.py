@@ -40,6 +40,31 @@ def test_operands_are_the_references_bits_in_cudnns_order(b, h, s, s_k, d, heads
     assert float(q8.float().abs().max()) == 448.0 and float(k8.float().abs().max()) == 448.0
 
 
+def test_channel_ranges_over_many_tiles_are_the_references_bits():
+    """Tokens over more tiles than a step of the finishing kernel takes, the extremes of each
+    channel placed in the last, partial tile or the first: the centres and scales equal ATen's
+    aminmax-based references bit for bit (a largest value is the same in any order), around the
+    range's centre (k) and around a given mean (v), and the uncentred scales' largest is q's
+    one scale."""
+    from sgdiff.kernels.attention_fp8 import channel_ranges, tensor_scale
+    from sgdiff.kernels.attention_int8 import token_means, value_channels_reference
+
+    s = fp8_heads.BLOCK_S * fp8_heads.FINISH_BLOCK + 77
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, s, 2, 16, generator=g).to(BF16).transpose(1, 2)
+    x[0, 0, s - 1, :8] = 40.0  # the last, partial tile
+    x[0, 1, 0, 8:] = -40.0
+    x[0, 1, s - 2, 3] = 1e-3  # a small value at the far end changes nothing
+    centre, scale = fp8_heads.channel_ranges(x, centre="range")
+    want_centre, want_scale = channel_ranges(x)
+    assert torch.equal(centre, want_centre) and torch.equal(scale, want_scale)
+    mean, scale = fp8_heads.channel_ranges(x, centre=token_means(x))
+    want_mean, want_scale = value_channels_reference(x)
+    assert torch.equal(mean, want_mean) and torch.equal(scale, want_scale)
+    zeros, scales = fp8_heads.channel_ranges(x, centre="none")
+    assert not zeros.any() and torch.equal(scales.amax(), tensor_scale(x))
+
+
 def test_padded_copies_hold_zeros_past_the_tokens_and_the_restoration_reads_the_first_ones():
     """The copies of a geometry cuDNN takes only padded: the tokens, then zeros; the output's
     first tokens restored from a padded one."""
