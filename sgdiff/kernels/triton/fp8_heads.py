@@ -64,17 +64,19 @@ def _ranges_kernel(x_ptr, part_ptr, H, S, NB, sxb, sxh, sxs, D: tl.constexpr, BL
 
 @LeanKernel
 @triton.jit
-def _finish_ranges_kernel(part_ptr, centre_ptr, scale_ptr, NB, D: tl.constexpr, BLOCK: tl.constexpr,
-                          CENTRE: tl.constexpr, SCALE_FLOOR_: tl.constexpr, E4M3_MAX_: tl.constexpr):
+def _finish_ranges_kernel(part_ptr, centre_ptr, scale_ptr, NB, D: tl.constexpr, DC: tl.constexpr,
+                          BLOCK: tl.constexpr, CENTRE: tl.constexpr, SCALE_FLOOR_: tl.constexpr,
+                          E4M3_MAX_: tl.constexpr):
     """Head ``bh``'s range per channel from its ``NB`` tiles' (:func:`_ranges_kernel`), and the
     largest magnitude less a centre: none (``CENTRE`` 0), the range's ``(max + min) / 2``, stored
     (1), or the one ``centre_ptr`` holds (2); the scale ``max(that, SCALE_FLOOR) / 448`` (IEEE
-    division) per channel."""
-    bh = tl.program_id(0)
-    cols = tl.arange(0, D)
+    division) per channel; channels ``[c * DC, (c + 1) * DC)`` a program (more programs, each
+    looping over fewer bytes: a head of Wan's 32760 tokens has 512 tiles)."""
+    bh, c = tl.program_id(0), tl.program_id(1)
+    cols = c * DC + tl.arange(0, DC)
     grid_dependency_wait()
-    low = tl.full((D,), float("inf"), tl.float32)
-    high = tl.full((D,), float("-inf"), tl.float32)
+    low = tl.full((DC,), float("inf"), tl.float32)
+    high = tl.full((DC,), float("-inf"), tl.float32)
     for start in range(0, NB, BLOCK):
         tiles = start + tl.arange(0, BLOCK)
         offsets = (bh.to(tl.int64) * NB + tiles)[:, None] * 2 * D + cols[None, :]
@@ -170,7 +172,8 @@ def quantize_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_token
             quantize_heads(v, v_mean, v_scale, k_tokens), q_scale, k_scale, v_mean, v_scale)
 
 
-FINISH_BLOCK = 16  # tiles a step of :func:`_finish_ranges_kernel`
+FINISH_BLOCK = 64  # tiles a step of :func:`_finish_ranges_kernel`
+FINISH_CHANNELS = 32  # channels a program of it
 
 
 def channel_ranges(x: torch.Tensor, centre="range"):
@@ -190,6 +193,8 @@ def channel_ranges(x: torch.Tensor, centre="range"):
         mode = {"none": 0, "range": 1}[centre]
         centre = (torch.zeros if mode == 0 else torch.empty)((b, h, 1, d), dtype=torch.float32, device=x.device)
     scale = torch.empty((b, h, d), dtype=torch.float32, device=x.device)
-    _finish_ranges_kernel[(b * h,)](part, centre, scale, tiles, D=d, BLOCK=FINISH_BLOCK, CENTRE=mode,
-                                    SCALE_FLOOR_=SCALE_FLOOR, E4M3_MAX_=E4M3_MAX, num_warps=4)
+    channels = FINISH_CHANNELS if d % FINISH_CHANNELS == 0 else d  # head dims: multiples of 16
+    _finish_ranges_kernel[(b * h, triton.cdiv(d, channels))](
+        part, centre, scale, tiles, D=d, DC=channels, BLOCK=FINISH_BLOCK, CENTRE=mode, SCALE_FLOOR_=SCALE_FLOOR,
+        E4M3_MAX_=E4M3_MAX, num_warps=4)
     return centre, scale
