@@ -248,8 +248,10 @@ def test_fp8_row_quantization_compiles_for_every_dit_width(monkeypatch, k):
 
 @pytest.mark.parametrize("d", [64, 128])
 def test_attention_fp8_operands_and_output_kernels_compile(monkeypatch, d):
-    """q, smoothed k and smoothed v to e4m3 (one scale, or per channel) and the output restored: each
-    compiles for sm_90, converts to or from e4m3, and waits for the kernel before it."""
+    """q's, k's and v's statistics (each channel's range per tile, v's tile sums as a pairwise tree,
+    then per head), q, smoothed k and smoothed v to e4m3 (one scale, or per channel) and the output
+    restored: each compiles for sm_90, waits for the kernel before it, and the copies convert to
+    or from e4m3."""
     from sgdiff.kernels.triton import fp8_heads
 
     q, k, v = (_r(1, 200, 2, d).transpose(1, 2) for _ in range(3))
@@ -257,11 +259,16 @@ def test_attention_fp8_operands_and_output_kernels_compile(monkeypatch, d):
     o8 = torch.zeros(1, 200, 2, d, dtype=torch.float8_e4m3fn)
     launches += recorded_launches(monkeypatch, lambda: fp8_heads.restore_heads(o8, torch.zeros(1, 2, 1, d),
                                                                                torch.ones(1, 2, d), torch.bfloat16))
-    assert [kernel.__name__ for kernel, _, _ in launches] == ["_quantize_heads_kernel"] * 3 + ["_restore_heads_kernel"]
+    statistics = ["_ranges_kernel", "_finish_ranges_kernel"]
+    assert [kernel.__name__ for kernel, _, _ in launches] == (statistics * 3 + ["_quantize_heads_kernel"] * 3
+                                                              + ["_restore_heads_kernel"])
+    assert [kwargs["SUMS"] for kernel, _, kwargs in launches if kernel.__name__ == "_ranges_kernel"] == [
+        False, False, True]  # v's mean
     for kernel, largs, kwargs in launches:
         compiled = compile_launch(kernel, largs, kwargs)
         assert_waits_before_memory(kernel, compiled)
-        assert "e4m3" in compiled.asm["ptx"], kernel.__name__
+        if kernel.__name__ not in statistics:
+            assert "e4m3" in compiled.asm["ptx"], kernel.__name__
 
 
 @pytest.mark.parametrize("gate_first", [True, False])

@@ -15,20 +15,22 @@ and the output in e4m3 too):
   head and channel, subtracted in fp32: every score of a query row moves by the same amount,
   which the softmax ignores; of all the constants a channel could lose, the centre leaves it
   the smallest largest magnitude, so the finest scale), then scaled as a whole;
-- v smoothed by its mean over the tokens instead and scaled per channel of a head (a softmax
-  row sums to one and the product is linear in each channel of v, so both come back exactly
-  after the kernel: the output channel times its scale, plus the mean) — cuDNN sees v's e4m3
-  copy with a unit scale. The output lies near v's mean where attention is diffuse, and its own
-  e4m3 rounding is relative to its distance from what was taken out: the mean keeps it small;
+- v smoothed by its mean over the tokens instead (:func:`tiled_token_means`) and scaled per
+  channel of a head (a softmax row sums to one and the product is linear in each channel of v,
+  so both come back exactly after the kernel: the output channel times its scale, plus the
+  mean) — cuDNN sees v's e4m3 copy with a unit scale. The output lies near v's mean where
+  attention is diffuse, and its own e4m3 rounding is relative to its distance from what was
+  taken out: the mean keeps it small;
 - the scores ``q8 k8^T`` accumulated in fp32 times the two scales and ``scale``; softmax in
   fp32; ``exp(s - max)`` times 448 rounded to e4m3 and multiplied by v's copy with fp32
   accumulation, divided by the row's sum and rounded to e4m3 (every output lies within v's
   copy's ±448); times v's channel scale plus its mean in fp32, one rounding to q's dtype.
 
 Every statistic but v's mean is a largest or smallest value (k's centre and half-range one IEEE
-addition, halving and subtraction of two of them), so any order of reduction gives the same bits:
-the Triton kernels compute them in one pass over each operand and equal this reference exactly;
-v's mean is ATen's, as here.
+addition, halving and subtraction of two of them), so any order of reduction gives the same bits;
+v's mean sums each tile of 64 tokens as a pairwise tree (:func:`tile_sums`: an order a kernel can
+keep) and the tiles' sums by ATen. The Triton kernels compute all of them in one pass over each
+operand and equal this reference exactly on the same device.
 
 The reference is that math with the softmax over a whole row (cuDNN's online softmax shifts by a
 running maximum: another order of the same math, which moves where P is rounded). Contract
@@ -46,7 +48,7 @@ import torch
 
 from sgdiff.kernels import dispatch
 from sgdiff.kernels.attention import LOW_PRECISION_EXAMPLES, heads_last
-from sgdiff.kernels.attention_int8 import quantize_reference, value_channels_reference
+from sgdiff.kernels.attention_int8 import quantize_reference
 from sgdiff.kernels.linear_fp8 import E4M3, E4M3_MAX, SCALE_FLOOR, divide
 from sgdiff.kernels.registry import KernelSpec, OpDef
 from sgdiff.tiers import Contract
@@ -78,14 +80,47 @@ def channel_ranges(x: torch.Tensor):
     return centre[:, :, None], divide(amax.clamp_min(SCALE_FLOOR), E4M3_MAX)
 
 
+MEAN_TILE = 64  # tokens summed as one pairwise tree in :func:`tiled_token_means`
+
+
+def tile_sums(x: torch.Tensor) -> torch.Tensor:
+    """``x`` ``[B, H, S, D]`` summed in fp32 over each tile of :data:`MEAN_TILE` tokens
+    ``[B, H, ceil(S / MEAN_TILE), D]`` (contiguous), as a pairwise tree: neighbours added, then
+    neighbouring pairs, and so on (the tokens past S are +0). Each step is one IEEE addition of
+    two numbers, so a kernel that pairs the same tokens gets the same bits."""
+    b, h, s, d = x.shape
+    tiles = -(-s // MEAN_TILE)
+    t = torch.nn.functional.pad(x.float(), (0, 0, 0, tiles * MEAN_TILE - s)).view(b, h, tiles, MEAN_TILE, d)
+    while t.shape[3] > 1:
+        t = t.view(b, h, tiles, t.shape[3] // 2, 2, d)
+        t = t[..., 0, :] + t[..., 1, :]
+    return t[:, :, :, 0].contiguous()
+
+
+def tiled_token_means(x: torch.Tensor) -> torch.Tensor:
+    """``x``'s mean over the tokens in fp32 ``[B, H, 1, D]``: :func:`tile_sums`, their sum by
+    ATen (one ``sum`` of a small contiguous tensor: the same kernel and the same bits for a
+    kernel's tile sums on the same device), over the tokens (IEEE division)."""
+    return divide(tile_sums(x).sum(dim=2, keepdim=True), x.shape[2])
+
+
+def mean_channels(v: torch.Tensor, mean: torch.Tensor):
+    """``(mean, scale)``: ``mean`` ``[B, H, 1, D]`` and, per channel of a head, ``max(largest
+    |v - mean|, SCALE_FLOOR) / 448`` ``[B, H, D]``, the largest magnitude being that of the
+    channel's largest or smallest value less the mean."""
+    low, high = torch.aminmax(v, dim=2)
+    amax = torch.maximum(high.float() - mean[:, :, 0], mean[:, :, 0] - low.float())
+    return mean, divide(amax.clamp_min(SCALE_FLOOR), E4M3_MAX)
+
+
 def operand_scales(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     """``(q_scale, k_centre, k_scale, v_mean, v_scale)``: q's and smoothed k's one scale each
-    (0-dim), k's centres (:func:`channel_ranges`) and v's means over the tokens ``[B, H, 1, D]``,
-    and v's scale per channel of a head ``[B, H, D]``
-    (:func:`sgdiff.kernels.attention_int8.value_channels_reference`; smoothed k's largest
-    magnitude is the largest of its channels', so its scale is their largest scale)."""
+    (0-dim), k's centres (:func:`channel_ranges`) and v's means over the tokens
+    (:func:`tiled_token_means`) ``[B, H, 1, D]``, and v's scale per channel of a head ``[B, H, D]``
+    (:func:`mean_channels`; smoothed k's largest magnitude is the largest of its channels', so
+    its scale is their largest scale)."""
     k_centre, k_scales = channel_ranges(k)
-    v_mean, v_scale = value_channels_reference(v)
+    v_mean, v_scale = mean_channels(v, tiled_token_means(v))
     return tensor_scale(q), k_centre, k_scales.amax(), v_mean, v_scale
 
 

@@ -6,10 +6,11 @@ heads-first) in two passes over each operand, on the device (no host synchroniza
 
 1. :func:`channel_ranges`: :func:`_ranges_kernel` takes each channel's smallest and largest
    value over a tile of tokens of one head, :func:`_finish_ranges_kernel` those of a head's
-   tiles, then the centre (k: ``(max + min) / 2``; v: its mean over the tokens, ATen's
-   ``mean``), the largest magnitude less it and the scale (IEEE division), per channel; q's and
-   k's one scale is the largest of their channels' (one ``amax``). Largest and smallest values
-   come out the same in any order, so these are
+   tiles, then the centre (k: ``(max + min) / 2``; v: its mean over the tokens, each tile's
+   sum a pairwise tree from the first pass, the tiles' sums added by ATen), the largest
+   magnitude less it and the scale (IEEE division), per channel; q's and k's one scale is the
+   largest of their channels' (one ``amax``). Largest and smallest values come out the same in
+   any order and the sums keep the reference's order, so these are
    :func:`sgdiff.kernels.attention_fp8.operand_scales`'s bits.
 2. :func:`_quantize_heads_kernel`: a tile of tokens of one head, less its centre (k, v) in fp32,
    divided by the scale (one for the tensor, or per channel for v), rounded to e4m3, stored in a
@@ -28,13 +29,13 @@ import torch
 import triton
 import triton.language as tl
 
-from sgdiff.kernels.attention_int8 import token_means
-from sgdiff.kernels.linear_fp8 import E4M3, E4M3_MAX, SCALE_FLOOR
+from sgdiff.kernels.attention_fp8 import MEAN_TILE
+from sgdiff.kernels.linear_fp8 import E4M3, E4M3_MAX, SCALE_FLOOR, divide
 from sgdiff.kernels.triton.attention_int8 import centred_tokens
 from sgdiff.kernels.triton.cuda_math import to_e4m3
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 
-BLOCK_S = 64  # tokens a program
+BLOCK_S = MEAN_TILE  # tokens a program (v's mean sums such a tile as one pairwise tree)
 
 
 @triton.jit
@@ -45,11 +46,23 @@ def _heads_offsets(bh, rows, cols, H, S, D: tl.constexpr):
     return ((b.to(tl.int64) * S + rows[:, None]) * H + h) * D + cols[None, :]
 
 
+@triton.jit
+def _pairwise_sum(x, ROWS: tl.constexpr, D: tl.constexpr, LEVELS: tl.constexpr):
+    """``x`` ``[ROWS, D]`` (``ROWS = 2 ** LEVELS``) summed over its rows as a pairwise tree: rows
+    2i and 2i+1 added, then neighbouring pairs, and so on
+    (:func:`sgdiff.kernels.attention_fp8.tile_sums`'s order)."""
+    for level in tl.static_range(LEVELS):
+        x = tl.sum(tl.reshape(x, (ROWS >> (level + 1), 2, D)), axis=1)  # a sum of two: one addition
+    return tl.reshape(x, (D,))
+
+
 @LeanKernel
 @triton.jit
-def _ranges_kernel(x_ptr, part_ptr, H, S, NB, sxb, sxh, sxs, D: tl.constexpr, BLOCK: tl.constexpr):
+def _ranges_kernel(x_ptr, part_ptr, sums_ptr, H, S, NB, sxb, sxh, sxs, D: tl.constexpr, BLOCK: tl.constexpr,
+                   LEVELS: tl.constexpr, SUMS: tl.constexpr):
     """Each channel's smallest and largest value over tokens ``[blk * BLOCK, (blk + 1) * BLOCK)``
-    of head ``bh``: ``part[bh, blk, 0]`` and ``part[bh, blk, 1]`` (fp32, ``[B * H, NB, 2, D]``)."""
+    of head ``bh``: ``part[bh, blk, 0]`` and ``part[bh, blk, 1]`` (fp32, ``[B * H, NB, 2, D]``);
+    with ``SUMS``, their sum as a pairwise tree in ``sums[bh, blk]`` (``[B * H, NB, D]``)."""
     blk, bh = tl.program_id(0), tl.program_id(1)
     rows, cols = blk * BLOCK + tl.arange(0, BLOCK), tl.arange(0, D)
     b, h = bh // H, bh % H
@@ -57,9 +70,12 @@ def _ranges_kernel(x_ptr, part_ptr, H, S, NB, sxb, sxh, sxs, D: tl.constexpr, BL
     grid_dependency_wait()
     x = tl.load(x_ptr + b.to(tl.int64) * sxb + h * sxh + rows[:, None].to(tl.int64) * sxs + cols[None, :],
                 mask=inside, other=0.0).to(tl.float32)
-    base = part_ptr + (bh.to(tl.int64) * NB + blk) * 2 * D + cols
+    tile = bh.to(tl.int64) * NB + blk
+    base = part_ptr + tile * 2 * D + cols
     tl.store(base, tl.min(tl.where(inside, x, float("inf")), axis=0))
     tl.store(base + D, tl.max(tl.where(inside, x, float("-inf")), axis=0))
+    if SUMS:
+        tl.store(sums_ptr + tile * D + cols, _pairwise_sum(x, BLOCK, D, LEVELS))
 
 
 @LeanKernel
@@ -166,7 +182,7 @@ def quantize_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_token
     product (:func:`sgdiff.kernels.attention_fp8.quantized_operands`'s values, in cuDNN's layout)."""
     q_zeros, q_scales = channel_ranges(q, centre="none")
     k_centre, k_scales = channel_ranges(k, centre="range")
-    v_mean, v_scale = channel_ranges(v, centre=token_means(v))
+    v_mean, v_scale = channel_ranges(v, centre="mean")
     q_scale, k_scale = q_scales.amax(), k_scales.amax()
     return (quantize_heads(q, q_zeros, q_scale, q_tokens), quantize_heads(k, k_centre, k_scale, k_tokens),
             quantize_heads(v, v_mean, v_scale, k_tokens), q_scale, k_scale, v_mean, v_scale)
@@ -176,21 +192,23 @@ FINISH_BLOCK = 64  # tiles a step of :func:`_finish_ranges_kernel`
 FINISH_CHANNELS = 32  # channels a program of it
 
 
-def channel_ranges(x: torch.Tensor, centre="range"):
+def channel_ranges(x: torch.Tensor, centre: str = "range"):
     """``(centre, scale)`` of ``x`` ``[B, H, S, D]``, ``[B, H, 1, D]`` and ``[B, H, D]`` fp32, with
-    ``centre``: ``"range"``, :func:`sgdiff.kernels.attention_fp8.channel_ranges`'s values; a
-    tensor (v's ATen mean), itself and the scales
-    :func:`sgdiff.kernels.attention_int8.value_channels_reference` makes of it; ``"none"``, zeros
-    and each channel's ``max(largest magnitude, SCALE_FLOOR) / 448`` (their largest is
-    :func:`sgdiff.kernels.attention_fp8.tensor_scale`'s)."""
+    ``centre``: ``"range"``, :func:`sgdiff.kernels.attention_fp8.channel_ranges`'s values;
+    ``"mean"``, :func:`sgdiff.kernels.attention_fp8.mean_channels`'s of
+    :func:`sgdiff.kernels.attention_fp8.tiled_token_means` (the tiles' sums from the same pass,
+    added by ATen); ``"none"``, zeros and each channel's ``max(largest magnitude, SCALE_FLOOR) /
+    448`` (their largest is :func:`sgdiff.kernels.attention_fp8.tensor_scale`'s)."""
     b, h, s, d = x.shape
     tiles = triton.cdiv(s, BLOCK_S)
     part = torch.empty((b * h, tiles, 2, d), dtype=torch.float32, device=x.device)
-    _ranges_kernel[(tiles, b * h)](x, part, h, s, tiles, *x.stride()[:3], D=d, BLOCK=BLOCK_S, num_warps=4)
-    if isinstance(centre, torch.Tensor):
-        mode, centre = 2, centre.contiguous()
+    sums = torch.empty((b, h, tiles, d), dtype=torch.float32, device=x.device) if centre == "mean" else part
+    _ranges_kernel[(tiles, b * h)](x, part, sums, h, s, tiles, *x.stride()[:3], D=d, BLOCK=BLOCK_S,
+                                   LEVELS=BLOCK_S.bit_length() - 1, SUMS=centre == "mean", num_warps=4)
+    mode = {"none": 0, "range": 1, "mean": 2}[centre]
+    if mode == 2:
+        centre = divide(sums.sum(dim=2, keepdim=True), s)
     else:
-        mode = {"none": 0, "range": 1}[centre]
         centre = (torch.zeros if mode == 0 else torch.empty)((b, h, 1, d), dtype=torch.float32, device=x.device)
     scale = torch.empty((b, h, d), dtype=torch.float32, device=x.device)
     channels = FINISH_CHANNELS if d % FINISH_CHANNELS == 0 else d  # head dims: multiples of 16
