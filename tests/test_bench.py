@@ -1,5 +1,6 @@
 """The model benchmark runs end to end (tiny config, CPU), so it is ready for the GPU."""
 import json
+import pathlib
 
 import pytest
 import torch
@@ -80,6 +81,29 @@ def test_each_variant_in_a_process_of_its_own(tmp_path):
 
     (row,) = json.loads((tmp_path / "models.json").read_text())["cases"]
     assert row["eager_ms"] > 0 and row["sgdiff_ms"] > 0 and row["sgdiff_lossless_equal"] and row["trajectory_equal"]
+
+
+def test_a_variant_whose_process_fails_leaves_its_error_and_the_others_run(monkeypatch):
+    """--isolate: a variant's process that fails (Inductor's reduce-overhead once did) is an error
+    in the row, not the end of the run."""
+    import subprocess
+    import types
+
+    from bench import models
+
+    def run(argv, cwd=None):
+        variant, out = argv[argv.index("--variants") + 1], argv[argv.index("--out") + 1]
+        if variant == "inductor_reduce_overhead":
+            return types.SimpleNamespace(returncode=1)
+        case = {"model": "sana", f"{variant}_ms": 1.0, f"{variant}_equal": True}
+        (pathlib.Path(out) / "models.json").write_text(json.dumps({"cases": [case]}))
+        return types.SimpleNamespace(returncode=0)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    row = models.run_isolated("sana", ["inductor", "inductor_reduce_overhead", "sgdiff_cudagraph"], [])
+    assert row["inductor_ms"] == row["sgdiff_cudagraph_ms"] == 1.0
+    assert row["inductor_reduce_overhead_errors"] == ["its process exited with status 1"]
+    assert "inductor_best_ms" not in row  # Inductor's best needs both of its variants
 
 
 def _kernel_case(op, us, note="n"):
