@@ -210,14 +210,16 @@ def cuda_graph_capture(graph: "torch.cuda.CUDAGraph", **kwargs):
     it) never reaches the generators' capture epilogue: the default CUDA generator stays marked
     as capturing, and every later random draw on that device raises "Offset increment outside
     graph capture encountered unexpectedly" -- in the user's code, long after the capture. On
-    failure each default CUDA generator gets a fresh copy of its state (the same seed and
-    offset, so the random stream goes on where it was) and the error propagates."""
+    failure the capturing device's default generator gets a fresh copy of its state (the same
+    seed and offset, so the random stream goes on where it was) and the error propagates. (Other
+    devices' generators are left alone: a capture registers only its own device's.)"""
+    device = torch.cuda.current_device()
     try:
         with torch.cuda.graph(graph, **kwargs):
             yield
     except BaseException:
-        for generator in torch.cuda.default_generators:
-            generator.graphsafe_set_state(generator.clone_state())
+        generator = torch.cuda.default_generators[device]
+        generator.graphsafe_set_state(generator.clone_state())
         raise
 
 

@@ -313,8 +313,8 @@ def test_an_in_place_weight_change_is_captured_again_where_an_op_caches_a_copy(c
 
 def test_a_failed_capture_hands_each_cuda_generator_a_fresh_copy_of_its_state(monkeypatch):
     """A failed capture skips the generators' epilogue; left alone, the next random draw on the
-    device raises. The capture helper re-seats each default generator on a clone of its state,
-    and only where the capture failed."""
+    device raises. The capture helper re-seats the capturing device's default generator on a
+    clone of its state, and only where the capture failed."""
     from sgdiff import _compat
 
     class Generator:
@@ -329,11 +329,12 @@ def test_a_failed_capture_hands_each_cuda_generator_a_fresh_copy_of_its_state(mo
 
     generators = (Generator(), Generator())
     monkeypatch.setattr(torch.cuda, "default_generators", generators)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)  # the capture's device
     monkeypatch.setattr(torch.cuda, "graph", lambda graph, **kwargs: contextlib.nullcontext())
     with pytest.raises(RuntimeError, match="synchronize"):
         with _compat.cuda_graph_capture(object()):
             raise RuntimeError("operation not permitted when stream is capturing (synchronize)")
-    assert [g.state for g in generators] == ["clone of capturing"] * 2
+    assert [g.state for g in generators] == ["capturing", "clone of capturing"]  # another device's: untouched
     with _compat.cuda_graph_capture(object(), capture_error_mode="thread_local"):
         pass
-    assert [g.state for g in generators] == ["clone of capturing"] * 2
+    assert [g.state for g in generators] == ["capturing", "clone of capturing"]
