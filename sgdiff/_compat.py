@@ -213,12 +213,11 @@ def cuda_graph_capture(graph: "torch.cuda.CUDAGraph", **kwargs):
     failure the capturing device's default generator gets a fresh copy of its state (the same
     seed and offset, so the random stream goes on where it was) and the error propagates. (Other
     devices' generators are left alone: a capture registers only its own device's.)"""
-    device = torch.cuda.current_device()
     try:
         with torch.cuda.graph(graph, **kwargs):
             yield
-    except BaseException:
-        generator = torch.cuda.default_generators[device]
+    except BaseException:  # still on the capture's device: torch.cuda.graph captures on the current one
+        generator = torch.cuda.default_generators[torch.cuda.current_device()]
         generator.graphsafe_set_state(generator.clone_state())
         raise
 
