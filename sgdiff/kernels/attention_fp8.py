@@ -48,7 +48,7 @@ import torch
 
 from sgdiff.kernels import dispatch
 from sgdiff.kernels.attention import LOW_PRECISION_EXAMPLES, heads_last
-from sgdiff.kernels.attention_int8 import quantize_reference
+from sgdiff.kernels.attention_int8 import channels_around, quantize_reference
 from sgdiff.kernels.linear_fp8 import E4M3, E4M3_MAX, SCALE_FLOOR, divide
 from sgdiff.kernels.registry import KernelSpec, OpDef
 from sgdiff.tiers import Contract
@@ -104,23 +104,14 @@ def tiled_token_means(x: torch.Tensor) -> torch.Tensor:
     return divide(tile_sums(x).sum(dim=2, keepdim=True), x.shape[2])
 
 
-def mean_channels(v: torch.Tensor, mean: torch.Tensor):
-    """``(mean, scale)``: ``mean`` ``[B, H, 1, D]`` and, per channel of a head, ``max(largest
-    |v - mean|, SCALE_FLOOR) / 448`` ``[B, H, D]``, the largest magnitude being that of the
-    channel's largest or smallest value less the mean."""
-    low, high = torch.aminmax(v, dim=2)
-    amax = torch.maximum(high.float() - mean[:, :, 0], mean[:, :, 0] - low.float())
-    return mean, divide(amax.clamp_min(SCALE_FLOOR), E4M3_MAX)
-
-
 def operand_scales(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     """``(q_scale, k_centre, k_scale, v_mean, v_scale)``: q's and smoothed k's one scale each
     (0-dim), k's centres (:func:`channel_ranges`) and v's means over the tokens
     (:func:`tiled_token_means`) ``[B, H, 1, D]``, and v's scale per channel of a head ``[B, H, D]``
-    (:func:`mean_channels`; smoothed k's largest magnitude is the largest of its channels', so
+    (:func:`sgdiff.kernels.attention_int8.channels_around`; smoothed k's largest magnitude is the largest of its channels', so
     its scale is their largest scale)."""
     k_centre, k_scales = channel_ranges(k)
-    v_mean, v_scale = mean_channels(v, tiled_token_means(v))
+    v_mean, v_scale = channels_around(v, tiled_token_means(v))
     return tensor_scale(q), k_centre, k_scales.amax(), v_mean, v_scale
 
 

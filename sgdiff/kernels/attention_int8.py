@@ -78,7 +78,13 @@ def value_channels_reference(v: torch.Tensor):
     """``(mean, scale)`` of ``v`` ``[B, H, S, D]``: its fp32 mean over the tokens ``[B, H, 1, D]``
     and, per channel of a head, ``max(largest |v - mean|, SCALE_FLOOR) / 448`` ``[B, H, D]``: the
     largest magnitude is that of the channel's largest or smallest value less the mean."""
-    mean = token_means(v)
+    return channels_around(v, token_means(v))
+
+
+def channels_around(v: torch.Tensor, mean: torch.Tensor):
+    """``(mean, scale)``: ``mean`` ``[B, H, 1, D]`` and, per channel of a head, ``max(largest
+    |v - mean|, SCALE_FLOOR) / 448`` ``[B, H, D]``, the largest magnitude being that of the
+    channel's largest or smallest value less the mean."""
     low, high = torch.aminmax(v, dim=2)
     amax = torch.maximum(high.float() - mean[:, :, 0], mean[:, :, 0] - low.float())
     return mean, divide(amax.clamp_min(SCALE_FLOOR), E4M3_MAX)

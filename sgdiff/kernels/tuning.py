@@ -15,11 +15,9 @@ MARGIN: same bits, so a choice within the noise is not worth a change. Runs outs
 capture only (the dispatcher's business).
 
 Where a candidate can be captured, its launch is timed as a CUDA graph's replay rather than as
-plain launches (:func:`graph_of`): a candidate that does much on the host per call (cuDNN's FP8
-attention: a few dozen ATen and Triton launches around cuDNN's own; at Flux's shape and at Wan's
-cross-attention alike, on the H100 at e473bcc, its plain launches read about 594 µs, the host's
-pace past the hold, where the GPU's work differs severalfold) would otherwise lose to one slower on
-the GPU, where the model replays its CUDA graphs (the default) and the host's part vanishes.
+plain launches (:func:`graph_of`): a candidate that does much on the host per call (a few dozen
+launches around a library's kernel) would otherwise be charged the host's pace, where the model
+replays its CUDA graphs (the default) and the host's part vanishes.
 A candidate that cannot be captured is timed from plain launches, as before.
 """
 from __future__ import annotations

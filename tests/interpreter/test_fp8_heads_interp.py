@@ -46,7 +46,8 @@ def test_channel_ranges_over_many_tiles_are_the_references_bits():
     aminmax-based references bit for bit (a largest value is the same in any order), around the
     range's centre (k) and around the mean (v: each tile a pairwise tree, the reference's order),
     and the uncentred scales' largest is q's one scale."""
-    from sgdiff.kernels.attention_fp8 import channel_ranges, mean_channels, tensor_scale, tiled_token_means
+    from sgdiff.kernels.attention_fp8 import channel_ranges, tensor_scale, tiled_token_means
+    from sgdiff.kernels.attention_int8 import channels_around
 
     s = fp8_heads.BLOCK_S * fp8_heads.FINISH_BLOCK + 77
     g = torch.Generator().manual_seed(3)
@@ -58,7 +59,7 @@ def test_channel_ranges_over_many_tiles_are_the_references_bits():
     want_centre, want_scale = channel_ranges(x)
     assert torch.equal(centre, want_centre) and torch.equal(scale, want_scale)
     mean, scale = fp8_heads.channel_ranges(x, centre="mean")
-    want_mean, want_scale = mean_channels(x, tiled_token_means(x))
+    want_mean, want_scale = channels_around(x, tiled_token_means(x))
     assert torch.equal(mean, want_mean) and torch.equal(scale, want_scale)
     assert torch.allclose(mean, x.float().mean(dim=2, keepdim=True), rtol=1e-5, atol=1e-6)
     zeros, scales = fp8_heads.channel_ranges(x, centre="none")

@@ -195,7 +195,7 @@ FINISH_CHANNELS = 32  # channels a program of it
 def channel_ranges(x: torch.Tensor, centre: str = "range"):
     """``(centre, scale)`` of ``x`` ``[B, H, S, D]``, ``[B, H, 1, D]`` and ``[B, H, D]`` fp32, with
     ``centre``: ``"range"``, :func:`sgdiff.kernels.attention_fp8.channel_ranges`'s values;
-    ``"mean"``, :func:`sgdiff.kernels.attention_fp8.mean_channels`'s of
+    ``"mean"``, :func:`sgdiff.kernels.attention_int8.channels_around`'s of
     :func:`sgdiff.kernels.attention_fp8.tiled_token_means` (the tiles' sums from the same pass,
     added by ATen); ``"none"``, zeros and each channel's ``max(largest magnitude, SCALE_FLOOR) /
     448`` (their largest is :func:`sgdiff.kernels.attention_fp8.tensor_scale`'s)."""
