@@ -28,8 +28,9 @@ EXPECTED = {
     # the former script's 70 cases: layernorm_modulate 2 dtypes x 4 shapes x 5 argument lists, the row
     # kept or read again 2 dtypes, layer_norm 2 dtypes x 4 head dims x 3 argument lists, Wan's casts 4;
     # then the keep_row choice, Wan's refused casts, the refused layouts; a per-token table's
-    # addends with Wan's casts and on fp32 rows
-    "test_layernorm_modulate_interp.py": 2 * 4 * 5 + 2 + 2 * 4 * 3 + 4 + 3 + 2,
+    # addends with Wan's casts and on fp32 rows; channels-first rows normalized where they lie, 4 geometries
+    # x 2 dtypes, and copied first where addends come
+    "test_layernorm_modulate_interp.py": 2 * 4 * 5 + 2 + 2 * 4 * 3 + 4 + 3 + 2 + 4 * 2 + 1,
     # residual_gate 2 dtypes x 2 widths x 11 argument lists, residual_add 6 (3 divisors, 3 scales); then the
     # tanh gate, the refused layouts; a per-token gate's addend, plain and tanh
     "test_residual_gate_interp.py": 2 * 2 * 11 + 6 + 2 + 2,

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from sgdiff.kernels import dispatch, registry
 from sgdiff.kernels.triton import layer_norm as tln
-from sgdiff.kernels.triton import layernorm_modulate as tk
+from sgdiff.kernels.triton import layernorm_channels_first as tcf, layernorm_modulate as tk
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_dispatch")]
 OP = registry.op_def("layernorm_modulate").load()
@@ -273,15 +273,24 @@ def test_warp_rows_kernel_every_head_dim_and_program_shape(D, dtype):
         assert torch.equal(bits(_short_rows(tln._layer_norm_short_rows_kernel, x, w, b, 16, 4)), want)
 
 
-@pytest.mark.parametrize("shape", [(2, 1152, 4096), (1, 3072, 333), (2, 64, 7)])  # [B, N, S]: channels first
+@pytest.mark.parametrize("shape", [(2, 1152, 4096), (1, 3072, 333), (2, 64, 7), (1, 516, 77)])  # [B, N, S]
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_channels_first_storage_bitexact(shape, dtype):
-    """``LayerNorm(x) * (1 + scale) + shift`` of ``x = y.transpose(1, 2)``: the launch makes x
-    contiguous as ATen's LayerNorm does, then the fused kernel; ATen's bits."""
-    y = torch.randn(*shape, device="cuda").to(dtype)
-    x = y.transpose(1, 2)
-    scale, shift = (torch.randn(shape[0], 1, shape[1], device="cuda").to(dtype) for _ in range(2))
-    assert tk.can_use(x, None, None, 1e-6, scale, shift)
-    want = F.layer_norm(x, x.shape[-1:], eps=1e-6) * (1 + scale) + shift
-    got = tk.layernorm_modulate(x, None, None, 1e-6, scale, shift)
+@pytest.mark.parametrize("form", ["plain", "affine", "weight_no_shift", "wan_casts"])
+def test_channels_first_storage_bitexact(shape, dtype, form):
+    """``LayerNorm(x) * (1 + scale) + shift`` of ``x = y.transpose(1, 2)``: the rows normalized
+    where they lie (no copy), ATen's bits after its contiguous copy; an affine LayerNorm, a
+    weight alone without a shift, and Wan's fp32 norm of a bf16 x cast back."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    B, N, S = shape
+    x = (torch.randn(*shape, device="cuda", generator=g) * 3 + 1).to(dtype).transpose(1, 2)
+    norm = torch.float32 if form == "wan_casts" else dtype
+    scale, shift, w, b = (torch.randn(*s, device="cuda", generator=g).to(norm)
+                          for s in ((B, 1, N), (B, 1, N), (N,), (N,)))
+    w, b = (w, b) if form == "affine" else (w, None) if form == "weight_no_shift" else (None, None)
+    shift = None if form == "weight_no_shift" else shift
+    casts = (torch.float32, dtype) if form == "wan_casts" else (None, None)
+    args = (x, w, b, 1e-6, scale, shift, True, *casts)
+    assert tk.can_use(*args) and tcf.supported(x)
+    want = OP.reference(*args)
+    got = tk.layernorm_modulate(*args)
     assert dispatch._first_difference(got, want) is None

@@ -16,6 +16,7 @@ pytest.importorskip("triton")
 from sgdiff.kernels.layer_norm import layer_norm_reference  # noqa: E402
 from sgdiff.kernels.layernorm_modulate import layernorm_modulate_reference as ref  # noqa: E402
 from sgdiff.kernels.triton import layer_norm as tln, layernorm_modulate as tk  # noqa: E402
+from sgdiff.kernels.triton import layernorm_channels_first as tcf  # noqa: E402
 from tests.interpreter.common import FP32_BF16, assert_within, drawn, ids  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
@@ -160,23 +161,60 @@ def test_refused_layouts():
     assert not tln.layer_norm_supported_layout(torch.randn(2, 3, 4, 64), None, b, 1e-6)
 
 
+CHANNELS_FIRST = [  # [B, N, S] stored, read as [B, S, N]; (weight, bias, shift, plus_one, Wan's casts)
+    ((2, 64, 7), (False, False, True, True, False)),  # one vector a thread for 16 threads: empty states
+    ((1, 1152, 37), (True, True, True, True, False)),  # 3 tiles, the last partial; S not a multiple of 16
+    ((2, 516, 20), (True, False, False, False, False)),  # N % 64 != 0
+    ((1, 1536, 16), (False, False, True, True, True)),  # bf16 x normalized as the fp32 it is cast to
+]
+
+
 @TOLERANCES
-def test_channels_first_storage_read_as_rows(dtype, rtol):
+@pytest.mark.parametrize("shape,form", CHANNELS_FIRST, ids=[ids(s) for s, _ in CHANNELS_FIRST])
+def test_channels_first_rows_normalized_where_they_lie(shape, form, dtype, rtol):
     """``x = y.transpose(1, 2)`` of a channels-first [B, N, S] tensor: the last dim strided. The
-    launch normalizes ``x.contiguous()``, as ATen's LayerNorm does; the output is contiguous."""
+    rows are normalized in place by the channels-first kernel (no copy), the output contiguous."""
     g = torch.Generator().manual_seed(3)
-    y = torch.randn(2, 64, 7, generator=g).to(dtype)
+    affine_w, affine_b, has_shift, plus_one, wan = form
+    B, N, S = shape
+    y = (torch.randn(B, N, S, generator=g) * 3 + 1).to(dtype)
     x = y.transpose(1, 2)
-    scale, shift = (torch.randn(2, 1, 64, generator=g).to(dtype) for _ in range(2))
-    args = (x, None, None, 1e-6, scale, shift, True)
-    assert x.stride(-1) != 1 and tk.supported_layout(*args)
+    norm = torch.float32 if wan else dtype
+    scale, shift = (torch.randn(B, 1, N, generator=g).to(norm) for _ in range(2))
+    w, b = (torch.randn(N, generator=g).to(norm) for _ in range(2))
+    args = (x, w if affine_w else None, b if affine_b else None, 1e-6, scale, shift if has_shift else None, plus_one,
+            *((torch.float32, dtype) if wan else ()))
+    assert x.stride(-1) != 1 and tk.supported_layout(*args) and tcf.supported(x)
     got, want = tk.layernorm_modulate(*args), ref(*args)
-    assert got.is_contiguous() and got.shape == want.shape
+    assert got.is_contiguous() and got.shape == want.shape and got.dtype == want.dtype
     assert_within(got, want, rtol)
     assert torch.equal(tk.bind(*args)(*args), got)
-    copy = tk._contiguous_copy(x)  # the tiled transpose (not Tensor.contiguous), moving x's bits
+    kernel, bound = tcf._layernorm_modulate_cols_kernel, []
+
+    class Recorded:  # the channels-first kernel is what the launch binds, not a copy and the row kernel
+        def bind(self, grid, **options):
+            bound.append(grid)
+            return kernel.bind(grid, **options)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tcf, "_layernorm_modulate_cols_kernel", Recorded())
+        assert torch.equal(tk.bind(*args)(*args), got)
+    assert bound == [(-(-S // tcf.TOKENS), B)]
+
+
+def test_channels_first_with_addends_copied_first():
+    """With a per-token table's addends the channels-first kernel does not apply: x is made
+    contiguous by the tiled transpose (not Tensor.contiguous), moving x's bits, then normalized."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 64, 7, generator=g).transpose(1, 2)
+    table, temb = torch.randn(1, 6, 64, generator=g), torch.randn(2, 7, 6, 64, generator=g)
+    wide = table.unsqueeze(0).expand(2, 7, 6, 64)
+    args = (x, None, None, 1e-6, wide[:, :, 1], wide[:, :, 0], True, None, None, temb[:, :, 1], temb[:, :, 0])
+    assert tk.supported_layout(*args) and not tcf.supported(x, temb[:, :, 1], temb[:, :, 0])
+    assert_within(tk.layernorm_modulate(*args), ref(*args), 2e-5)
+    copy = tk._contiguous_copy(x)
     assert copy is not torch.Tensor.contiguous and torch.equal(copy(x), x.contiguous())
-    odd = torch.randn(3, 64, 5, generator=g).to(dtype).transpose(1, 2)  # another geometry: its own copy
+    odd = torch.randn(3, 64, 5, generator=g).transpose(1, 2)  # another geometry: its own copy
     assert torch.equal(tk._contiguous_copy(odd)(odd), odd.contiguous())
 
 

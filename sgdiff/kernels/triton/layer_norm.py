@@ -29,7 +29,7 @@ import triton.language as tl
 from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton.cuda_math import INTERPRET, rsqrtf, to_fp32
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
-from sgdiff.kernels.triton.layernorm_modulate import _affine, _bind, _gluon_or_triton, _norm_ok
+from sgdiff.kernels.triton.layernorm_modulate import _bind, _gluon_or_triton, _norm_ok
 from sgdiff.kernels.triton.rows import TL_DTYPE
 from sgdiff.kernels.triton.welford import (
     THREADS,
@@ -37,6 +37,7 @@ from sgdiff.kernels.triton.welford import (
     VEC_C,
     _fold_last_axis,
     _row_lane0,
+    aten_affine,
     fold_empty_warps,
     pow2_reciprocal,
     short_rows_welford,
@@ -59,7 +60,7 @@ def _normalize(x, mean, rstd, w_ptr, b_ptr, col, mask, HAS_WEIGHT: tl.constexpr,
     y = rstd * (x - mean)
     w = to_fp32(tl.load(w_ptr + col, mask=mask)) if HAS_WEIGHT else None
     b = to_fp32(tl.load(b_ptr + col, mask=mask)) if HAS_BIAS else None
-    return _affine(y, rstd, x - mean, w, b)
+    return aten_affine(y, rstd, x - mean, w, b)
 
 
 @LeanKernel

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.registry import Impl
-from sgdiff.kernels.triton import cast_copy
+from sgdiff.kernels.triton import cast_copy, layernorm_channels_first
 from sgdiff.kernels.triton.cuda_math import INTERPRET, rsqrtf, to_fp32
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.rows import DTYPES, TL_DTYPE, cached_plan
@@ -46,8 +46,10 @@ from sgdiff.kernels.triton.welford import (
     VEC_C,
     _warp_row_stats,
     aligned_vec4,
+    aten_affine,
     fold_vector,
     load_row,
+    modulate_rounded,
     row_welford,
     warp_row_tree_terms,
 )
@@ -163,40 +165,11 @@ def store_tile(tiles, k: tl.constexpr, out_row, col, mask, mean, rstd, PLUS_ONE:
     and store it at columns ``col`` of the output's row ``out_row``."""
     xs, ws, bs, scs, shs = tiles
     centered = to_fp32(xs[k]) - mean
-    y = _affine(rstd * centered, rstd, centered, to_fp32(ws[k]) if len(ws) > 0 else None,
+    y = aten_affine(rstd * centered, rstd, centered, to_fp32(ws[k]) if len(ws) > 0 else None,
                 to_fp32(bs[k]) if len(bs) > 0 else None)
-    y = _modulate(y.to(DTYPE), scs[k] if len(scs) > 0 else None, shs[k] if len(shs) > 0 else None, PLUS_ONE,
+    y = modulate_rounded(y.to(DTYPE), scs[k] if len(scs) > 0 else None, shs[k] if len(shs) > 0 else None, PLUS_ONE,
                   len(scs) > 0, len(shs) > 0, DTYPE)
     tl.store(out_row + col, y.to(out_row.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _modulate(y, sc, sh, PLUS_ONE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr,
-              DTYPE: tl.constexpr):
-    """``y * (1 + scale) + shift`` on the LayerNorm output ``y`` (DTYPE), each step in fp32 and
-    rounded to DTYPE as eager's."""
-    if HAS_SCALE:
-        f = sc.to(tl.float32)
-        if PLUS_ONE:
-            f = (f + 1.0).to(DTYPE).to(tl.float32)
-        y = (y.to(tl.float32) * f).to(DTYPE)
-    if HAS_SHIFT:
-        y = (y.to(tl.float32) + sh.to(tl.float32)).to(DTYPE)
-    return y
-
-
-@triton.jit
-def _affine(y, rstd, centered, w, b):
-    """``y = rstd * centered`` through the LayerNorm's weight ``w`` and bias ``b`` (fp32, either
-    None where absent) as ATen's kernel takes it: ``fma(w, y, b)``, ``w * y`` or ``fma(rstd, centered, b)``."""
-    if w is not None:
-        if b is not None:
-            y = tl.fma(w, y, b)
-        else:
-            y = w * y
-    elif b is not None:
-        y = tl.fma(rstd, centered, b)
-    return y
 
 
 if gluon is not None:
@@ -319,9 +292,9 @@ if gluon is not None:
                     if _full_tile(k, N, EVEN_ROWS):
                         mask = None
                     centered = to_fp32(xs[k]) - mean[:, :, None]
-                    y = _affine(rstd[:, :, None] * centered, rstd[:, :, None], centered,
+                    y = aten_affine(rstd[:, :, None] * centered, rstd[:, :, None], centered,
                                 to_fp32(ws[k]) if HAS_WEIGHT else None, to_fp32(bs[k]) if HAS_BIAS else None)
-                    y = _modulate(y.to(DTYPE), scs[k] if HAS_SCALE else None, shs[k] if HAS_SHIFT else None,
+                    y = modulate_rounded(y.to(DTYPE), scs[k] if HAS_SCALE else None, shs[k] if HAS_SHIFT else None,
                                   PLUS_ONE, HAS_SCALE, HAS_SHIFT, DTYPE)
                     gl.store(out_ptr + row[:, None, None] * N + col, y.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -532,9 +505,13 @@ def _bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype
 def bind(x, weight, bias, eps, scale, shift, scale_plus_one=True, x_dtype=None, out_dtype=None, scale_addend=None,
          shift_addend=None):
     """:func:`layernorm_modulate` for inputs of this signature, its host arithmetic done. An x
-    whose last dim is strided (a transposed channels-first tensor) is made contiguous first, as
-    ATen's LayerNorm makes it (the same copy, then the same rows: the same bits)."""
+    whose last dim is strided (a transposed channels-first tensor) is normalized where it lies
+    (:mod:`.layernorm_channels_first`: the rows ATen's LayerNorm copies out first, the same bits);
+    with addends, or not 3-D, it is made contiguous first, as ATen makes it."""
     adds = dict(scale_addend=scale_addend, shift_addend=shift_addend)
+    if layernorm_channels_first.supported(x, scale_addend, shift_addend):  # normalized where they lie
+        launch = layernorm_channels_first.bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype)
+        return lambda x, weight, bias, eps, scale, shift, *_: launch(x, weight, bias, scale, shift)
     if x.stride(-1) != 1:
         contiguous = _contiguous_copy(x)
         launch = _bind(contiguous(x), weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype, **adds)

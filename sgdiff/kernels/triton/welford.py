@@ -263,6 +263,35 @@ def _online(mean, m2, x, active, inv_count, MASKED: tl.constexpr):
     return new_mean, new_m2
 
 
+@triton.jit
+def aten_affine(y, rstd, centered, w, b):
+    """``y = rstd * centered`` through the LayerNorm's weight ``w`` and bias ``b`` (fp32, either
+    None where absent) as ATen's kernel takes it: ``fma(w, y, b)``, ``w * y`` or ``fma(rstd, centered, b)``."""
+    if w is not None:
+        if b is not None:
+            y = tl.fma(w, y, b)
+        else:
+            y = w * y
+    elif b is not None:
+        y = tl.fma(rstd, centered, b)
+    return y
+
+
+@triton.jit
+def modulate_rounded(y, sc, sh, PLUS_ONE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr,
+                     DTYPE: tl.constexpr):
+    """The adaLN chain after a norm, ``y * (1 + scale) + shift`` on its output ``y`` (DTYPE),
+    each step in fp32 and rounded to DTYPE as eager's (``PLUS_ONE=False``: ``y * scale``)."""
+    if HAS_SCALE:
+        f = sc.to(tl.float32)
+        if PLUS_ONE:
+            f = (f + 1.0).to(DTYPE).to(tl.float32)
+        y = (y.to(tl.float32) * f).to(DTYPE)
+    if HAS_SHIFT:
+        y = (y.to(tl.float32) + sh.to(tl.float32)).to(DTYPE)
+    return y
+
+
 # --- Gluon: ATen's tree over the lanes and registers of a layout written out ------------
 
 if gluon is not None:
