@@ -227,10 +227,29 @@ def write_report(result: dict, out: pathlib.Path) -> None:
 
 def merge_cases(old: dict, new: dict, key: Callable[[dict], tuple], rank: Callable[[tuple], int]) -> dict:
     """Results ``old`` with the cases of ``new`` (a run of some of them) in place of the same
-    cases (``key``), each case tagged with the commit it ran at, ordered by ``rank`` (stable)."""
-    cases = {key(c): dict(c, commit=c.get("commit", old["commit"])) for c in old["cases"]}
-    cases.update({key(c): dict(c, commit=c.get("commit", new["commit"])) for c in new["cases"]})
-    return dict(new, cases=[cases[k] for k in sorted(cases, key=rank)])
+    cases (``key``), each case tagged with the commit and the GPU it ran on, ordered by ``rank``
+    (stable). Where the cases come from several GPUs, ``gpu`` names them all."""
+    def tagged(c, run):
+        return dict(c, commit=c.get("commit", run["commit"]), gpu=c.get("gpu", run.get("gpu")))
+
+    cases = {key(c): tagged(c, old) for c in old["cases"]}
+    cases.update({key(c): tagged(c, new) for c in new["cases"]})
+    gpus = sorted({c["gpu"] for c in cases.values() if c["gpu"]})
+    return dict(new, gpu=" / ".join(gpus) if gpus else new.get("gpu"), cases=[cases[k] for k in sorted(cases, key=rank)])
+
+
+def run_header(result: dict) -> str:
+    """The heading of a merged table's last column: :func:`run_label`'s."""
+    return "commit, GPU" if " / " in (result.get("gpu") or "") else "commit"
+
+
+def run_label(case: dict, result: dict) -> str:
+    """A merged case's commit, and its GPU where the table's cases come from several
+    (:func:`merge_cases`)."""
+    commit = case.get("commit", result["commit"])[:7]
+    if " / " not in (result.get("gpu") or ""):
+        return commit
+    return f"{commit}, {(case.get('gpu') or result['gpu']).removeprefix('NVIDIA ').split()[0]}"
 
 
 def fold_runs(published: pathlib.Path, runs, merge: Callable[[dict, dict], dict], write: Callable) -> None:

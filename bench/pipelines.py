@@ -25,7 +25,7 @@ import time
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from bench.kernels import _meta, _write_json  # noqa: E402
+from bench.kernels import _meta, _write_json, fold_runs, merge_cases, run_header, run_label  # noqa: E402
 from bench.timing import call_ms  # noqa: E402
 
 VARIANTS = ("eager", "inductor", "sgdiff")
@@ -109,8 +109,9 @@ def write_report(result: dict, out: pathlib.Path) -> None:
              "call after a compiling one and the warm-up calls (untimed; eager has none); the VAE decode alone in ms "
              "(median); equal: torch.equal to eager's.", "",
              "| pipeline | steps | warm-up calls | eager s | Inductor s | sgdiff s | sgdiff equal | VAE eager ms | "
-             "VAE Inductor ms | VAE sgdiff ms | VAE sgdiff equal | peak GiB (eager / Inductor / sgdiff) |",
-             "|" + " --- |" * 12]
+             "VAE Inductor ms | VAE sgdiff ms | VAE sgdiff equal | peak GiB (eager / Inductor / sgdiff) | "
+             + run_header(result) + " |",
+             "|" + " --- |" * 13]
     def num(value, digits):
         return "-" if value is None else f"{value:.{digits}f}"
 
@@ -121,8 +122,27 @@ def write_report(result: dict, out: pathlib.Path) -> None:
                      f"{num(c.get('inductor_s'), 2)} | {num(c.get('sgdiff_s'), 2)} | {c.get('sgdiff_equal', '-')} | "
                      f"{num(c.get('vae_eager_ms'), 1)} | {num(c.get('vae_inductor_ms'), 1)} | "
                      f"{num(c.get('vae_sgdiff_ms'), 1)} | {c.get('vae_sgdiff_equal', '-')} | "
-                     + (" / ".join(f"{peak[v]:.1f}" for v in VARIANTS if v in peak) or "-") + " |")
+                     + (" / ".join(f"{peak[v]:.1f}" for v in VARIANTS if v in peak) or "-")
+                     + f" | {run_label(c, result)} |")
     (out / "pipelines.md").write_text("\n".join(lines) + "\n")
+
+
+def merge_runs(old: dict, new: dict) -> dict:
+    """``old`` with the pipelines ``new`` ran in their place; where ``new`` ran some variants
+    only (a run split over calls), its figures join the same pipeline's of ``old``, which must
+    be of the same GPU, steps and warm-up calls."""
+    def key(c):
+        return c["pipeline"], c["size"]
+
+    same = {key(c): c for c in old["cases"] if c.get("gpu", old.get("gpu")) == new.get("gpu")}
+    for c in new["cases"]:
+        base = same.get(key(c))
+        if base is not None and (base["steps"], base.get("warmup_calls")) == (c["steps"], c.get("warmup_calls")) \
+                and not {"inductor_s", "sgdiff_s"} <= c.keys():
+            c.update({k: v for k, v in base.items() if k not in c}, peak_gib={**base.get("peak_gib", {}),
+                                                                               **c.get("peak_gib", {})})
+    order = ["flux", "wan", "sana"]
+    return merge_cases(old, new, key=key, rank=lambda k: order.index(k[0]) if k[0] in order else len(order))
 
 
 def main(argv=None) -> int:
@@ -136,7 +156,12 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls after the compiling one")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--merge", nargs="+", metavar="PIPELINES_JSON",
+                        help="no measuring: fold these results (earliest first) into --out's pipelines.json")
     args = parser.parse_args(argv)
+    if args.merge:
+        fold_runs(pathlib.Path(args.out) / "pipelines.json", args.merge, merge_runs, write_report)
+        return 0
     meta = _meta()
     if args.device != "cuda":
         meta["gpu"] = "cpu"

@@ -24,7 +24,7 @@ from typing import Dict, List
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from bench.kernels import _meta, _write_json, fold_runs, merge_cases  # noqa: E402
+from bench.kernels import _meta, _write_json, fold_runs, merge_cases, run_header, run_label  # noqa: E402
 from bench.small_models import VARIANTS, run_case  # noqa: E402
 
 
@@ -104,14 +104,15 @@ def write_report(result: dict, out: pathlib.Path) -> None:
              f"Sites rewritten over these models: {cov['found']} of {cov['expected']} ({cov['share']:.1%}). "
              f"Over the tiny configs in fp32 and bf16 (`sites.coverage()`, the CPU tests): {done} of {due} "
              f"({done / due:.1%}).", "",
-             "| model | found / expected | equal | sgdiff kernels | eager ms | sgdiff ms | sgdiff / eager | commit |",
+             "| model | found / expected | equal | sgdiff kernels | eager ms | sgdiff ms | sgdiff / eager | "
+             + run_header(result) + " |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in result["cases"]:
         sites_text = ", ".join(f"{f} {c['found'][f]}/{n}" for f, n in c["expected"].items() if n or c["found"][f])
         ratio = c.get("sgdiff_default_vs_eager")
         equal = f"{c['equal']} (deterministic kernels)" if c.get("deterministic") else c["equal"]
         lines.append(f"| {c['model']} | {sites_text} | {equal} | {c['sgdiff_kernels']} | {c['eager_ms']:.2f} | "
-                     f"{c['sgdiff_ms']:.2f} | {'-' if ratio is None else f'{ratio:.3f}'} | {c.get('commit', result['commit'])[:7]} |")
+                     f"{c['sgdiff_ms']:.2f} | {'-' if ratio is None else f'{ratio:.3f}'} | {run_label(c, result)} |")
     (out / "zoo.md").write_text("\n".join(lines) + "\n")
 
 

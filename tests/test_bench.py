@@ -140,6 +140,57 @@ def test_partial_kernel_runs_merge_case_by_case(tmp_path):
     assert "| bbb |" in (tmp_path / "kernels.md").read_text() and "| aaa |" in (tmp_path / "kernels.md").read_text()
 
 
+def test_runs_of_another_gpu_merge_tagged_with_it(tmp_path):
+    """A run on another GPU replaces its cases only; each case keeps its GPU, the table's title
+    names both and each row says which it ran on; runs of one GPU print the commit alone."""
+    from bench import kernels
+
+    old = dict(gpu="NVIDIA H200", torch="t", triton="tr", commit="aaa",
+               cases=[_kernel_case("rope", 1.0), _kernel_case("modulate", 2.0)])
+    new = dict(old, gpu="NVIDIA H100 80GB HBM3", commit="bbb", cases=[_kernel_case("modulate", 1.5)])
+    merged = kernels.merge_results(old, new)
+    assert merged["gpu"] == "NVIDIA H100 80GB HBM3 / NVIDIA H200"
+    assert {c["op"]: (c["gpu"], kernels.run_label(c, merged)) for c in merged["cases"]} == {
+        "rope": ("NVIDIA H200", "aaa, H200"), "modulate": ("NVIDIA H100 80GB HBM3", "bbb, H100")}
+    alone = kernels.merge_results(old, dict(new, gpu="NVIDIA H200"))
+    assert alone["gpu"] == "NVIDIA H200" and kernels.run_label(alone["cases"][0], alone) in ("aaa", "bbb")
+    assert kernels.run_header(merged) == "commit, GPU" and kernels.run_header(alone) == "commit"
+
+
+def test_pipeline_runs_split_over_calls_join_into_one_row(tmp_path):
+    """bench/pipelines.py --merge: a pipeline whose Inductor and sgdiff variants ran in two calls
+    (each with its own eager) is one row; a run on another GPU or with other warm-up calls
+    replaces the row instead of joining it."""
+    import json
+
+    from bench import pipelines
+
+    def case(**figures):
+        return dict(pipeline="wan", size="full", steps=20, warmup_calls=2, **figures)
+
+    meta = dict(torch="t", triton="tr")
+    flux = dict(pipeline="flux", size="full", steps=28, warmup_calls=0, eager_s=5.0, inductor_s=3.7, sgdiff_s=3.6)
+    runs = [dict(meta, gpu="H200", commit="aaa", cases=[flux]),
+            dict(meta, gpu="H100", commit="bbb", cases=[case(eager_s=28.3, inductor_s=23.6, peak_gib=dict(eager=7.3,
+                                                                                                        inductor=7.9))]),
+            dict(meta, gpu="H100", commit="bbb", cases=[case(eager_s=28.4, sgdiff_s=22.9, sgdiff_equal=True,
+                                                             peak_gib=dict(eager=7.3, sgdiff=8.9))])]
+    paths = []
+    for i, run in enumerate(runs):
+        paths.append(tmp_path / f"run{i}.json")
+        paths[-1].write_text(json.dumps(run))
+    assert pipelines.main(["--merge", *map(str, paths), "--out", str(tmp_path / "out")]) == 0
+    merged = json.loads((tmp_path / "out" / "pipelines.json").read_text())
+    wan = merged["cases"][1]
+    assert [c["pipeline"] for c in merged["cases"]] == ["flux", "wan"]
+    assert (wan["eager_s"], wan["inductor_s"], wan["sgdiff_s"], wan["gpu"]) == (28.4, 23.6, 22.9, "H100")
+    assert wan["peak_gib"] == dict(eager=7.3, inductor=7.9, sgdiff=8.9)
+    assert "| 7.3 / 7.9 / 8.9 | bbb, H100 |" in (tmp_path / "out" / "pipelines.md").read_text()
+    other = dict(runs[2], gpu="H200", cases=[case(eager_s=20.0, sgdiff_s=15.0)])
+    again = pipelines.merge_runs(merged, other)
+    assert "inductor_s" not in again["cases"][1] and again["cases"][1]["gpu"] == "H200"
+
+
 def test_runs_compare_with_inductor_case_by_case(tmp_path):
     """--across: for each case that ran more than once, every run's pair, the medians and how
     often sgdiff took no longer than Inductor and than 1.5 copies, launched as shipped and
