@@ -9,10 +9,12 @@ Per pipeline, each variant on a pipeline built anew from the same seed: eager; I
 of a new shape is captured at its third call, and a VAE decoding frame by frame compiles some
 frames again on later calls, until dynamo's recompile limit: the steady state a user's second
 and later calls see); the next is timed end to end (seconds, synchronized), then the VAE decode alone on the latents the eager run decoded (ms, CUDA events,
-median of ``--repeats``; wall clock on the CPU); peak memory of the timed call; whether the output tensor (and the
-decode's) is ``torch.equal`` to eager's. Writes pipelines.json and pipelines.md: ``{gpu, torch,
+median of ``--repeats``; wall clock on the CPU); peak memory of the timed call; what the pipeline holds between
+calls and the most its decode allocates above that (``held_gib``, ``vae_peak_gib``); whether the output tensor
+(and the decode's) is ``torch.equal`` to eager's. Writes pipelines.json and pipelines.md: ``{gpu, torch,
 triton, commit, cases: [{pipeline, steps, eager_s, inductor_s, sgdiff_s, sgdiff_equal,
-vae_eager_ms, vae_inductor_ms, vae_sgdiff_ms, vae_sgdiff_equal, peak_gib: {variant: GiB}}]}``.
+vae_eager_ms, vae_inductor_ms, vae_sgdiff_ms, vae_sgdiff_equal, peak_gib: {variant: GiB}, held_gib: {...},
+vae_peak_gib: {...}}]}``.
 """
 from __future__ import annotations
 
@@ -52,11 +54,21 @@ def _output(result) -> torch.Tensor:
 
 
 def _decode_ms(pipe, latents, device: torch.device, repeats: int):
-    """The decode's output and its median time in ms."""
+    """The decode's output, its median time in ms and ``(held, peak)``: the GiB allocated before
+    the first decode (what the pipeline holds between calls: weights, kept graphs' memory) and
+    the most the decode allocated above it (None off the GPU)."""
     with torch.no_grad():
+        memory = None
+        if device.type == "cuda":
+            _sync(device)
+            held = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
         out = pipe.vae.decode(latents, return_dict=False)[0]
+        if device.type == "cuda":
+            _sync(device)
+            memory = held / 2**30, (torch.cuda.max_memory_allocated(device) - held) / 2**30
         times = [call_ms(lambda: pipe.vae.decode(latents, return_dict=False), device) for _ in range(repeats)]
-    return out, statistics.median(times)
+    return out, statistics.median(times), memory
 
 
 def run_pipeline(name: str, size: str, device: torch.device, dtype, steps, repeats: int,
@@ -91,7 +103,9 @@ def run_pipeline(name: str, size: str, device: torch.device, dtype, steps, repea
         if latents is None:
             latents = seen[-1]
             del pipe.vae.decode  # the instance's wrapper: the class's decode again
-        decoded, row[f"vae_{variant}_ms"] = _decode_ms(pipe, latents, device, repeats)
+        decoded, row[f"vae_{variant}_ms"], memory = _decode_ms(pipe, latents, device, repeats)
+        if memory is not None:
+            row.setdefault("held_gib", {})[variant], row.setdefault("vae_peak_gib", {})[variant] = memory
         if variant == "eager":
             want, want_decode = out, decoded
         else:
@@ -110,19 +124,20 @@ def write_report(result: dict, out: pathlib.Path) -> None:
              "(median); equal: torch.equal to eager's.", "",
              "| pipeline | steps | warm-up calls | eager s | Inductor s | sgdiff s | sgdiff equal | VAE eager ms | "
              "VAE Inductor ms | VAE sgdiff ms | VAE sgdiff equal | peak GiB (eager / Inductor / sgdiff) | "
-             + run_header(result) + " |",
-             "|" + " --- |" * 13]
+             "decode's peak above what is held, GiB | " + run_header(result) + " |",
+             "|" + " --- |" * 14]
     def num(value, digits):
         return "-" if value is None else f"{value:.{digits}f}"
 
     for c in result["cases"]:
-        peak = c.get("peak_gib", {})
+        peak, vae_peak = c.get("peak_gib", {}), c.get("vae_peak_gib", {})
         lines.append(f"| {c['pipeline']} ({c['size']}) | {c['steps']} | {c.get('warmup_calls', 0)} | "
                      f"{num(c.get('eager_s'), 2)} | "
                      f"{num(c.get('inductor_s'), 2)} | {num(c.get('sgdiff_s'), 2)} | {c.get('sgdiff_equal', '-')} | "
                      f"{num(c.get('vae_eager_ms'), 1)} | {num(c.get('vae_inductor_ms'), 1)} | "
                      f"{num(c.get('vae_sgdiff_ms'), 1)} | {c.get('vae_sgdiff_equal', '-')} | "
-                     + (" / ".join(f"{peak[v]:.1f}" for v in VARIANTS if v in peak) or "-")
+                     + (" / ".join(f"{peak[v]:.1f}" for v in VARIANTS if v in peak) or "-") + " | "
+                     + (" / ".join(f"{vae_peak[v]:.2f}" for v in VARIANTS if v in vae_peak) or "-")
                      + f" | {run_label(c, result)} |")
     (out / "pipelines.md").write_text("\n".join(lines) + "\n")
 
@@ -139,8 +154,8 @@ def merge_runs(old: dict, new: dict) -> dict:
         base = same.get(key(c))
         if base is not None and (base["steps"], base.get("warmup_calls")) == (c["steps"], c.get("warmup_calls")) \
                 and not {"inductor_s", "sgdiff_s"} <= c.keys():
-            c.update({k: v for k, v in base.items() if k not in c}, peak_gib={**base.get("peak_gib", {}),
-                                                                               **c.get("peak_gib", {})})
+            c.update({k: v for k, v in base.items() if k not in c},
+                     **{k: {**v, **c.get(k, {})} for k, v in base.items() if isinstance(v, dict)})
     order = ["flux", "wan", "sana"]
     return merge_cases(old, new, key=key, rank=lambda k: order.index(k[0]) if k[0] in order else len(order))
 

@@ -185,7 +185,7 @@ def test_pipeline_runs_split_over_calls_join_into_one_row(tmp_path):
     assert [c["pipeline"] for c in merged["cases"]] == ["flux", "wan"]
     assert (wan["eager_s"], wan["inductor_s"], wan["sgdiff_s"], wan["gpu"]) == (28.4, 23.6, 22.9, "H100")
     assert wan["peak_gib"] == dict(eager=7.3, inductor=7.9, sgdiff=8.9)
-    assert "| 7.3 / 7.9 / 8.9 | bbb, H100 |" in (tmp_path / "out" / "pipelines.md").read_text()
+    assert "| 7.3 / 7.9 / 8.9 | - | bbb, H100 |" in (tmp_path / "out" / "pipelines.md").read_text()
     other = dict(runs[2], gpu="H200", cases=[case(eager_s=20.0, sgdiff_s=15.0)])
     again = pipelines.merge_runs(merged, other)
     assert "inductor_s" not in again["cases"][1] and again["cases"][1]["gpu"] == "H200"
