@@ -140,6 +140,19 @@ def test_partial_kernel_runs_merge_case_by_case(tmp_path):
     assert "| bbb |" in (tmp_path / "kernels.md").read_text() and "| aaa |" in (tmp_path / "kernels.md").read_text()
 
 
+def _merged_by_main(main, runs, tmp_path, name):
+    """A bench's ``main(["--merge", ...])`` over ``runs`` written as files (earliest first) into
+    ``tmp_path/out``: the merged results it wrote to ``<name>.json``."""
+    import json
+
+    paths = []
+    for i, run in enumerate(runs):
+        paths.append(tmp_path / f"run{i}.json")
+        paths[-1].write_text(json.dumps(run))
+    assert main(["--merge", *map(str, paths), "--out", str(tmp_path / "out")]) == 0
+    return json.loads((tmp_path / "out" / f"{name}.json").read_text())
+
+
 def test_runs_of_another_gpu_merge_tagged_with_it(tmp_path):
     """A run on another GPU replaces its cases only; each case keeps its GPU, the table's title
     names both and each row says which it ran on; runs of one GPU print the commit alone."""
@@ -161,8 +174,6 @@ def test_pipeline_runs_split_over_calls_join_into_one_row(tmp_path):
     """bench/pipelines.py --merge: a pipeline whose Inductor and sgdiff variants ran in two calls
     (each with its own eager) is one row; a run on another GPU or with other warm-up calls
     replaces the row instead of joining it."""
-    import json
-
     from bench import pipelines
 
     def case(**figures):
@@ -175,12 +186,7 @@ def test_pipeline_runs_split_over_calls_join_into_one_row(tmp_path):
                                                                                                         inductor=7.9))]),
             dict(meta, gpu="H100", commit="bbb", cases=[case(eager_s=28.4, sgdiff_s=22.9, sgdiff_equal=True,
                                                              peak_gib=dict(eager=7.3, sgdiff=8.9))])]
-    paths = []
-    for i, run in enumerate(runs):
-        paths.append(tmp_path / f"run{i}.json")
-        paths[-1].write_text(json.dumps(run))
-    assert pipelines.main(["--merge", *map(str, paths), "--out", str(tmp_path / "out")]) == 0
-    merged = json.loads((tmp_path / "out" / "pipelines.json").read_text())
+    merged = _merged_by_main(pipelines.main, runs, tmp_path, "pipelines")
     wan = merged["cases"][1]
     assert [c["pipeline"] for c in merged["cases"]] == ["flux", "wan"]
     assert (wan["eager_s"], wan["inductor_s"], wan["sgdiff_s"], wan["gpu"]) == (28.4, 23.6, 22.9, "H100")
@@ -467,8 +473,6 @@ def test_small_models_gives_each_compiled_variant_a_recompile_budget(monkeypatch
 def test_zoo_runs_merge_with_todays_expected_counts(tmp_path):
     """bench/zoo.py --merge: the later run's row replaces the earlier one's, the expected counts
     are read from sgdiff/zoo/sites.py, the coverage counts a model's rewrites up to its total."""
-    import json
-
     from bench import zoo as zoo_bench
     from sgdiff.zoo import sites
 
@@ -482,12 +486,7 @@ def test_zoo_runs_merge_with_todays_expected_counts(tmp_path):
     dit = dict(sites.expected("dit", "bf16", "blocks2"), modulate=1)  # 4 of dit's modulates missing
     runs = [dict(meta, commit="aaa", coverage={}, cases=[row("flux", short, 4.0), row("dit", dit, 1.0)]),
             dict(meta, commit="bbb", coverage={}, cases=[row("flux", flux, 3.0)])]
-    paths = []
-    for i, run in enumerate(runs):
-        paths.append(tmp_path / f"run{i}.json")
-        paths[-1].write_text(json.dumps(run))
-    assert zoo_bench.main(["--merge", *map(str, paths), "--out", str(tmp_path / "out")]) == 0
-    merged = json.loads((tmp_path / "out" / "zoo.json").read_text())
+    merged = _merged_by_main(zoo_bench.main, runs, tmp_path, "zoo")
     by_model = {c["model"]: c for c in merged["cases"]}
     assert by_model["flux"]["commit"] == "bbb" and by_model["flux"]["sgdiff_ms"] == 3.0
     assert by_model["dit"]["commit"] == "aaa" and by_model["dit"]["expected"] == sites.expected("dit", "bf16", "blocks2")
