@@ -203,14 +203,17 @@ def test_channels_first_rows_normalized_where_they_lie(shape, form, dtype, rtol)
 
 
 def test_channels_first_with_addends_copied_first():
-    """With a per-token table's addends the channels-first kernel does not apply: x is made
-    contiguous by the tiled transpose (not Tensor.contiguous), moving x's bits, then normalized."""
+    """With a per-token table's addends the channels-first kernel does not apply (nor where a
+    batch entry's offsets pass 32 bits): x is made contiguous by the tiled transpose (not
+    Tensor.contiguous), moving x's bits, then normalized."""
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2, 64, 7, generator=g).transpose(1, 2)
     table, temb = torch.randn(1, 6, 64, generator=g), torch.randn(2, 7, 6, 64, generator=g)
     wide = table.unsqueeze(0).expand(2, 7, 6, 64)
     args = (x, None, None, 1e-6, wide[:, :, 1], wide[:, :, 0], True, None, None, temb[:, :, 1], temb[:, :, 0])
     assert tk.supported_layout(*args) and not tcf.supported(x, temb[:, :, 1], temb[:, :, 0])
+    wide_rows = torch.empty_strided((1, 4, 2 ** 20), (2 ** 33, 1, 2 ** 12), device="meta")  # offsets past 32 bits
+    assert tcf.supported(wide_rows[:, :, :2 ** 18]) and not tcf.supported(wide_rows)
     assert_within(tk.layernorm_modulate(*args), ref(*args), 2e-5)
     copy = tk._contiguous_copy(x)
     assert copy is not torch.Tensor.contiguous and torch.equal(copy(x), x.contiguous())

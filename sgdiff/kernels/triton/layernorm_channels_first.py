@@ -117,10 +117,11 @@ def _layernorm_modulate_cols_kernel(
 
 def supported(x, scale_addend=None, shift_addend=None) -> bool:
     """Inputs this kernel takes, beyond what the 4-warp kernel's checks ask of the others: a 3-D
-    x whose last dim is strided, the grid's batch axis within bounds, no addends (the launch
-    then makes x contiguous first, :func:`sgdiff.kernels.triton.layernorm_modulate.bind`)."""
+    x whose last dim is strided, the grid's batch axis within bounds, a batch entry's offsets
+    within 32 bits (the channels' offsets are), no addends (otherwise the launch makes x
+    contiguous first, :func:`sgdiff.kernels.triton.layernorm_modulate.bind`)."""
     return (x.dim() == 3 and x.stride(-1) != 1 and x.shape[0] < 2 ** 16
-            and scale_addend is None and shift_addend is None)
+            and x.shape[2] * abs(x.stride(2)) < 2 ** 31 and scale_addend is None and shift_addend is None)
 
 
 @cached_plan
