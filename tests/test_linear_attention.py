@@ -1,6 +1,7 @@
 """Family `linear_attention`: Sana's linear-attention operands (ReLU, fp32 cast, contiguous copy
 or padding) as one cast_copy pass each, and its output (normalized by its last row, heads joined,
-cast back) as one linear_attention_out pass; bitwise equal to eager, in eager's layouts."""
+cast back) as one linear_attention_out pass, or with q's copy and the matmul reading it as one
+linear_attention_apply pass; bitwise equal to eager, in eager's layouts."""
 import re
 
 import pytest
@@ -15,6 +16,7 @@ from tests.helpers import bits_equal, count_op, targets
 aten = torch.ops.aten
 CAST = registry.op_def("cast_copy").load()
 OUT = registry.op_def("linear_attention_out").load()
+APPLY = registry.op_def("linear_attention_apply").load()
 
 
 def sana_linear_attention(C, heads, dtype, seed=0):
@@ -45,8 +47,12 @@ def test_q_k_and_padded_v_are_three_bitexact_sites(B, N, heads, D, dtype):
     copied = B > 1 and heads > 1 and N > 1
     operands = 3 if dtype != torch.float32 or copied else 1
     output = int(dtype != torch.float32)  # the cast back to the model's dtype
+    # q's copy, the matmul reading it and the output: one linear_attention_apply (two chains)
+    applied = int(bool(output) and copied)
     assert result.counts["linear_attention"] == operands + output and not result.skipped, result.skipped
-    assert count_op(gm, CAST) == operands and count_op(gm, OUT) == output
+    assert count_op(gm, CAST) == operands - applied and count_op(gm, OUT) == output - applied
+    eager_bmms = count_op(rewrite(fn, args, families=[])[1], aten.bmm.default)
+    assert count_op(gm, APPLY) == applied and count_op(gm, aten.bmm.default) == eager_bmms - applied
     assert aten.constant_pad_nd.default not in targets(gm) and (aten.relu.default in targets(gm)) == (operands == 1)
     assert (aten.div.Tensor in targets(gm)) == (not output)
     with torch.no_grad():
@@ -202,3 +208,63 @@ def test_output_opcheck():
 
     (h,) = attention_output()
     torch.library.opcheck(linear_attention_out, (h, 1e-15, torch.bfloat16))
+
+
+def second_matmul(scores, q, keep=None, relu=torch.relu, dtype=torch.bfloat16):
+    """The processor's second matmul and output on the [B, heads, D, N] view q; ``keep`` names an
+    intermediate also returned (another user of it)."""
+    qf = relu(q).float()
+    h = torch.matmul(scores, qf)
+    out = processor_output(h, dtype=dtype)
+    return (out, {"qf": qf, "h": h}[keep]) if keep else out
+
+
+def matmul_operands(B=2, H=2, D=8, N=12):
+    g = torch.Generator().manual_seed(1)
+    (q,) = qkv(B=B, H=H, D=D, N=N)
+    return torch.randn(B, H, D + 1, D, generator=g), q
+
+
+def test_second_matmul_and_output_are_one_bitexact_site():
+    """h = scores @ relu(q).float() normalized: q's copy, the matmul and the output as one
+    linear_attention_apply reading q's view (two of the family's chains), bitwise eager's."""
+    args = matmul_operands()
+    run, gm, result = rewrite(second_matmul, args, families=["linear_attention"])
+    assert result.counts["linear_attention"] == 2 and count_op(gm, APPLY) == 1
+    assert count_op(gm, CAST) == 0 and count_op(gm, OUT) == 0 and aten.bmm.default not in targets(gm)
+    got, want = run(*args), second_matmul(*args)
+    assert bits_equal(got, want) and got.stride() == want.stride()
+
+
+@pytest.mark.parametrize("name,kw,sites", [
+    # h also returned: the matmul stays, and q's copy and the output are two sites of their own
+    ("h with another user", dict(keep="h"), dict(cast=1, out=1)),
+    # q's fp32 cast also returned: the ReLU and cast fuse (the cast is that site's output), the matmul
+    # copies it contiguous as eager does, and the output is a site of its own
+    ("q's cast with another user", dict(keep="qf"), dict(cast=1, out=1)),
+    ("sigmoid, not relu", dict(relu=torch.sigmoid), dict(cast=0, out=1)),
+    ("no cast back", dict(dtype=torch.float32), dict(cast=1, out=0)),
+])
+def test_near_misses_of_the_second_matmul(name, kw, sites):
+    args = matmul_operands()
+    fn = lambda *a: second_matmul(*a, **kw)  # noqa: E731
+    run, gm, result = rewrite(fn, args, families=["linear_attention"])
+    assert count_op(gm, APPLY) == 0 and aten.bmm.default in targets(gm), name
+    assert (count_op(gm, CAST), count_op(gm, OUT)) == (sites["cast"], sites["out"]), name
+    got, want = run(*args), fn(*args)
+    for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert bits_equal(a, b) and a.stride() == b.stride()
+
+
+def test_apply_opcheck_and_refusals():
+    from sgdiff.kernels.linear_attention_apply import linear_attention_apply
+    from sgdiff.kernels.triton import linear_attention_apply as tapply
+
+    scores, q = matmul_operands()
+    scores = scores.flatten(0, 1)
+    torch.library.opcheck(linear_attention_apply, (scores, q, 1e-15, torch.bfloat16))
+    assert tapply.supported_layout(scores, q, 1e-15, torch.bfloat16)
+    assert not tapply.supported_layout(scores.double(), q, 1e-15, torch.bfloat16)  # fp32 scores only
+    assert not tapply.supported_layout(scores[:, :-1], q, 1e-15, torch.bfloat16)  # no normalizer row
+    wide = torch.empty(2, 2, 256, 12, device="meta")
+    assert not tapply.supported_layout(torch.empty(4, 257, 256, device="meta"), wide, 1e-15, torch.bfloat16)

@@ -10,9 +10,13 @@ views of its q/k/v projections; the matmuls run in fp32)::
     constant_pad_nd(v.float(), [0, 0, 0, 1], 1.0)  v with a row of ones            -> cast_copy
     (h[:, :, :-1] / (h[:, :, -1:] + eps)).flatten(1, 2).transpose(1, 2).to(dtype)
                                                    the output    -> linear_attention_out
+    the output of h = bmm(scores, q's contiguous copy)            -> linear_attention_apply
 
 Each becomes one pass that reads the view where it lies and writes what the matmul reads. An
-fp32 model has no ``.float()`` to match: its ReLU, copy and pad fuse where they occur.
+fp32 model has no ``.float()`` to match: its ReLU, copy and pad fuse where they occur. Where
+the output's h is the second matmul of q's copy, and neither has another user, the matmul, q's
+copy and the output are one pass (``apply``, two of the family's chains): q read where it lies,
+neither its fp32 copy nor h written.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from typing import List, Optional
 
 import torch
 
-from sgdiff.patterns.matcher import Arg, Lit, Match, Op, Views
+from sgdiff.patterns.matcher import Arg, Expr, Lit, Match, Op, Views
 from sgdiff.patterns import parts
 from sgdiff.patterns.base import ChainPattern, Family, like_layout_reason, same_shape, tensor_meta, val
 
@@ -28,23 +32,31 @@ FAMILY = Family("linear_attention")
 
 aten = torch.ops.aten
 
-KINDS = ("relu_cast_contiguous", "relu_cast", "cast_pad", "output")
+KINDS = ("apply", "relu_cast_contiguous", "relu_cast", "cast_pad", "output")
 
 
-def _output_chain():
-    num = Op(aten.slice.Tensor, Arg("h"), Lit(2), Lit(0), Lit(-1))
-    den = Op(aten.add.Tensor, Op(aten.slice.Tensor, Arg("h"), Lit(2), Lit(-1), Arg("end")), Arg("eps"), alpha=Lit(1))
+def _output_chain(h: Expr):
+    num = Op(aten.slice.Tensor, h, Lit(2), Lit(0), Lit(-1))
+    den = Op(aten.add.Tensor, Op(aten.slice.Tensor, h, Lit(2), Lit(-1), Arg("end")), Arg("eps"), alpha=Lit(1))
     joined = Op(aten.view.default, Op(aten.div.Tensor, num, den), Arg("shape"))
     return parts.cast(Op(aten.transpose.int, joined, Lit(1), Lit(2)), "cast")
 
 
+def _relu_cast_contiguous(cast: str):
+    relu = Op(aten.relu.default, Arg("x"), name="relu")
+    return Op(aten.clone.default, Views(parts.maybe_cast(relu, cast), "views"), memory_format=Lit(torch.contiguous_format))
+
+
 def chain(kind: str):
     if kind == "output":
-        return _output_chain()
+        return _output_chain(Arg("h"))
+    if kind == "apply":  # h = bmm(scores, q's copy) viewed [B, heads, head_dim + 1, tokens]
+        h = Op(aten.view.default, Op(aten.bmm.default, Arg("scores"), Views(_relu_cast_contiguous("qcast"), "qviews")),
+               Arg("hshape"), name="h")
+        return _output_chain(h)
     relu = Op(aten.relu.default, Arg("x"), name="relu")
     if kind == "relu_cast_contiguous":
-        return Op(aten.clone.default, Views(parts.maybe_cast(relu, "cast"), "views"),
-                  memory_format=Lit(torch.contiguous_format))
+        return _relu_cast_contiguous("cast")
     if kind == "relu_cast":  # without a cast, a ReLU alone: nothing to fuse
         return parts.cast(relu, "cast")
     return Op(aten.constant_pad_nd.default, parts.maybe_cast(Arg("x"), "cast"), Arg("pad"), Arg("value"))
@@ -58,6 +70,8 @@ def _dtype(m: Match) -> torch.dtype:
 def replacement(kind: str):
     if kind == "output":
         return lambda m: dict(h=m["h"], eps=float(m["eps"]), dtype=parts.cast_dtype(m, "cast"))
+    if kind == "apply":
+        return lambda m: dict(scores=m["scores"], q=m["x"], eps=float(m["eps"]), dtype=parts.cast_dtype(m, "cast"))
     if kind == "cast_pad":
         return lambda m: dict(x=m["x"], dtype=_dtype(m), relu=False, pad=list(m["pad"]), value=float(m["value"]),
                               contiguous=True)
@@ -83,9 +97,34 @@ def _output_reason(m: Match) -> Optional[str]:
     return None
 
 
+def _apply_reason(m: Match) -> Optional[str]:
+    """The output's checks, and h the matmul of q's whole contiguous fp32 copy as [B * heads,
+    head_dim, tokens] by fp32 scores [B * heads, head_dim + 1, head_dim]."""
+    reason = _output_reason(m)
+    if reason is not None:
+        return reason
+    x, scores = tensor_meta(m["x"]), tensor_meta(m["scores"])
+    if x is None or scores is None or x.dim() != 4 or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return "q is not a 4-D float tensor"
+    B, H, D, N = x.shape
+    if (parts.cast_dtype(m, "qcast") or x.dtype) != torch.float32:
+        return "q is not widened to fp32"
+    if any(v.target is not aten.expand.default or not same_shape(val(v.args[1]), x.shape) for v in m["views"]):
+        return "q's copy is of a reshaped or broadcast tensor, not of q itself"
+    if len(m["qviews"]) != 1 or not same_shape(val(m["qviews"][0].args[1]), (B * H, D, N)):
+        return "the matmul does not read q's copy as [B * heads, head_dim, tokens]"
+    if scores.dtype != torch.float32 or not same_shape(scores.shape, (B * H, D + 1, D)):
+        return "the scores are not fp32 [B * heads, head_dim + 1, head_dim]"
+    if not same_shape(tensor_meta(m["h"]).shape, (B, H, D + 1, N)):
+        return "the matmul's output is not viewed as [B, heads, head_dim + 1, tokens]"
+    return None
+
+
 def check(kind: str):
     if kind == "output":
         return _output_reason
+    if kind == "apply":
+        return _apply_reason
 
     def linear_attention_check(m: Match) -> Optional[str]:
         x, out = tensor_meta(m["x"]), tensor_meta(m.root)
@@ -111,8 +150,11 @@ def check(kind: str):
     return linear_attention_check
 
 
+OPS = {"output": "linear_attention_out", "apply": "linear_attention_apply"}
+
+
 def patterns() -> List[ChainPattern]:
-    return [ChainPattern(family="linear_attention", name=kind, chain=chain(kind),
-                         op="linear_attention_out" if kind == "output" else "cast_copy",
-                         replacement=replacement(kind), check=check(kind))
+    return [ChainPattern(family="linear_attention", name=kind, chain=chain(kind), op=OPS.get(kind, "cast_copy"),
+                         replacement=replacement(kind), check=check(kind), priority=int(kind == "apply"),
+                         chains=2 if kind == "apply" else 1)
             for kind in KINDS]

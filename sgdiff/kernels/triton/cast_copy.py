@@ -54,8 +54,8 @@ def _cast_copy_kernel(
     else:
         v = tl.load(src, mask=inside, other=0.0)
     v = v.to(tl.float32)  # exact; what the ReLU returns is v or 0, which x's dtype holds: no rounding back
-    if RELU:  # ATen's clamp_min(v, 0): NaN passes (its bits), else max
-        v = tl.where(v != v, v, tl.maximum(v, 0.0))
+    if RELU:
+        v = relu_as_aten(v)
     if I_OUT > I_IN or J_OUT > J_IN:
         v = tl.where(inside, v, value)
     y = v.to(out_ptr.dtype.element_ty)
@@ -63,6 +63,12 @@ def _cast_copy_kernel(
         tl.store(dst, y)
     else:
         tl.store(dst, y, mask=(i < I_OUT)[:, None] & (j < J_OUT)[None, :])
+
+
+@triton.jit
+def relu_as_aten(v):
+    """ATen's ``relu`` (``clamp_min(v, 0)``) of fp32 ``v``: NaN passes with its bits, else the max."""
+    return tl.where(v != v, v, tl.maximum(v, 0.0))
 
 
 def supported_layout(x, dtype, relu, pad, value, contiguous) -> bool:

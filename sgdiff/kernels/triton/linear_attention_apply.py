@@ -1,0 +1,102 @@
+"""Triton sgdiff::linear_attention_apply, bitwise equal to eager on CUDA.
+
+One program computes a [head_dim, BLOCK_N] tile of one head's ``h = scores @ relu(q)`` and the
+tile's normalizer row, each element one fp32 accumulator taking head_dim fused multiply-adds
+in increasing k (cuBLAS's order for these fp32 shapes: no split-K), then divides by the
+normalizer plus eps (``div_rn``, as ATen's division) and writes the result cast, where eager's
+cast writes it: [B, tokens, heads * head_dim] with strides (heads * head_dim * tokens, 1,
+tokens). q is read through its strides (the query projection's transposed view: a token's
+head_dim channels adjacent), ReLU'd as ATen's and widened in registers; h never reaches memory.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sgdiff.kernels.registry import Impl
+from sgdiff.kernels.triton.cast_copy import relu_as_aten
+from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
+from sgdiff.kernels.triton.rows import DTYPES, cached_plan
+
+MAX_HEAD_DIM = 128  # a [head_dim, BLOCK_N] accumulator in registers
+
+
+@LeanKernel
+@triton.jit
+def _linear_attention_apply_kernel(
+    scores_ptr,  # [B * heads, D + 1, D] fp32
+    q_ptr,  # [B, heads, D, N]
+    out_ptr,  # [B, N, heads * D] with strides (heads * D * N, 1, N)
+    n_heads, N,
+    ss0, ss1, ss2,
+    sq0, sq1, sq2, sq3,
+    eps,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)  # (batch, head), split in 32 bits
+    bh = pid.to(tl.int64)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, BLOCK_D)
+    n_ok, d_ok = n < N, d < D
+    s_base = scores_ptr + bh * ss0
+    q_base = q_ptr + (pid // n_heads).to(tl.int64) * sq0 + (pid % n_heads).to(tl.int64) * sq1 + n * sq3
+    grid_dependency_wait()
+    acc = tl.zeros([BLOCK_D, BLOCK_N], tl.float32)
+    den = tl.zeros([BLOCK_N], tl.float32)
+    for k in tl.static_range(D):  # h's sums in increasing k, one FMA each
+        qk = relu_as_aten(tl.load(q_base + k * sq2, mask=n_ok, other=0.0).to(tl.float32))
+        s_k = tl.load(s_base + d * ss1 + k * ss2, mask=d_ok, other=0.0)
+        acc = tl.fma(s_k[:, None], qk[None, :], acc)
+        den = tl.fma(tl.load(s_base + D * ss1 + k * ss2), qk, den)
+    y = tl.math.div_rn(acc, (den + eps)[None, :])
+    out = out_ptr + bh * D * N + d[:, None] * N + n[None, :]
+    tl.store(out, y.to(out_ptr.dtype.element_ty), mask=d_ok[:, None] & n_ok[None, :])
+
+
+def supported_layout(scores, q, eps, dtype) -> bool:
+    """can_use without the device check: fp32 scores [B * heads, D + 1, D] for a float q
+    [B, heads, D, N], D at most MAX_HEAD_DIM, one device."""
+    if not (scores.dim() == 3 and q.dim() == 4 and scores.dtype == torch.float32 and q.dtype in DTYPES
+            and dtype in DTYPES and q.numel() > 0 and scores.device == q.device):
+        return False
+    B, H, D, N = q.shape
+    return tuple(scores.shape) == (B * H, D + 1, D) and D <= MAX_HEAD_DIM and B * H < 2 ** 31
+
+
+def can_use(scores, q, eps, dtype) -> bool:
+    return q.is_cuda and supported_layout(scores, q, eps, dtype)
+
+
+@cached_plan
+def _plan(scores, q):
+    B, H, D, N = q.shape
+    block_d = triton.next_power_of_2(D)
+    block_n = max(16, min(128, 4096 // block_d, triton.next_power_of_2(N)))
+    grid = (B * H, triton.cdiv(N, block_n))
+    shape, strides = (B, N, H * D), (H * D * N, 1, N)
+    return shape, strides, grid, (H, N, *scores.stride(), *q.stride()), dict(D=D, BLOCK_D=block_d, BLOCK_N=block_n)
+
+
+def bind(scores, q, eps, dtype):
+    """:func:`linear_attention_apply` for inputs of this signature, its host arithmetic done."""
+    shape, strides, grid, ints, consts = _plan(scores, q)
+    kernel = _linear_attention_apply_kernel.bind(grid, **consts, num_warps=4, enable_fp_fusion=False)
+    eps = float(eps)
+
+    def launch(scores, q, *_):
+        out = torch.empty_strided(shape, strides, dtype=dtype, device=q.device)
+        kernel(scores, q, out, *ints, eps)
+        return out
+
+    return launch
+
+
+def linear_attention_apply(scores, q, eps, dtype):
+    """Launch; the caller has checked :func:`can_use`."""
+    return bind(scores, q, eps, dtype)(scores, q)
+
+
+LINEAR_ATTENTION_APPLY = Impl(run=linear_attention_apply, supports=supported_layout, bind=bind)

@@ -1,0 +1,51 @@
+"""linear_attention_apply on CUDA: bitwise equal to eager's chain (cuBLAS's fp32 bmm, then the
+output's division and cast), at Sana's shape and others, and through Sana's attention compiled."""
+import pytest
+import torch
+
+from sgdiff.kernels import dispatch
+from sgdiff.kernels.linear_attention_apply import linear_attention_apply_reference as ref
+from sgdiff.kernels.linear_attention_out import linear_attention_out_reference
+from sgdiff.kernels.triton import linear_attention_apply as tapply
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def operands(B, H, D, N, dtype, seed=0):
+    """Sana's: k ReLU'd, v padded with a row of ones, scores = v @ k in fp32; q the transposed view."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    k = torch.relu(torch.randn(B * H, N, D, device="cuda", generator=g))
+    v = torch.cat([torch.randn(B * H, D, N, device="cuda", generator=g), torch.ones(B * H, 1, N, device="cuda")], 1)
+    q = (torch.randn(B, N, H * D, device="cuda", generator=g) * 2).to(dtype).transpose(1, 2).unflatten(1, (H, D))
+    return torch.bmm(v, k), q
+
+
+@pytest.mark.parametrize("shape", [(2, 70, 32, 1024), (1, 70, 32, 4096), (2, 2, 8, 7), (2, 16, 64, 333),
+                                   (1, 3, 12, 130)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_bitexact_against_cublas(shape, dtype):
+    scores, q = operands(*shape, dtype)
+    args = (scores, q, 1e-15, dtype)
+    assert tapply.can_use(*args)
+    B, H, D, N = q.shape
+    eager = linear_attention_out_reference(torch.matmul(scores.view(B, H, D + 1, D), torch.relu(q).float()), 1e-15,
+                                           dtype)  # the processor's own spelling, all ATen
+    got = tapply.linear_attention_apply(*args)
+    assert got.stride() == eager.stride() and dispatch._first_difference(got, eager) is None
+    assert torch.equal(ref(*args), eager)  # the reference, through cast_copy and linear_attention_out
+
+
+def test_sana_attention_compiled_is_equal():
+    from diffusers.models.attention_processor import Attention, SanaLinearAttnProcessor2_0
+
+    torch.manual_seed(0)
+    attn = Attention(query_dim=2240, heads=70, dim_head=32, bias=False,
+                     processor=SanaLinearAttnProcessor2_0()).to("cuda", torch.bfloat16).eval()
+    x = torch.randn(2, 1024, 2240, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        want = attn(x)
+        compiled = torch.compile(attn, backend="sgdiff")
+        for _ in range(3):
+            got = compiled(x)
+    assert torch.equal(got, want)
+    assert not [k for k in dispatch.disabled() if k[0] == "linear_attention_apply"]

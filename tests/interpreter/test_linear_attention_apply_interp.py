@@ -1,0 +1,64 @@
+"""linear_attention_apply (sgdiff/kernels/triton/linear_attention_apply.py) under Triton's CPU
+interpreter: the order of its arithmetic, bit for bit against that order written out with the
+interpreter's own fp32 FMA (each h element's head_dim products in increasing k, the normalizer
+row alike, + eps, IEEE division), on an fp32 output; bf16 within a tolerance of the chain.
+Whether cuBLAS's matmul has that order is the GPU's question (tests/gpu). Run by
+tests/test_triton_interpreter.py with TRITON_INTERPRET=1 (skipped without it)."""
+import numpy as np
+import pytest
+import torch
+
+libtriton = pytest.importorskip("triton._C.libtriton")
+fma_fp32 = getattr(getattr(libtriton, "interpreter", None), "fma_fp32", None)  # the interpreter's own fp32 FMA
+if fma_fp32 is None:
+    pytest.skip("this Triton's interpreter has no fp32 FMA to write the order out with", allow_module_level=True)
+
+from sgdiff.kernels.linear_attention_apply import linear_attention_apply_reference as ref  # noqa: E402
+from sgdiff.kernels.triton import linear_attention_apply as tapply  # noqa: E402
+from tests.interpreter.common import assert_within, ids  # noqa: E402
+
+pytestmark = pytest.mark.interpreter
+
+GEOMETRIES = [(2, 3, 32, 40), (1, 2, 8, 7), (2, 2, 12, 130)]  # [B, heads, head_dim, tokens]: tails, D not a power of 2
+
+
+def operands(B, H, D, N, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(B * H, D + 1, D, generator=g)
+    scores[:, -1] = scores[:, -1].abs() + 0.5  # a normalizer away from zero, as v's row of ones gives
+    q = (torch.randn(B, N, H * D, generator=g) * 2).to(dtype).transpose(1, 2).unflatten(1, (H, D))
+    return scores, q
+
+
+def in_order(scores, q, eps):
+    """h in increasing k with the interpreter's fp32 FMA, normalized and laid out as the op's output."""
+    B, H, D, N = q.shape
+    s = scores.numpy().reshape(B, H, D + 1, D)
+    qf = torch.relu(q).float().numpy()
+    acc = np.zeros((B, H, D + 1, N), np.float32)
+    for k in range(D):
+        acc = fma_fp32(*np.broadcast_arrays(s[:, :, :, k:k + 1], qf[:, :, k:k + 1, :], acc))
+    y = acc[:, :, :-1] / (acc[:, :, -1:] + np.float32(eps))
+    return torch.from_numpy(np.ascontiguousarray(y)).flatten(1, 2).transpose(1, 2)
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=ids)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=ids)
+def test_in_increasing_k_bit_for_bit(geometry, dtype):
+    scores, q = operands(*geometry, dtype)
+    args = (scores, q, 1e-15, torch.float32)
+    assert tapply.supported_layout(*args)
+    got, want = tapply.linear_attention_apply(*args), in_order(scores, q, 1e-15)
+    assert got.shape == want.shape and got.stride() == want.stride()
+    assert torch.equal(got, want)
+    assert_within(tapply.linear_attention_apply(scores, q, 1e-15, torch.bfloat16), ref(scores, q, 1e-15, torch.bfloat16),
+                  3e-2)
+
+
+def test_relu_keeps_nan_and_zeroes_negatives():
+    scores, q = operands(1, 1, 8, 5, torch.float32)
+    q = q.clone()
+    q[0, 0, 0, 0], q[0, 0, 1, 1] = float("nan"), -0.0
+    got = tapply.linear_attention_apply(scores, q, 1e-15, torch.float32)
+    assert torch.isnan(got[0, 0]).all() and not torch.isnan(got[0, 1:]).any()
+    assert torch.equal(got[0, 1:], in_order(scores, q, 1e-15)[0, 1:])
