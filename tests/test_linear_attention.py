@@ -17,6 +17,7 @@ aten = torch.ops.aten
 CAST = registry.op_def("cast_copy").load()
 OUT = registry.op_def("linear_attention_out").load()
 APPLY = registry.op_def("linear_attention_apply").load()
+SCORES = registry.op_def("linear_attention_scores").load()
 
 
 def sana_linear_attention(C, heads, dtype, seed=0):
@@ -47,12 +48,14 @@ def test_q_k_and_padded_v_are_three_bitexact_sites(B, N, heads, D, dtype):
     copied = B > 1 and heads > 1 and N > 1
     operands = 3 if dtype != torch.float32 or copied else 1
     output = int(dtype != torch.float32)  # the cast back to the model's dtype
-    # q's copy, the matmul reading it and the output: one linear_attention_apply (two chains)
-    applied = int(bool(output) and copied)
+    # where the matmuls copy: v's and k's copies and the first matmul, one linear_attention_scores;
+    # q's copy, the second matmul and the output, one linear_attention_apply (two chains each)
+    scored, applied = int(copied), int(bool(output) and copied)
     assert result.counts["linear_attention"] == operands + output and not result.skipped, result.skipped
-    assert count_op(gm, CAST) == operands - applied and count_op(gm, OUT) == output - applied
+    assert count_op(gm, CAST) == operands - 2 * scored - applied and count_op(gm, OUT) == output - applied
     eager_bmms = count_op(rewrite(fn, args, families=[])[1], aten.bmm.default)
-    assert count_op(gm, APPLY) == applied and count_op(gm, aten.bmm.default) == eager_bmms - applied
+    assert (count_op(gm, SCORES), count_op(gm, APPLY)) == (scored, applied)
+    assert count_op(gm, aten.bmm.default) == eager_bmms - scored - applied
     assert aten.constant_pad_nd.default not in targets(gm) and (aten.relu.default in targets(gm)) == (operands == 1)
     assert (aten.div.Tensor in targets(gm)) == (not output)
     with torch.no_grad():
@@ -268,3 +271,61 @@ def test_apply_opcheck_and_refusals():
     assert not tapply.supported_layout(scores[:, :-1], q, 1e-15, torch.bfloat16)  # no normalizer row
     wide = torch.empty(2, 2, 256, 12, device="meta")
     assert not tapply.supported_layout(torch.empty(4, 257, 256, device="meta"), wide, 1e-15, torch.bfloat16)
+
+
+def first_matmul(v, k, rows=1, act=torch.relu, keep=None):
+    """The processor's first matmul on the [B, heads, D, N] and [B, heads, N, D] views; ``keep``
+    names an intermediate also returned (another user of it)."""
+    vp = F.pad(v.float(), (0, 0, 0, rows), mode="constant", value=1.0)
+    kf = act(k).float()
+    scores = torch.matmul(vp, kf)
+    return (scores, {"vp": vp, "kf": kf}[keep]) if keep else scores
+
+
+def first_operands(B=2, H=2, D=8, N=12, dtype=torch.bfloat16):
+    (v,) = qkv(dtype, B, H, D, N)
+    g = torch.Generator().manual_seed(2)
+    k = torch.randn(B, N, H * D, generator=g).to(dtype).transpose(1, 2).unflatten(1, (H, D)).transpose(2, 3)
+    return v, k
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_first_matmul_is_one_bitexact_site(dtype):
+    """pad(v.float(), ones) @ relu(k).float(): v's padded copy, k's copy and the matmul as one
+    linear_attention_scores reading both views (two of the family's chains), bitwise eager's."""
+    args = first_operands(dtype=dtype)
+    run, gm, result = rewrite(first_matmul, args, families=["linear_attention"])
+    assert result.counts["linear_attention"] == 2 and count_op(gm, SCORES) == 1
+    assert count_op(gm, CAST) == 0 and aten.bmm.default not in targets(gm)
+    got, want = run(*args), first_matmul(*args)
+    assert bits_equal(got, want) and got.stride() == want.stride()
+
+
+@pytest.mark.parametrize("name,kw,casts", [
+    ("two padded rows", dict(rows=2), 2),  # v's padded copy and k's copy stay cast_copy sites
+    ("sigmoid, not relu", dict(act=torch.sigmoid), 1),  # k is no site: v's padded copy alone
+    ("v's padded copy with another user", dict(keep="vp"), 2),  # the pad is that site's output; k's copy another
+    ("k's cast with another user", dict(keep="kf"), 2),
+])
+def test_near_misses_of_the_first_matmul(name, kw, casts):
+    args = first_operands()
+    fn = lambda *a: first_matmul(*a, **kw)  # noqa: E731
+    run, gm, result = rewrite(fn, args, families=["linear_attention"])
+    assert count_op(gm, SCORES) == 0 and aten.bmm.default in targets(gm), name
+    assert count_op(gm, CAST) == casts, name
+    got, want = run(*args), fn(*args)
+    for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert bits_equal(a, b) and a.stride() == b.stride()
+
+
+def test_scores_opcheck_and_refusals():
+    from sgdiff.kernels.linear_attention_scores import linear_attention_scores
+    from sgdiff.kernels.triton import linear_attention_scores as tscores
+
+    v, k = first_operands()
+    torch.library.opcheck(linear_attention_scores, (v, k, 1.0))
+    assert tscores.supported_layout(v, k, 1.0)
+    assert not tscores.supported_layout(v, k.float(), 1.0)  # one dtype
+    assert not tscores.supported_layout(v, k.transpose(2, 3), 1.0)  # k as [B, heads, tokens, head_dim]
+    wide = torch.empty(1, 1, 128, 4, device="meta")
+    assert not tscores.supported_layout(wide, wide.transpose(2, 3), 1.0)  # head_dim past the registers

@@ -56,8 +56,8 @@ EXPECTED = {
     "test_rms_norm_heads_rope_interp.py": 3 * 4 * 2 + 1,
     # the power-of-two reciprocal against IEEE division
     "test_welford_interp.py": 1,
-    # every Triton op's bound launch on its first example (24 ops), and that count itself
-    "test_binds_interp.py": 24 * 2 + 1,  # each op: a launch reads its call's tensors, holds none of its binding's
+    # every Triton op's bound launch on its first example (25 ops), and that count itself
+    "test_binds_interp.py": 25 * 2 + 1,  # each op: a launch reads its call's tensors, holds none of its binding's
     # channel_normalize: 4 geometries (one frame-major) x 2 dtypes x SiLU or not, a scale tensor, the refusals
     "test_channel_normalize_interp.py": 4 * 2 * 2 + 2,
     # cat_pad bit for bit: 6 geometries x 3 dtypes, the pad alone 2 dtypes, strided inputs, the refusals
@@ -71,8 +71,9 @@ EXPECTED = {
     "test_group_norm_interp.py": 5 + 2 + 1 + 1 + 3 + 1,
     # conv_residual's epilogue: 3 geometries x 2 dtypes, the refusals
     "test_conv_residual_interp.py": 3 * 2 + 1,
-    # linear_attention_apply in increasing k bit for bit: 3 geometries x 2 dtypes of q; the ReLU's NaN and -0
-    "test_linear_attention_apply_interp.py": 3 * 2 + 1,
+    # linear_attention_apply in increasing k bit for bit: 3 geometries x 2 dtypes of q, the ReLU's NaN and -0;
+    # linear_attention_scores in increasing token order: 3 geometries x 2 dtypes
+    "test_linear_attention_matmuls_interp.py": 3 * 2 + 1 + 3 * 2,
 }
 
 

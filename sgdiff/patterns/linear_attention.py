@@ -11,12 +11,14 @@ views of its q/k/v projections; the matmuls run in fp32)::
     (h[:, :, :-1] / (h[:, :, -1:] + eps)).flatten(1, 2).transpose(1, 2).to(dtype)
                                                    the output    -> linear_attention_out
     the output of h = bmm(scores, q's contiguous copy)            -> linear_attention_apply
+    bmm(v's padded copy, k's contiguous copy)                     -> linear_attention_scores
 
 Each becomes one pass that reads the view where it lies and writes what the matmul reads. An
 fp32 model has no ``.float()`` to match: its ReLU, copy and pad fuse where they occur. Where
 the output's h is the second matmul of q's copy, and neither has another user, the matmul, q's
 copy and the output are one pass (``apply``, two of the family's chains): q read where it lies,
-neither its fp32 copy nor h written.
+neither its fp32 copy nor h written. Likewise the first matmul with v's and k's copies
+(``scores``, two chains): v and k read where they lie.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ FAMILY = Family("linear_attention")
 
 aten = torch.ops.aten
 
-KINDS = ("apply", "relu_cast_contiguous", "relu_cast", "cast_pad", "output")
+KINDS = ("apply", "scores", "relu_cast_contiguous", "relu_cast", "cast_pad", "output")
 
 
 def _output_chain(h: Expr):
@@ -42,9 +44,13 @@ def _output_chain(h: Expr):
     return parts.cast(Op(aten.transpose.int, joined, Lit(1), Lit(2)), "cast")
 
 
-def _relu_cast_contiguous(cast: str):
-    relu = Op(aten.relu.default, Arg("x"), name="relu")
-    return Op(aten.clone.default, Views(parts.maybe_cast(relu, cast), "views"), memory_format=Lit(torch.contiguous_format))
+def _relu_cast_contiguous(cast: str, x: str = "x", views: str = "views"):
+    relu = Op(aten.relu.default, Arg(x), name=f"relu_{x}")
+    return Op(aten.clone.default, Views(parts.maybe_cast(relu, cast), views), memory_format=Lit(torch.contiguous_format))
+
+
+def _cast_pad(x: str, cast: str):
+    return Op(aten.constant_pad_nd.default, parts.maybe_cast(Arg(x), cast), Arg("pad"), Arg("value"))
 
 
 def chain(kind: str):
@@ -54,12 +60,15 @@ def chain(kind: str):
         h = Op(aten.view.default, Op(aten.bmm.default, Arg("scores"), Views(_relu_cast_contiguous("qcast"), "qviews")),
                Arg("hshape"), name="h")
         return _output_chain(h)
+    if kind == "scores":  # bmm(v's padded copy as [B * heads, head_dim + 1, tokens], k's copy as [., tokens, head_dim])
+        return Op(aten.bmm.default, Views(_cast_pad("v", "vcast"), "vviews"),
+                  Views(_relu_cast_contiguous("kcast", "k", "kexpand"), "kviews"))
     relu = Op(aten.relu.default, Arg("x"), name="relu")
     if kind == "relu_cast_contiguous":
         return _relu_cast_contiguous("cast")
     if kind == "relu_cast":  # without a cast, a ReLU alone: nothing to fuse
         return parts.cast(relu, "cast")
-    return Op(aten.constant_pad_nd.default, parts.maybe_cast(Arg("x"), "cast"), Arg("pad"), Arg("value"))
+    return _cast_pad("x", "cast")
 
 
 def _dtype(m: Match) -> torch.dtype:
@@ -72,6 +81,8 @@ def replacement(kind: str):
         return lambda m: dict(h=m["h"], eps=float(m["eps"]), dtype=parts.cast_dtype(m, "cast"))
     if kind == "apply":
         return lambda m: dict(scores=m["scores"], q=m["x"], eps=float(m["eps"]), dtype=parts.cast_dtype(m, "cast"))
+    if kind == "scores":
+        return lambda m: dict(v=m["v"], k=m["k"], value=float(m["value"]))
     if kind == "cast_pad":
         return lambda m: dict(x=m["x"], dtype=_dtype(m), relu=False, pad=list(m["pad"]), value=float(m["value"]),
                               contiguous=True)
@@ -107,12 +118,9 @@ def _apply_reason(m: Match) -> Optional[str]:
     if x is None or scores is None or x.dim() != 4 or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return "q is not a 4-D float tensor"
     B, H, D, N = x.shape
-    if (parts.cast_dtype(m, "qcast") or x.dtype) != torch.float32:
-        return "q is not widened to fp32"
-    if any(v.target is not aten.expand.default or not same_shape(val(v.args[1]), x.shape) for v in m["views"]):
-        return "q's copy is of a reshaped or broadcast tensor, not of q itself"
-    if len(m["qviews"]) != 1 or not same_shape(val(m["qviews"][0].args[1]), (B * H, D, N)):
-        return "the matmul does not read q's copy as [B * heads, head_dim, tokens]"
+    reason = _copied_as(m, "x", "qcast", "views", "qviews", (B * H, D, N))
+    if reason is not None:
+        return reason
     if scores.dtype != torch.float32 or not same_shape(scores.shape, (B * H, D + 1, D)):
         return "the scores are not fp32 [B * heads, head_dim + 1, head_dim]"
     if not same_shape(tensor_meta(m["h"]).shape, (B, H, D + 1, N)):
@@ -120,11 +128,45 @@ def _apply_reason(m: Match) -> Optional[str]:
     return None
 
 
+def _copied_as(m: Match, x: str, cast: str, expand: Optional[str], views: str, shape) -> Optional[str]:
+    """Why ``x``'s fp32 copy (cast bound to ``cast``; broadcast by the ``expand`` views before
+    a contiguous copy, where there is one) is not what a matmul reads as ``shape``, or None."""
+    t = tensor_meta(m[x])
+    if (parts.cast_dtype(m, cast) or t.dtype) != torch.float32:
+        return f"{x} is not widened to fp32"
+    if expand and any(v.target is not aten.expand.default or not same_shape(val(v.args[1]), t.shape) for v in m[expand]):
+        return f"{x}'s copy is of a reshaped or broadcast tensor, not of {x} itself"
+    if not m[views]:
+        return f"the matmul reads {x}'s copy without a view"
+    outer, *inner = m[views]  # the matmul's view, over expands that keep the shape
+    if any(v.target is not aten.expand.default or not same_shape(val(v.args[1]), tensor_meta(v.args[0]).shape)
+           for v in inner) or not same_shape(val(outer.args[1]), shape):
+        return f"the matmul does not read {x}'s copy as {list(shape)}"
+    return None
+
+
+def _scores_reason(m: Match) -> Optional[str]:
+    """pad(v) [B, heads, head_dim + 1, tokens] @ k's copy [B, heads, tokens, head_dim], both fp32,
+    read as [B * heads, ., .]; the padding one row after the last."""
+    v, k = tensor_meta(m["v"]), tensor_meta(m["k"])
+    if v is None or k is None or v.dim() != 4 or v.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return "v is not a 4-D float tensor"
+    B, H, D, N = v.shape
+    if k.dtype != v.dtype or not same_shape(k.shape, (B, H, N, D)):
+        return "k is not [B, heads, tokens, head_dim] of v's dtype"
+    if list(m["pad"]) != [0, 0, 0, 1] or not parts.is_number(m["value"]):
+        return "v is not padded with one constant row after its last"
+    return (_copied_as(m, "v", "vcast", None, "vviews", (B * H, D + 1, N))
+            or _copied_as(m, "k", "kcast", "kexpand", "kviews", (B * H, N, D)))
+
+
 def check(kind: str):
     if kind == "output":
         return _output_reason
     if kind == "apply":
         return _apply_reason
+    if kind == "scores":
+        return _scores_reason
 
     def linear_attention_check(m: Match) -> Optional[str]:
         x, out = tensor_meta(m["x"]), tensor_meta(m.root)
@@ -150,11 +192,12 @@ def check(kind: str):
     return linear_attention_check
 
 
-OPS = {"output": "linear_attention_out", "apply": "linear_attention_apply"}
+OPS = {"output": "linear_attention_out", "apply": "linear_attention_apply", "scores": "linear_attention_scores"}
+FUSED = ("apply", "scores")  # each two of the family's chains, and a matmul
 
 
 def patterns() -> List[ChainPattern]:
     return [ChainPattern(family="linear_attention", name=kind, chain=chain(kind), op=OPS.get(kind, "cast_copy"),
-                         replacement=replacement(kind), check=check(kind), priority=int(kind == "apply"),
-                         chains=2 if kind == "apply" else 1)
+                         replacement=replacement(kind), check=check(kind), priority=int(kind in FUSED),
+                         chains=2 if kind in FUSED else 1)
             for kind in KINDS]

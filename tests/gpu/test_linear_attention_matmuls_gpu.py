@@ -1,12 +1,14 @@
-"""linear_attention_apply on CUDA: bitwise equal to eager's chain (cuBLAS's fp32 bmm, then the
-output's division and cast), at Sana's shape and others, and through Sana's attention compiled."""
+"""linear_attention_apply and linear_attention_scores on CUDA: bitwise equal to eager's chains
+(cuBLAS's fp32 bmm, the output's division and cast; the padded v and ReLU'd k widened), at
+Sana's shapes and others, and through Sana's attention compiled."""
 import pytest
 import torch
 
 from sgdiff.kernels import dispatch
 from sgdiff.kernels.linear_attention_apply import linear_attention_apply_reference as ref
 from sgdiff.kernels.linear_attention_out import linear_attention_out_reference
-from sgdiff.kernels.triton import linear_attention_apply as tapply
+from sgdiff.kernels.linear_attention_scores import linear_attention_scores_reference as scores_ref
+from sgdiff.kernels.triton import linear_attention_apply as tapply, linear_attention_scores as tscores
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -35,6 +37,22 @@ def test_bitexact_against_cublas(shape, dtype):
     assert torch.equal(ref(*args), eager)  # the reference, through cast_copy and linear_attention_out
 
 
+@pytest.mark.parametrize("shape", [(2, 70, 32, 1024), (1, 70, 32, 4096), (2, 2, 8, 7), (2, 16, 64, 333),
+                                   (1, 3, 12, 130)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_scores_bitexact_against_cublas(shape, dtype):
+    B, H, D, N = shape
+    g = torch.Generator(device="cuda").manual_seed(1)
+    v, k = ((torch.randn(B, N, H * D, device="cuda", generator=g) * 2).to(dtype).transpose(1, 2).unflatten(1, (H, D))
+            for _ in range(2))
+    k = k.transpose(2, 3)
+    assert tscores.can_use(v, k, 1.0)
+    eager = torch.matmul(torch.nn.functional.pad(v.float(), (0, 0, 0, 1), value=1.0), torch.relu(k).float())
+    got = tscores.linear_attention_scores(v, k, 1.0)
+    assert dispatch._first_difference(got, eager.view(B * H, D + 1, D)) is None
+    assert torch.equal(scores_ref(v, k, 1.0), eager.view(B * H, D + 1, D))
+
+
 def test_sana_attention_compiled_is_equal():
     from diffusers.models.attention_processor import Attention, SanaLinearAttnProcessor2_0
 
@@ -48,4 +66,4 @@ def test_sana_attention_compiled_is_equal():
         for _ in range(3):
             got = compiled(x)
     assert torch.equal(got, want)
-    assert not [k for k in dispatch.disabled() if k[0] == "linear_attention_apply"]
+    assert not [k for k in dispatch.disabled() if k[0] in ("linear_attention_apply", "linear_attention_scores")]

@@ -1,7 +1,9 @@
-"""linear_attention_apply (sgdiff/kernels/triton/linear_attention_apply.py) under Triton's CPU
-interpreter: the order of its arithmetic, bit for bit against that order written out with the
-interpreter's own fp32 FMA (each h element's head_dim products in increasing k, the normalizer
-row alike, + eps, IEEE division), on an fp32 output; bf16 within a tolerance of the chain.
+"""linear_attention_apply and linear_attention_scores (sgdiff/kernels/triton/linear_attention_*.py)
+under Triton's CPU interpreter: the order of their arithmetic, bit for bit against that order
+written out with the interpreter's own fp32 FMA (apply: each h element's head_dim products in
+increasing k, the normalizer row alike, + eps, IEEE division, on an fp32 output, and bf16 within
+a tolerance of the chain; scores: each score's products in increasing token order, the padding
+row's factor the padding value).
 Whether cuBLAS's matmul has that order is the GPU's question (tests/gpu). Run by
 tests/test_triton_interpreter.py with TRITON_INTERPRET=1 (skipped without it)."""
 import numpy as np
@@ -15,6 +17,7 @@ if fma_fp32 is None:
 
 from sgdiff.kernels.linear_attention_apply import linear_attention_apply_reference as ref  # noqa: E402
 from sgdiff.kernels.triton import linear_attention_apply as tapply  # noqa: E402
+from sgdiff.kernels.triton import linear_attention_scores as tscores  # noqa: E402
 from tests.interpreter.common import assert_within, ids  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
@@ -62,3 +65,27 @@ def test_relu_keeps_nan_and_zeroes_negatives():
     got = tapply.linear_attention_apply(scores, q, 1e-15, torch.float32)
     assert torch.isnan(got[0, 0]).all() and not torch.isnan(got[0, 1:]).any()
     assert torch.equal(got[0, 1:], in_order(scores, q, 1e-15)[0, 1:])
+
+
+def scores_in_order(v, k, value):
+    """pad(v) @ relu(k) in increasing token order with the interpreter's fp32 FMA, [B * H, D + 1, D]."""
+    B, H, D, N = v.shape
+    vp = np.concatenate([v.float().numpy(), np.full((B, H, 1, N), value, np.float32)], 2)
+    kf = torch.relu(k).float().numpy()
+    acc = np.zeros((B, H, D + 1, D), np.float32)
+    for n in range(N):
+        acc = fma_fp32(*np.broadcast_arrays(vp[:, :, :, n:n + 1], kf[:, :, n:n + 1, :], acc))
+    return torch.from_numpy(acc).flatten(0, 1)
+
+
+@pytest.mark.parametrize("geometry", [(2, 3, 32, 40), (1, 2, 8, 7), (2, 2, 12, 19)], ids=ids)  # tokens past the steps
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=ids)
+def test_scores_in_increasing_token_order_bit_for_bit(geometry, dtype):
+    B, H, D, N = geometry
+    g = torch.Generator().manual_seed(1)
+    v = (torch.randn(B, N, H * D, generator=g) * 2).to(dtype).transpose(1, 2).unflatten(1, (H, D))
+    k = (torch.randn(B, N, H * D, generator=g) * 2).to(dtype).transpose(1, 2).unflatten(1, (H, D)).transpose(2, 3)
+    assert tscores.supported_layout(v, k, 1.0)
+    got = tscores.linear_attention_scores(v, k, 1.0)
+    assert got.is_contiguous() and torch.equal(got, scores_in_order(v, k, 1.0))
+    assert torch.equal(tscores.linear_attention_scores(v, k, 0.5), scores_in_order(v, k, 0.5))
