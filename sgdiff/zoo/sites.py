@@ -304,9 +304,10 @@ REWRITTEN = {
     "kandinsky6_sr": (3, 2, 2, 2, 0, 0, 0),
     # 1 CogVideoX block + its face cross-attention: LayerNormZero of video and text before attention and FF (4) +
     # norm_out (1); the block's four gated residuals and the face injection `x + local_face_scale * attn(...)`
-    # (residual_add with its number, 5); RoPE on the video q and k (2); LayerNorm QK norms (3, a block and its
-    # face cross-attention); the local facial extractor's and the cross-attention's LayerNorms (21: 20 + 1 a block)
-    "consisid": (5, 5, 2, 3, 0, 0, 21),
+    # (residual_add with its number, 5); RoPE on the video q and k (2); the block's LayerNorm QK norms (2); the
+    # local facial extractor's and the cross-attention's LayerNorms (22: 20 + 1 a block, and the one on the
+    # extractor's output, `latents[:, :n] @ proj_out`, which eager batches: not a projection's, as at full width)
+    "consisid": (5, 5, 2, 2, 0, 0, 22),
     # 1 layer: AdaLayerNormZero's rows modulate both streams before attention and FF (4); gated residuals 4 less
     # the dead text stream past attention (2); RoPE on the image rows of q and k (2); per-head LayerNorm QK norms (2)
     "glm_image": (4, 2, 2, 2, 0, 0, 0),
