@@ -14,17 +14,15 @@ every tier, before the families.
 """
 from __future__ import annotations
 
-import logging
 import math
 from typing import Optional
 
 import torch
 from torch import fx
 
-from sgdiff.fxpasses.rewrite import _propagate_meta, settle
+from sgdiff.fxpasses.rewrite import _propagate_meta, rewrite_each
 from sgdiff.patterns.base import same_shape, tensor_meta, val
 
-log = logging.getLogger("sgdiff")
 aten = torch.ops.aten
 
 _ROWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
@@ -63,27 +61,23 @@ def _folded(mm: fx.Node) -> Optional[tuple]:
 
 def batch_folded_matmuls(gm: fx.GraphModule) -> int:
     """Give every matmul that the graph folds and eager batches eager's ``bmm``; returns how many."""
-    graph, count = gm.graph, 0
-    for mm in list(graph.nodes):
-        found = _folded(mm) if mm.op == "call_function" and mm.target is aten.mm.default else None
-        if found is None:
-            continue
-        x, w, out = found
-        xv, wv = tensor_meta(x), tensor_meta(w)
-        batch, (n, k), p = list(xv.shape[:-2]), xv.shape[-2:], wv.shape[-1]
-        b = math.prod(batch)
-        with graph.inserting_before(out):
-            nodes = [graph.call_function(aten.reshape.default, (x, [b, n, k]))]
-            nodes.append(graph.call_function(aten.expand.default, (w, [*batch, k, p])))
-            nodes.append(graph.call_function(aten.reshape.default, (nodes[-1], [b, k, p])))
-            nodes.append(graph.call_function(aten.bmm.default, (nodes[0], nodes[2])))
-            nodes.append(graph.call_function(aten._unsafe_view.default, (nodes[-1], [*batch, n, p])))
-        for node in nodes:
-            _propagate_meta(node)
-        out.replace_all_uses_with(nodes[-1])
-        graph.erase_node(out)
-        count += 1
-    if count:
-        settle(gm)
-        log.debug("sgdiff: %d matmuls folded into rows where eager batches them given eager's bmm", count)
-    return count
+    return rewrite_each(gm, aten.mm.default, _folded, _batched,
+                        "matmuls folded into rows where eager batches them given eager's bmm")
+
+
+def _batched(mm: fx.Node, found: tuple) -> bool:
+    x, w, out = found
+    graph, xv, wv = mm.graph, tensor_meta(x), tensor_meta(w)
+    batch, (n, k), p = list(xv.shape[:-2]), xv.shape[-2:], wv.shape[-1]
+    b = math.prod(batch)
+    with graph.inserting_before(out):
+        nodes = [graph.call_function(aten.reshape.default, (x, [b, n, k]))]
+        nodes.append(graph.call_function(aten.expand.default, (w, [*batch, k, p])))
+        nodes.append(graph.call_function(aten.reshape.default, (nodes[-1], [b, k, p])))
+        nodes.append(graph.call_function(aten.bmm.default, (nodes[0], nodes[2])))
+        nodes.append(graph.call_function(aten._unsafe_view.default, (nodes[-1], [*batch, n, p])))
+    for node in nodes:
+        _propagate_meta(node)
+    out.replace_all_uses_with(nodes[-1])
+    graph.erase_node(out)
+    return True

@@ -12,18 +12,16 @@ every tier, before the families.
 """
 from __future__ import annotations
 
-import logging
 from typing import Optional
 
 import torch
 from torch import fx
 
-from sgdiff.fxpasses.rewrite import _propagate_meta, settle
+from sgdiff.fxpasses.rewrite import _propagate_meta, rewrite_each
 from sgdiff.patterns import parts
 from sgdiff.patterns.base import tensor_meta
 from sgdiff.patterns.matcher import AnyOf, Arg, Lit, Match, Op
 
-log = logging.getLogger("sgdiff")
 aten = torch.ops.aten
 
 
@@ -52,23 +50,20 @@ def _narrowed(node: fx.Node) -> Optional[Match]:
 
 def narrow_elementwise(gm: fx.GraphModule) -> int:
     """Rewrite every such spelling of ``gm`` as the 16-bit op (in place); returns how many."""
-    graph, count = gm.graph, 0
-    for node in list(graph.nodes):
-        m = _narrowed(node) if node.op == "call_function" and node.target is aten._to_copy.default else None
-        if m is None:
-            continue
-        with graph.inserting_before(node):
-            narrow = graph.call_function(m["op"].target, (m["a"], m["b"]))
-        narrow.meta.update({k: v for k, v in node.meta.items() if k != "val"})
-        _propagate_meta(narrow)
-        out, want = tensor_meta(narrow), tensor_meta(node)
-        if out is None or out.dtype != want.dtype or tuple(out.shape) != tuple(want.shape):
-            graph.erase_node(narrow)
-            continue
-        node.replace_all_uses_with(narrow)
-        graph.erase_node(node)
-        count += 1
-    if count:
-        settle(gm)
-        log.debug("sgdiff: %d elementwise ops through fp32 and back written as the 16-bit op", count)
-    return count
+    return rewrite_each(gm, aten._to_copy.default, _narrowed, _narrow,
+                        "elementwise ops through fp32 and back written as the 16-bit op")
+
+
+def _narrow(node: fx.Node, m: Match) -> bool:
+    graph = node.graph
+    with graph.inserting_before(node):
+        narrow = graph.call_function(m["op"].target, (m["a"], m["b"]))
+    narrow.meta.update({k: v for k, v in node.meta.items() if k != "val"})
+    _propagate_meta(narrow)
+    out, want = tensor_meta(narrow), tensor_meta(node)
+    if out is None or out.dtype != want.dtype or tuple(out.shape) != tuple(want.shape):
+        graph.erase_node(narrow)
+        return False
+    node.replace_all_uses_with(narrow)
+    graph.erase_node(node)
+    return True

@@ -5,7 +5,7 @@ import dataclasses
 import logging
 import os
 import re
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import fx
@@ -108,6 +108,22 @@ def apply_family(gm: fx.GraphModule, family: str, patterns: Sequence[ChainPatter
     if sites:
         settle(gm)
     return result
+
+
+def rewrite_each(gm: fx.GraphModule, target, find: Callable[[fx.Node], Any],
+                 rewrite: Callable[[fx.Node, Any], bool], what: str) -> int:
+    """An exact pass over ``gm``: at each call of ``target`` where ``find(node)`` gives a match,
+    ``rewrite(node, match)`` edits the graph (False: it left the node as it was); then the graph
+    is settled and ``what`` logged with the count. Returns how many nodes were rewritten."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        found = find(node) if node.op == "call_function" and node.target is target else None
+        if found is not None and rewrite(node, found):
+            count += 1
+    if count:
+        settle(gm)
+        log.debug("sgdiff: %d %s", count, what)
+    return count
 
 
 def settle(gm: fx.GraphModule) -> None:
