@@ -16,8 +16,9 @@ fp32 kernels for these shapes run no split-K, so h's bits are those of the produ
 increasing k, each a fused multiply-add (verified at first sight, like every op). The reference
 implementation below is the chain as the graph ran it before this op: q's copy and the output
 through their own ops (:mod:`.cast_copy`, :mod:`.linear_attention_out`; each computes its eager
-chain's bits, verified against it), the matmul through ATen. Where the kernel is not taken
-(other inputs, or its bits found different), that is what runs, no slower than before.
+chain's bits, verified against it), the matmul through ATen. First sight times the kernel
+against it and keeps the faster; where the kernel is not taken (other inputs, bits found
+different, or slower), that is what runs, no slower than before.
 """
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def linear_attention_apply_reference(
     dtype: torch.dtype,
 ) -> torch.Tensor:
     B, H, D, N = q.shape
-    qf = aten._unsafe_view.default(cast_copy(q, torch.float32, True, [], 0.0, True), [B * H, D, N])  # relu, fp32, copied
+    qf = cast_copy(q, torch.float32, True, [], 0.0, True)  # relu(q).float(), copied contiguous
+    qf = aten._unsafe_view.default(qf, [B * H, D, N])
     h = aten.view.default(aten.bmm.default(scores, qf), [B, H, scores.shape[1], N])
     return linear_attention_out(h, eps, dtype)
 
@@ -68,6 +70,8 @@ linear_attention_apply = dispatch.define_op(OpDef(
         Example("Sana 1.6B: bmm(scores, relu(q).float()) normalized, heads joined, bf16", dict(B=2, H=70, D=32, S=1024),
                 _sana, small=dict(S=64, H=4), moved=lambda args, out: [args[1], out], chain=_sana_chain),
     ),
+    # first sight times the kernel against the former graph's ops (its reference) and keeps the faster
+    tuned=True,
     doc="linear_attention_out(bmm(scores, relu(q).float().contiguous().view(B * H, D, N)).view(B, H, D + 1, N), "
         "eps, dtype)",
 ))

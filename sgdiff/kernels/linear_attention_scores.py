@@ -14,9 +14,9 @@ once and the [B * heads, head_dim + 1, head_dim] scores written. Each score is o
 accumulator over the tokens' products; cuBLAS's fp32 kernels for these shapes run no split-K,
 so its bits are those of the products summed in increasing token order, each a fused
 multiply-add (verified at first sight, like every op). The reference implementation below is the
-chain as the graph ran it before this op: v's padded copy and k's copy through
-:mod:`.cast_copy` (its eager chain's bits), the matmul through ATen, so that where the kernel is
-not taken nothing runs slower than before.
+chain as the graph ran it before this op: v's padded copy and k's copy through :mod:`.cast_copy`
+(its eager chain's bits), the matmul through ATen. First sight times the kernel against it and
+keeps the faster, so that where the kernel is not taken nothing runs slower than before.
 """
 from __future__ import annotations
 
@@ -63,6 +63,8 @@ linear_attention_scores = dispatch.define_op(OpDef(
         Example("Sana 1.6B: pad(v.float(), ones) @ relu(k).float()", dict(B=2, H=70, D=32, S=1024), _sana,
                 small=dict(S=64, H=4), moved=lambda args, out: [args[0], args[1]], chain=_sana_chain),
     ),
+    # first sight times the kernel against the former graph's ops (its reference) and keeps the faster
+    tuned=True,
     doc="bmm(pad(v.float(), (0, 0, 0, 1), value).view(B * H, D + 1, N), relu(k).float().contiguous()"
         ".view(B * H, N, D))",
 ))

@@ -46,7 +46,8 @@ def _output_chain(h: Expr):
 
 def _relu_cast_contiguous(cast: str, x: str = "x", views: str = "views"):
     relu = Op(aten.relu.default, Arg(x), name=f"relu_{x}")
-    return Op(aten.clone.default, Views(parts.maybe_cast(relu, cast), views), memory_format=Lit(torch.contiguous_format))
+    return Op(aten.clone.default, Views(parts.maybe_cast(relu, cast), views),
+              memory_format=Lit(torch.contiguous_format))
 
 
 def _cast_pad(x: str, cast: str):
@@ -134,7 +135,8 @@ def _copied_as(m: Match, x: str, cast: str, expand: Optional[str], views: str, s
     t = tensor_meta(m[x])
     if (parts.cast_dtype(m, cast) or t.dtype) != torch.float32:
         return f"{x} is not widened to fp32"
-    if expand and any(v.target is not aten.expand.default or not same_shape(val(v.args[1]), t.shape) for v in m[expand]):
+    if expand and any(v.target is not aten.expand.default or not same_shape(val(v.args[1]), t.shape)
+                      for v in m[expand]):
         return f"{x}'s copy is of a reshaped or broadcast tensor, not of {x} itself"
     if not m[views]:
         return f"the matmul reads {x}'s copy without a view"
