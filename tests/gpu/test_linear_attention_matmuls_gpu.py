@@ -67,3 +67,7 @@ def test_sana_attention_compiled_is_equal():
             got = compiled(x)
     assert torch.equal(got, want)
     assert not [k for k in dispatch.disabled() if k[0] in ("linear_attention_apply", "linear_attention_scores")]
+    chosen = {op: (choice, times) for op, _, choice, times in dispatch.first_sight_report()
+              if op.startswith("linear_attention_")}
+    print("first sight:", chosen)  # which of the kernel and the former graph's ops each kept, in us
+    assert set(chosen) == {"linear_attention_apply", "linear_attention_scores"}
