@@ -99,7 +99,7 @@ class PassManager:
         merge_same_views(gm)  # exact at every tier: a view taken twice is one operand of a chain
         merge_repeated(gm)  # exact at every tier: a chain computed twice from one tensor is one chain
         narrow_elementwise(gm)  # exact at every tier: the families then see the 16-bit chain
-        batch_folded_matmuls(gm)  # eager's bmm where the graph folded a matmul eager batches
+        batch_folded_matmuls(gm)  # exact: ATen's matmul decides at run time where the graph folded
         results = {}
         for p in self.passes:
             results[p.family] = p.apply(gm, self.tier)
