@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from sgdiff.fxpasses.matmul_fold import batch_folded_matmuls, strides_nest
+from sgdiff.fxpasses.matmul_fold import restore_matmul_folding, strides_nest
 from tests.capture import capture
 from tests.helpers import bits_equal, count_op
 
@@ -19,7 +19,7 @@ def sliced_matmul(lat, w):
 
 def _graph(fn, args):
     gm = capture(fn, args, False)
-    return gm, batch_folded_matmuls(gm)
+    return gm, restore_matmul_folding(gm)
 
 
 @settings(max_examples=25, deadline=None)

@@ -18,7 +18,7 @@ from torch import fx
 from sgdiff import patterns as pattern_registry
 from sgdiff.fxpasses.addends import fold_addends
 from sgdiff.fxpasses.copies import drop_copies
-from sgdiff.fxpasses.matmul_fold import batch_folded_matmuls
+from sgdiff.fxpasses.matmul_fold import restore_matmul_folding
 from sgdiff.fxpasses.narrow import narrow_elementwise
 from sgdiff.fxpasses.rewrite import PassResult, Skip, apply_family
 from sgdiff.fxpasses.repeated import merge_repeated
@@ -99,7 +99,7 @@ class PassManager:
         merge_same_views(gm)  # exact at every tier: a view taken twice is one operand of a chain
         merge_repeated(gm)  # exact at every tier: a chain computed twice from one tensor is one chain
         narrow_elementwise(gm)  # exact at every tier: the families then see the 16-bit chain
-        batch_folded_matmuls(gm)  # exact: ATen's matmul decides at run time where the graph folded
+        restore_matmul_folding(gm)  # exact: ATen's matmul decides at run time where the graph folded
         results = {}
         for p in self.passes:
             results[p.family] = p.apply(gm, self.tier)

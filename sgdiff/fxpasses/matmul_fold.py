@@ -62,7 +62,7 @@ def _folded(mm: fx.Node) -> Optional[tuple]:
     return x, w, out
 
 
-def batch_folded_matmuls(gm: fx.GraphModule) -> int:
+def restore_matmul_folding(gm: fx.GraphModule) -> int:
     """Give every matmul that the graph folds where eager may batch it to ``aten.matmul`` itself;
     returns how many."""
     return rewrite_each(gm, aten.mm.default, _folded, _left_to_aten,
