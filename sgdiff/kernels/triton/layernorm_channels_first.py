@@ -1,10 +1,10 @@
-"""sgdiff::layernorm_modulate of channels-first rows, in one pass over x, bitwise equal to eager.
+"""sgdiff::layernorm_modulate of channels-first rows, normalized where they lie: no transposing copy.
 
 ``x = y.transpose(1, 2)`` of a ``[B, N, S]`` tensor is read as ``[B, S, N]``: each row (a
 token) has its N channels S elements apart. Eager's LayerNorm makes such an x contiguous first
 (a transposing copy), then normalizes the copy's rows with its vectorized kernel; the modulation
 follows. The copy moves the values unchanged, so normalizing the rows where they lie gives the
-same bits, and saves the copy's write and its read.
+same bits (verified at first sight, like every op), and saves the copy's write and its read.
 
 A program takes ``R`` consecutive tokens of one batch entry. Each load of x is an ``[R, ...]``
 tile whose R tokens are adjacent in memory (coalesced where ``stride(1) == 1``):
