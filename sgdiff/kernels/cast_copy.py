@@ -47,7 +47,7 @@ def cast_copy_reference(
 def _sana(which):
     """Sana's linear attention: q or v of one ``[B, S, H D]`` projection, as ``[B, H, D, S]`` views."""
     def make(t):
-        x = t.randn(t.B, t.S, t.H * t.D).transpose(1, 2).unflatten(1, (t.H, -1))
+        x = t.heads()
         return (x, torch.float32, True, [], 0.0, True) if which == "q" else (x, torch.float32, False, [0, 0, 0, 1],
                                                                               1.0, True)
     return make

@@ -39,6 +39,11 @@ class Inputs:
     def rand(self, *shape, dtype=torch.float32) -> torch.Tensor:
         return torch.rand(*shape, device=self.device, generator=self.generator).to(dtype)
 
+    def heads(self, dtype=torch.bfloat16) -> torch.Tensor:
+        """A ``[B, S, H D]`` projection viewed ``[B, H, D, S]``, as Sana's linear attention views
+        its q, k and v."""
+        return self.randn(self.B, self.S, self.H * self.D, dtype=dtype).transpose(1, 2).unflatten(1, (self.H, self.D))
+
     def chunks(self, B: int, D: int, n: int, dtype=torch.bfloat16):
         """n ``[B, 1, D]`` chunk views of one ``[B, n D]`` projection: adaLN's
         ``emb.chunk(n, dim=1)`` then ``[:, None]`` (Flux, SD3)."""

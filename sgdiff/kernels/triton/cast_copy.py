@@ -16,7 +16,7 @@ import triton.language as tl
 
 from sgdiff.kernels.layout import contiguous_strides, like_strides
 from sgdiff.kernels.registry import Impl
-from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait, one_input_one_output
+from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait, fresh_output
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan
 
 
@@ -145,7 +145,7 @@ def bind(x, dtype, relu, pad, value, contiguous):
     is a handful of constant multiplies: at Sana's q, 208 -> 136 SASS instructions a 32 x 32 tile."""
     shape, strides, grid, consts, warps = _plan(x, tuple(pad), bool(contiguous))
     kernel = _cast_copy_kernel.bind(grid, RELU=bool(relu), **consts, num_warps=warps)
-    return one_input_one_output(kernel, shape, strides, dtype, float(value))
+    return fresh_output(kernel, 1, shape, strides, dtype, float(value))
 
 
 def cast_copy(x, dtype, relu, pad, value, contiguous):

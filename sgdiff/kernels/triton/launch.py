@@ -181,12 +181,12 @@ class BoundKernel:
         run(g0, g1, g2, raw_stream(self.device), function, metadata, None, None, None, *args, *tail)
 
 
-def one_input_one_output(kernel: BoundKernel, shape, strides, dtype, *tail):
-    """``launch(x, ...)`` of a kernel that reads ``x`` and writes a fresh tensor of this
-    geometry: ``kernel(x, out, *tail)``."""
-    def launch(x, *_):
-        out = torch.empty_strided(shape, strides, dtype=dtype, device=x.device)
-        kernel(x, out, *tail)
+def fresh_output(kernel: BoundKernel, inputs: int, shape, strides, dtype, *tail):
+    """``launch(*tensors, ...)`` of a kernel that reads its first ``inputs`` arguments and writes
+    a fresh tensor of this geometry, on the first one's device: ``kernel(*tensors, out, *tail)``."""
+    def launch(*args):
+        out = torch.empty_strided(shape, strides, dtype=dtype, device=args[0].device)
+        kernel(*args[:inputs], out, *tail)
         return out
 
     return launch

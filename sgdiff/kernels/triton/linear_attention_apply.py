@@ -16,7 +16,7 @@ import triton.language as tl
 
 from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton.cast_copy import relu_as_aten
-from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
+from sgdiff.kernels.triton.launch import LeanKernel, fresh_output, grid_dependency_wait
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan
 
 MAX_HEAD_DIM = 128  # a [head_dim, BLOCK_N] accumulator in registers
@@ -84,14 +84,7 @@ def bind(scores, q, eps, dtype):
     """:func:`linear_attention_apply` for inputs of this signature, its host arithmetic done."""
     shape, strides, grid, ints, consts = _plan(scores, q)
     kernel = _linear_attention_apply_kernel.bind(grid, **consts, num_warps=4, enable_fp_fusion=False)
-    eps = float(eps)
-
-    def launch(scores, q, *_):
-        out = torch.empty_strided(shape, strides, dtype=dtype, device=q.device)
-        kernel(scores, q, out, *ints, eps)
-        return out
-
-    return launch
+    return fresh_output(kernel, 2, shape, strides, dtype, *ints, float(eps))
 
 
 def linear_attention_apply(scores, q, eps, dtype):

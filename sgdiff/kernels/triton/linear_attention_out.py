@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from sgdiff.kernels.registry import Impl
 
-from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait, one_input_one_output
+from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait, fresh_output
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan
 
 
@@ -67,7 +67,7 @@ def bind(h, eps, dtype):
     """:func:`linear_attention_out` for inputs of this signature, its host arithmetic done."""
     shape, strides, grid, ints, blocks = _plan(h)
     kernel = _linear_attention_out_kernel.bind(grid, **blocks, num_warps=4, enable_fp_fusion=False)
-    return one_input_one_output(kernel, shape, strides, dtype, *ints, float(eps))
+    return fresh_output(kernel, 1, shape, strides, dtype, *ints, float(eps))
 
 
 def linear_attention_out(h, eps, dtype):

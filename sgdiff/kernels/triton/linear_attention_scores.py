@@ -15,7 +15,7 @@ import triton.language as tl
 
 from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton.cast_copy import relu_as_aten
-from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
+from sgdiff.kernels.triton.launch import LeanKernel, fresh_output, grid_dependency_wait
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan
 
 MAX_HEAD_DIM = 64  # a [head_dim, head_dim] accumulator in one program's registers
@@ -82,21 +82,15 @@ def can_use(v, k, value) -> bool:
 @cached_plan
 def _plan(v, k):
     B, H, D, N = v.shape
-    return (B * H,), (B * H, D + 1, D), (H, N, *v.stride(), *k.stride()), dict(D=D, BLOCK_D=triton.next_power_of_2(D))
+    out = (B * H, D + 1, D), ((D + 1) * D, D, 1)  # contiguous, as eager's bmm writes it
+    return (B * H,), out, (H, N, *v.stride(), *k.stride()), dict(D=D, BLOCK_D=triton.next_power_of_2(D))
 
 
 def bind(v, k, value):
     """:func:`linear_attention_scores` for inputs of this signature, its host arithmetic done."""
-    grid, shape, ints, consts = _plan(v, k)
+    grid, (shape, strides), ints, consts = _plan(v, k)
     kernel = _linear_attention_scores_kernel.bind(grid, **consts, UNROLL=UNROLL, num_warps=4, enable_fp_fusion=False)
-    value = float(value)
-
-    def launch(v, k, *_):
-        out = torch.empty(shape, dtype=torch.float32, device=v.device)
-        kernel(v, k, out, *ints, value)
-        return out
-
-    return launch
+    return fresh_output(kernel, 2, shape, strides, torch.float32, *ints, float(value))
 
 
 def linear_attention_scores(v, k, value):
