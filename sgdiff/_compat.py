@@ -83,6 +83,38 @@ def _interpolation_overloads() -> list:
     return _INTERPOLATION
 
 
+def fold_tensor_str_comparisons() -> bool:
+    """Let dynamo trace ``tensor == "text"`` and ``tensor != "text"`` as Python computes them.
+
+    Python gives False and True (``Tensor.__eq__`` returns NotImplemented, so does ``str``'s, and
+    the comparison falls back to identity). Dynamo before torch 2.13 puts the ``__eq__`` call in
+    the graph, gets NotImplemented back and breaks the graph: a module that keeps a sentinel
+    string among cached tensors (a causal video VAE's ``feat_cache[i] == "Rep"``) breaks inside
+    its frame loop, and its blocks then compile one by one until the recompile limit leaves the
+    rest eager. Newer dynamo models CPython's comparison protocol and needs nothing. Returns
+    whether the tracer is patched (idempotent)."""
+    try:
+        from torch._dynamo.variables.constant import ConstantVariable
+        from torch._dynamo.variables.tensor import TensorVariable
+    except ImportError:
+        return False
+    if hasattr(TensorVariable, "richcompare_impl"):  # dynamo with CPython's comparison protocol
+        return False
+    original = TensorVariable.call_method
+    if getattr(original, "folds_str_comparisons", False):
+        return True
+
+    def call_method(self, tx, name, args, kwargs):
+        if (name in ("__eq__", "__ne__") and len(args) == 1 and not kwargs
+                and isinstance(args[0], ConstantVariable) and isinstance(args[0].value, (str, bytes))):
+            return ConstantVariable.create(name == "__ne__")
+        return original(self, tx, name, args, kwargs)
+
+    call_method.folds_str_comparisons = True
+    TensorVariable.call_method = call_method
+    return True
+
+
 def boxed_eager(gm: torch.fx.GraphModule, example_inputs) -> Callable:
     return boxed(gm.forward)
 

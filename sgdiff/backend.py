@@ -23,6 +23,8 @@ from sgdiff.tiers import Tier, current_call_tier
 
 log = logging.getLogger("sgdiff")
 
+_compat.fold_tensor_str_comparisons()  # before the first trace: a graph break there is a graph lost
+
 ResultSink = Callable[[ManagerResult], None]
 
 

@@ -5,14 +5,17 @@ denoiser (``transformer``, or ``unet``) for every step and then ``vae.decode`` (
 first where an image goes in). :func:`optimize_pipeline` compiles those in place: the denoiser
 whole, or block by block with ``regional=True`` where the model declares repeated blocks
 (diffusers' ``compile_repeated_blocks``), and the VAE's ``decode`` and ``encode`` (compiled
-lazily: one the pipeline never calls costs nothing). :func:`explain_pipeline` runs the pipeline
+lazily: one the pipeline never calls costs nothing). The VAE may get compile options of its own:
+:func:`sgdiff.optimize` runs it without CUDA graphs unless asked, since it runs once per call and a
+captured decode would keep its working memory (GiBs for a video) reserved through every later
+denoising loop. :func:`explain_pipeline` runs the pipeline
 once with each of those recorded by a backend of its own and puts them back as they were.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 
@@ -33,8 +36,10 @@ def _vae(pipe):
     return vae if isinstance(vae, torch.nn.Module) else None
 
 
-def optimize_pipeline(pipe, compile_kwargs: Dict[str, Any], regional: bool = False):
-    """Compile ``pipe``'s denoiser and VAE in place with ``torch.compile(**compile_kwargs)``; return ``pipe``."""
+def optimize_pipeline(pipe, compile_kwargs: Dict[str, Any], regional: bool = False,
+                      vae_compile_kwargs: Optional[Dict[str, Any]] = None):
+    """Compile ``pipe``'s denoiser in place with ``torch.compile(**compile_kwargs)`` and its VAE's
+    methods with ``vae_compile_kwargs`` (default: the same); return ``pipe``."""
     names = _denoisers(pipe)
     if not names:
         raise ValueError(f"{type(pipe).__name__} has no denoiser among {', '.join(DENOISERS)}: nothing to compile")
@@ -47,7 +52,7 @@ def optimize_pipeline(pipe, compile_kwargs: Dict[str, Any], regional: bool = Fal
     vae = _vae(pipe)
     for method in VAE_METHODS if vae is not None else ():
         if hasattr(vae, method):
-            setattr(vae, method, torch.compile(getattr(vae, method), **compile_kwargs))
+            setattr(vae, method, torch.compile(getattr(vae, method), **(vae_compile_kwargs or compile_kwargs)))
     return pipe
 
 

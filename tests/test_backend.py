@@ -67,6 +67,25 @@ def test_graph_breaks_give_one_graph_per_piece():
     assert [r.counts["modulate"] for r in results] == [1, 1]
 
 
+def test_a_tensor_compared_with_a_string_stays_in_one_graph():
+    """``tensor == "text"`` is False and ``!=`` True (a causal VAE's cache sentinel): one graph, no
+    break, on every supported torch (the compat shim teaches older dynamo the constant)."""
+    def step(x, cache):
+        for entry in cache:
+            if entry is not None and entry != "Rep":
+                x = x + entry
+            if entry == "Rep":
+                x = x * 3
+        return torch.sigmoid(x)
+
+    x = torch.randn(4, 8)
+    for cache in ([x.clone(), "Rep", None], ["Rep"], [x * 2]):
+        compiled, results = compile_with_results(step, fullgraph=True)
+        torch._dynamo.reset()
+        assert torch.equal(compiled(x, cache), step(x, cache))
+        assert len(results) == 1
+
+
 def test_dynamic_shapes_recompile_nothing_and_stay_equal():
     model = Block().eval()
     compiled, results = compile_with_results(model, dynamic=True)

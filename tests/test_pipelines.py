@@ -44,6 +44,21 @@ def test_an_optimized_pipeline_gives_eager_bits(name, regional):
     assert torch.equal(call(pipe), want)  # and again, compiled
 
 
+@pytest.mark.parametrize("kwargs, vae_graphs", [({}, False), ({"cudagraphs": True}, True), ({"cudagraphs": False}, False),
+                                               ({"mode": "reduce-overhead"}, True)])
+def test_the_vae_runs_without_cuda_graphs_unless_asked(monkeypatch, kwargs, vae_graphs):
+    graphs = {}
+    compile_ = torch.compile
+
+    def record(fn, **kw):
+        graphs[getattr(fn, "__name__", "denoiser")] = kw["backend"].options.cudagraphs
+        return compile_(fn, **kw)
+
+    monkeypatch.setattr(torch, "compile", record)
+    sgdiff.optimize(tiny_pipeline(), **kwargs)
+    assert graphs == {"denoiser": kwargs.get("cudagraphs", True), "decode": vae_graphs, "encode": vae_graphs}
+
+
 def test_a_pipeline_without_a_denoiser_is_refused():
     class NotAPipeline:
         components = {"scheduler": None}
