@@ -192,14 +192,15 @@ def write_report(result: dict, out: pathlib.Path) -> None:
              "time, as a graph of its own, in the same replays: how far two timings of one kernel part ('-': rows "
              "timed before it was).", "",
              "| op | shape | dtype | case | bit-exact | sgdiff | sgdiff plain | eager | Inductor | Inductor again | "
-             "copy | sgdiff/copy | wall sgdiff | wall sgdiff op | wall eager | commit |", "|" + " --- |" * 16]
+             "copy | sgdiff/copy | wall sgdiff | wall sgdiff op | wall eager | " + run_header(result) + " |",
+             "|" + " --- |" * 16]
     for c in result["cases"]:
         lines.append(f"| {c['op']} | {'×'.join(map(str, c['shape']))} | {c['dtype']} | {c['note']} | "
                      f"{'yes' if c['bitexact'] else 'NO (%d)' % c['mismatches']} | {c['sgdiff_us']:.1f} | "
                      f"{_us(c.get('sgdiff_plain_us'))} | {c['eager_us']:.1f} | {c['inductor_us']:.1f} | "
                      f"{_us(c.get('inductor_again_us'))} | {_copy_us(c):.1f} | "
                      f"{_copy_ratio(c)} | {c['wall_sgdiff_launcher_us']:.1f}{'' if c.get('wall_sgdiff_via') else ' †'} | "
-                     f"{c['wall_sgdiff_us']:.1f} | {c['wall_eager_us']:.1f} | {c.get('commit', result['commit'])} |")
+                     f"{c['wall_sgdiff_us']:.1f} | {c['wall_eager_us']:.1f} | {run_label(c, result)} |")
     (out / "kernels.md").write_text("\n".join(lines) + "\n")
     try:
         import matplotlib

@@ -139,7 +139,8 @@ def write_report(result: dict, out: pathlib.Path) -> None:
                      + (" / ".join(f"{peak[v]:.1f}" for v in VARIANTS if v in peak) or "-") + " | "
                      + (" / ".join(f"{vae_peak[v]:.2f}" for v in VARIANTS if v in vae_peak) or "-")
                      + f" | {run_label(c, result)} |")
-    (out / "pipelines.md").write_text("\n".join(lines) + "\n")
+    lines += [""] + [f"- {c['pipeline']} ({c['size']}): {c['note']}" for c in result["cases"] if c.get("note")]
+    (out / "pipelines.md").write_text("\n".join(lines).rstrip() + "\n")
 
 
 def merge_runs(old: dict, new: dict) -> dict:
@@ -154,7 +155,7 @@ def merge_runs(old: dict, new: dict) -> dict:
         base = same.get(key(c))
         if base is not None and (base["steps"], base.get("warmup_calls")) == (c["steps"], c.get("warmup_calls")) \
                 and not {"inductor_s", "sgdiff_s"} <= c.keys():
-            c.update({k: v for k, v in base.items() if k not in c},
+            c.update({k: v for k, v in base.items() if k not in c and k not in ("commit", "gpu", "note")},
                      **{k: {**v, **c.get(k, {})} for k, v in base.items() if isinstance(v, dict)})
     order = ["flux", "wan", "sana"]
     return merge_cases(old, new, key=key, rank=lambda k: order.index(k[0]) if k[0] in order else len(order))
