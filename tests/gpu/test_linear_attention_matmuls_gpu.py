@@ -23,7 +23,7 @@ def operands(B, H, D, N, dtype, seed=0):
 
 
 @pytest.mark.parametrize("shape", [(2, 70, 32, 1024), (1, 70, 32, 4096), (2, 2, 8, 7), (2, 16, 64, 333),
-                                   (1, 3, 12, 130)])
+                                   (1, 3, 12, 130), (1, 4, 128, 200), (2, 3, 80, 65)])  # k in several dot steps
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_bitexact_against_cublas(shape, dtype):
     scores, q = operands(*shape, dtype)

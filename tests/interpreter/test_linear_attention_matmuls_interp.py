@@ -4,8 +4,11 @@ written out with the interpreter's own fp32 FMA (apply: each h element's head_di
 increasing k, the normalizer row alike, + eps, IEEE division, on an fp32 output, and bf16 within
 a tolerance of the chain; scores: each score's products in increasing token order, the padding
 row's factor the padding value).
-Whether cuBLAS's matmul has that order is the GPU's question (tests/gpu). Run by
-tests/test_triton_interpreter.py with TRITON_INTERPRET=1 (skipped without it)."""
+Both kernels sum with fp32 ``tl.dot`` calls at IEEE precision, which Triton lowers on the GPU to FMAs,
+each output's chain in increasing k from the accumulator given; the interpreter would call
+numpy's matmul, so here ``tl.dot`` is that chain (and must be asked at IEEE precision).
+Whether cuBLAS's matmul has that order, and Triton's dot that lowering, is the GPU's question
+(tests/gpu). Run by tests/test_triton_interpreter.py with TRITON_INTERPRET=1 (skipped without it)."""
 import numpy as np
 import pytest
 import torch
@@ -22,7 +25,25 @@ from tests.interpreter.common import assert_within, ids  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
 
-GEOMETRIES = [(2, 3, 32, 40), (1, 2, 8, 7), (2, 2, 12, 130)]  # [B, heads, head_dim, tokens]: tails, D not a power of 2
+
+@pytest.fixture(autouse=True)
+def fma_chain_dot(monkeypatch):
+    """``tl.dot`` as Triton's GPU lowering of an fp32 dot at IEEE precision computes it."""
+    from triton.runtime import interpreter
+
+    def dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        assert "IEEE" in str(input_precision).upper(), input_precision  # tf32 would round the operands
+        assert a.data.dtype == b.data.dtype == d.data.dtype == np.float32
+        acc = d.data
+        for k in range(a.data.shape[-1]):
+            acc = fma_fp32(*[np.ascontiguousarray(x) for x in np.broadcast_arrays(
+                a.data[..., :, k:k + 1], b.data[..., k:k + 1, :], acc)])
+        return interpreter.TensorHandle(acc, d.dtype.scalar)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", dot)
+
+# [B, heads, head_dim, tokens]: tails, D not a power of 2, k in several steps (80: 32 + 32 + 16)
+GEOMETRIES = [(2, 3, 32, 40), (1, 2, 8, 7), (2, 2, 12, 130), (1, 2, 80, 33)]
 
 
 def operands(B, H, D, N, dtype, seed=0):

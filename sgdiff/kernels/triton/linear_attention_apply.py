@@ -5,8 +5,14 @@ tile's normalizer row, each element one fp32 accumulator taking head_dim fused m
 in increasing k (cuBLAS's order for these fp32 shapes: no split-K), then divides by the
 normalizer plus eps (``div_rn``, as ATen's division) and writes the result cast, where eager's
 cast writes it: [B, tokens, heads * head_dim] with strides (heads * head_dim * tokens, 1,
-tokens). q is read through its strides (the query projection's transposed view: a token's
-head_dim channels adjacent), ReLU'd as ATen's and widened in registers; h never reaches memory.
+tokens). The products are fp32 ``tl.dot`` calls at IEEE precision, ``BLOCK_K`` values of k at a
+time, of the head's scores (the normalizer row among them) and a tile of q read through its
+strides (the query projection's transposed view: a token's head_dim channels adjacent, so a
+token's are one load), ReLU'd as ATen's and widened in registers. Triton lowers an fp32 dot at
+IEEE precision to FMAs (no tensor core takes fp32 at IEEE precision), each output's chain in
+increasing k from the accumulator it is given: the order above. The normalizer is taken out of
+its row by a sum of it and zeros, which is exact: a chain of FMAs from +0 never ends at -0.
+h never reaches memory.
 """
 from __future__ import annotations
 
@@ -20,6 +26,8 @@ from sgdiff.kernels.triton.launch import LeanKernel, fresh_output, grid_dependen
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan
 
 MAX_HEAD_DIM = 128  # a [head_dim, BLOCK_N] accumulator in registers
+MIN_DOT = 16  # tl.dot's smallest extent
+MAX_BLOCK_K = 32  # k a step: the scores' and q's tiles stay small at head_dim 128
 
 
 @LeanKernel
@@ -33,27 +41,30 @@ def _linear_attention_apply_kernel(
     sq0, sq1, sq2, sq3,
     eps,
     D: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # the scores' D rows and the normalizer row
     BLOCK_D: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # k a step
     BLOCK_N: tl.constexpr,
 ):
     pid = tl.program_id(0)  # (batch, head), split in 32 bits
     bh = pid.to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    d = tl.arange(0, BLOCK_D)
-    n_ok, d_ok = n < N, d < D
-    s_base = scores_ptr + bh * ss0
-    q_base = q_ptr + (pid // n_heads).to(tl.int64) * sq0 + (pid % n_heads).to(tl.int64) * sq1 + n * sq3
+    m = tl.arange(0, BLOCK_M)
+    k = tl.arange(0, BLOCK_K)
+    n_ok = n < N
+    s_rows = scores_ptr + bh * ss0 + m[:, None] * ss1
+    q_cols = q_ptr + (pid // n_heads).to(tl.int64) * sq0 + (pid % n_heads).to(tl.int64) * sq1 + n[None, :] * sq3
     grid_dependency_wait()
-    acc = tl.zeros([BLOCK_D, BLOCK_N], tl.float32)
-    den = tl.zeros([BLOCK_N], tl.float32)
-    for k in tl.static_range(D):  # h's sums in increasing k, one FMA each
-        qk = relu_as_aten(tl.load(q_base + k * sq2, mask=n_ok, other=0.0).to(tl.float32))
-        s_k = tl.load(s_base + d * ss1 + k * ss2, mask=d_ok, other=0.0)
-        acc = tl.fma(s_k[:, None], qk[None, :], acc)
-        den = tl.fma(tl.load(s_base + D * ss1 + k * ss2), qk, den)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in tl.static_range(0, BLOCK_D, BLOCK_K):  # k in increasing order, BLOCK_K at a time
+        kk = k0 + k
+        s = tl.load(s_rows + kk[None, :] * ss2, mask=(m <= D)[:, None] & (kk < D)[None, :], other=0.0)
+        q = tl.load(q_cols + kk[:, None] * sq2, mask=(kk < D)[:, None] & n_ok[None, :], other=0.0)
+        acc = tl.dot(s, relu_as_aten(q.to(tl.float32)), acc, input_precision="ieee")
+    den = tl.sum(tl.where((m == D)[:, None], acc, 0.0), axis=0)
     y = tl.math.div_rn(acc, (den + eps)[None, :])
-    out = out_ptr + bh * D * N + d[:, None] * N + n[None, :]
-    tl.store(out, y.to(out_ptr.dtype.element_ty), mask=d_ok[:, None] & n_ok[None, :])
+    out = out_ptr + bh * D * N + m[:, None] * N + n[None, :]
+    tl.store(out, y.to(out_ptr.dtype.element_ty), mask=(m < D)[:, None] & n_ok[None, :])
 
 
 def supported_layout(scores, q, eps, dtype) -> bool:
@@ -73,11 +84,12 @@ def can_use(scores, q, eps, dtype) -> bool:
 @cached_plan
 def _plan(scores, q):
     B, H, D, N = q.shape
-    block_d = triton.next_power_of_2(D)
-    block_n = max(16, min(128, 4096 // block_d, triton.next_power_of_2(N)))
+    block_m, block_d = max(MIN_DOT, triton.next_power_of_2(D + 1)), max(MIN_DOT, triton.next_power_of_2(D))
+    block_n = max(MIN_DOT, min(128, 8192 // block_m, triton.next_power_of_2(N)))
     grid = (B * H, triton.cdiv(N, block_n))
     shape, strides = (B, N, H * D), (H * D * N, 1, N)
-    return shape, strides, grid, (H, N, *scores.stride(), *q.stride()), dict(D=D, BLOCK_D=block_d, BLOCK_N=block_n)
+    consts = dict(D=D, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_K=min(block_d, MAX_BLOCK_K), BLOCK_N=block_n)
+    return shape, strides, grid, (H, N, *scores.stride(), *q.stride()), consts
 
 
 def bind(scores, q, eps, dtype):

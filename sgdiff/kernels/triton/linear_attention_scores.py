@@ -2,10 +2,14 @@
 
 One program computes one head's [head_dim + 1, head_dim] scores: each one fp32 accumulator
 taking the tokens' products in increasing order, each a fused multiply-add (cuBLAS's order for
-these fp32 shapes: no split-K); the last row's factor is the padding value itself. A token's v
-column and k row are each head_dim adjacent channels of their projections (the transposed views
-Sana's processor makes), read once, ReLU'd (k, as ATen's) and widened in registers. The tokens
-go in steps of ``UNROLL`` whose loads are issued together, then the rest one by one.
+these fp32 shapes: no split-K); the last row's factor is the padding value itself. The tokens go
+``BLOCK_N`` at a time: a [rows, BLOCK_N] tile of v and a [BLOCK_N, head_dim] tile of k (a token's
+head_dim channels adjacent in their projections, the transposed views Sana's processor makes),
+ReLU'd (k, as ATen's) and widened in registers, then one fp32 ``tl.dot`` with IEEE precision onto
+the accumulators. Triton lowers that dot to FMAs (no tensor core takes fp32 at IEEE precision),
+each output's chain over the step's tokens in increasing order from the accumulator it is given:
+the order above, with every load of a step issued at once. Tokens past the end load as zeros,
+and ``fma(0, 0, acc)`` is ``acc``.
 """
 from __future__ import annotations
 
@@ -18,16 +22,9 @@ from sgdiff.kernels.triton.cast_copy import relu_as_aten
 from sgdiff.kernels.triton.launch import LeanKernel, fresh_output, grid_dependency_wait
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan
 
-MAX_HEAD_DIM = 64  # a [head_dim, head_dim] accumulator in one program's registers
-UNROLL = 8
-
-
-@triton.jit
-def _fold_token(acc, den, v_rows, k_cols, n, sv3, sk2, value, r_ok, c_ok):
-    """The scores after token n: each accumulator's FMA with v[r, n] * relu(k)[n, c]."""
-    vn = tl.load(v_rows + n * sv3, mask=r_ok, other=0.0).to(tl.float32)
-    kn = relu_as_aten(tl.load(k_cols + n * sk2, mask=c_ok, other=0.0).to(tl.float32))
-    return tl.fma(vn[:, None], kn[None, :], acc), tl.fma(value, kn, den)
+MAX_HEAD_DIM = 64  # a [head_dim + 1, head_dim] accumulator in one program's registers
+BLOCK_N = 32  # tokens a step
+MIN_DOT = 16  # tl.dot's smallest extent
 
 
 @LeanKernel
@@ -41,27 +38,29 @@ def _linear_attention_scores_kernel(
     sk0, sk1, sk2, sk3,
     value,  # the padding row's value (fp32)
     D: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # v's D rows and the padding row
     BLOCK_D: tl.constexpr,
-    UNROLL: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     pid = tl.program_id(0)  # (batch, head)
-    r = tl.arange(0, BLOCK_D)
-    r_ok = r < D
+    m = tl.arange(0, BLOCK_M)
+    c = tl.arange(0, BLOCK_D)
+    t = tl.arange(0, BLOCK_N)
     b, h = (pid // n_heads).to(tl.int64), (pid % n_heads).to(tl.int64)
-    v_rows = v_ptr + b * sv0 + h * sv1 + r * sv2
-    k_cols = k_ptr + b * sk0 + h * sk1 + r * sk3
+    v_rows = v_ptr + b * sv0 + h * sv1 + m[:, None] * sv2
+    k_cols = k_ptr + b * sk0 + h * sk1 + c[None, :] * sk3
+    row_ok, pad_row, c_ok = (m < D)[:, None], (m == D)[:, None], (c < D)[None, :]
     grid_dependency_wait()
-    acc = tl.zeros([BLOCK_D, BLOCK_D], tl.float32)
-    den = tl.zeros([BLOCK_D], tl.float32)
-    full = N - N % UNROLL
-    for n0 in range(0, full, UNROLL):  # the tokens in increasing order
-        for t in tl.static_range(UNROLL):
-            acc, den = _fold_token(acc, den, v_rows, k_cols, n0 + t, sv3, sk2, value, r_ok, r_ok)
-    for n in range(full, N):
-        acc, den = _fold_token(acc, den, v_rows, k_cols, n, sv3, sk2, value, r_ok, r_ok)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for n0 in range(0, N, BLOCK_N):  # the tokens in increasing order
+        n = n0 + t
+        n_ok = n < N
+        vt = tl.load(v_rows + n[None, :] * sv3, mask=row_ok & n_ok[None, :], other=0.0).to(tl.float32)
+        vt = tl.where(pad_row & n_ok[None, :], value, vt)
+        kt = relu_as_aten(tl.load(k_cols + n[:, None] * sk2, mask=n_ok[:, None] & c_ok, other=0.0).to(tl.float32))
+        acc = tl.dot(vt, kt, acc, input_precision="ieee")
     out = out_ptr + pid.to(tl.int64) * (D + 1) * D
-    tl.store(out + r[:, None] * D + r[None, :], acc, mask=r_ok[:, None] & r_ok[None, :])
-    tl.store(out + D * D + r, den, mask=r_ok)
+    tl.store(out + m[:, None] * D + c[None, :], acc, mask=(m <= D)[:, None] & c_ok)
 
 
 def supported_layout(v, k, value) -> bool:
@@ -83,13 +82,14 @@ def can_use(v, k, value) -> bool:
 def _plan(v, k):
     B, H, D, N = v.shape
     out = (B * H, D + 1, D), ((D + 1) * D, D, 1)  # contiguous, as eager's bmm writes it
-    return (B * H,), out, (H, N, *v.stride(), *k.stride()), dict(D=D, BLOCK_D=triton.next_power_of_2(D))
+    blocks = dict(BLOCK_M=max(MIN_DOT, triton.next_power_of_2(D + 1)), BLOCK_D=max(MIN_DOT, triton.next_power_of_2(D)))
+    return (B * H,), out, (H, N, *v.stride(), *k.stride()), dict(D=D, BLOCK_N=BLOCK_N, **blocks)
 
 
 def bind(v, k, value):
     """:func:`linear_attention_scores` for inputs of this signature, its host arithmetic done."""
     grid, (shape, strides), ints, consts = _plan(v, k)
-    kernel = _linear_attention_scores_kernel.bind(grid, **consts, UNROLL=UNROLL, num_warps=4, enable_fp_fusion=False)
+    kernel = _linear_attention_scores_kernel.bind(grid, **consts, num_warps=4, enable_fp_fusion=False)
     return fresh_output(kernel, 2, shape, strides, torch.float32, *ints, float(value))
 
 
