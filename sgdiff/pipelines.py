@@ -8,8 +8,8 @@ whole, or block by block with ``regional=True`` where the model declares repeate
 lazily: one the pipeline never calls costs nothing). The VAE may get compile options of its own:
 :func:`sgdiff.optimize` runs it without CUDA graphs unless asked, since it runs once per call and a
 captured decode would keep its working memory (GiBs for a video) reserved through every later
-denoising loop. :func:`explain_pipeline` runs the pipeline
-once with each of those recorded by a backend of its own and puts them back as they were.
+denoising loop. :func:`explain_pipeline` runs the pipeline once with each of those recorded by a
+backend of its own and puts them back as they were.
 """
 from __future__ import annotations
 
