@@ -288,3 +288,17 @@ def test_every_swiglu_configuration_compiles_within_an_h200s_shared_memory(monke
     assert compiled.metadata.shared <= 227 * 1024, compiled.metadata.shared
     assert_waits_before_memory(kernel, compiled)
     assert "HGMMA" in machine_code(compiled)
+
+
+@pytest.mark.parametrize("op", ["linear_attention_scores", "linear_attention_apply"])
+def test_linear_attention_dots_lower_to_fma_chains(monkeypatch, op):
+    """Their fp32 ``tl.dot`` at IEEE precision compiles to fused multiply-adds (the order the ops'
+    bits rest on), never to a tensor-core instruction, which would round the operands to tf32."""
+    impl = registry.op_def(op).triton_impl()
+    for example in registry.op_def(op).examples:
+        launches = recorded_launches(monkeypatch, lambda: impl.run(*example.args(small=True)))
+        for kernel, largs, kwargs in launches:
+            compiled = compile_launch(kernel, largs, kwargs)
+            sass = machine_code(compiled)
+            assert "FFMA" in sass and "fma.rn.f32" in compiled.asm["ptx"], kernel.__name__
+            assert not re.search(r"\b(HMMA|HGMMA|IMMA|wgmma|mma\.sync)\b", sass + compiled.asm["ptx"]), kernel.__name__
