@@ -43,8 +43,7 @@ from sgdiff.kernels.triton.welford import (
 )
 
 TOKENS = 16  # R: a program's tokens (32 bytes of bf16 x a load, a sector)
-CHUNK = 512  # the second pass's channels a step
-CHUNK_C = tl.constexpr(CHUNK)
+CHUNK = tl.constexpr(512)  # the second pass's channels a step
 
 
 @LeanKernel
@@ -98,8 +97,8 @@ def _layernorm_modulate_cols_kernel(
     rstd = tl.reshape(rsqrtf(var + eps, INTERPRET), (R, 1))
 
     out_rows = out_ptr + (bi * S + s) * N
-    for c0 in tl.static_range(0, N, CHUNK_C):
-        c = c0 + tl.arange(0, CHUNK_C)
+    for c0 in tl.static_range(0, N, CHUNK):
+        c = c0 + tl.arange(0, CHUNK)
         mask = token_ok[:, None] & (c < N)[None, :]
         x = to_fp32(tl.load(x_rows[:, None] + c[None, :] * stride_xn, mask=mask))
         w = to_fp32(tl.load(w_ptr + c, mask=c < N))[None, :] if HAS_WEIGHT else None
@@ -112,7 +111,6 @@ def _layernorm_modulate_cols_kernel(
                      mask=mask) if HAS_SHIFT else None
         y = modulate_rounded(y.to(DTYPE), sc, sh, PLUS_ONE, HAS_SCALE, HAS_SHIFT, DTYPE)
         tl.store(out_rows[:, None] + c[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
-
 
 
 def supported(x, scale_addend=None, shift_addend=None) -> bool:

@@ -166,9 +166,9 @@ def store_tile(tiles, k: tl.constexpr, out_row, col, mask, mean, rstd, PLUS_ONE:
     xs, ws, bs, scs, shs = tiles
     centered = to_fp32(xs[k]) - mean
     y = aten_affine(rstd * centered, rstd, centered, to_fp32(ws[k]) if len(ws) > 0 else None,
-                to_fp32(bs[k]) if len(bs) > 0 else None)
+                    to_fp32(bs[k]) if len(bs) > 0 else None)
     y = modulate_rounded(y.to(DTYPE), scs[k] if len(scs) > 0 else None, shs[k] if len(shs) > 0 else None, PLUS_ONE,
-                  len(scs) > 0, len(shs) > 0, DTYPE)
+                         len(scs) > 0, len(shs) > 0, DTYPE)
     tl.store(out_row + col, y.to(out_row.dtype.element_ty), mask=mask)
 
 
@@ -293,9 +293,9 @@ if gluon is not None:
                         mask = None
                     centered = to_fp32(xs[k]) - mean[:, :, None]
                     y = aten_affine(rstd[:, :, None] * centered, rstd[:, :, None], centered,
-                                to_fp32(ws[k]) if HAS_WEIGHT else None, to_fp32(bs[k]) if HAS_BIAS else None)
-                    y = modulate_rounded(y.to(DTYPE), scs[k] if HAS_SCALE else None, shs[k] if HAS_SHIFT else None,
-                                  PLUS_ONE, HAS_SCALE, HAS_SHIFT, DTYPE)
+                                    to_fp32(ws[k]) if HAS_WEIGHT else None, to_fp32(bs[k]) if HAS_BIAS else None)
+                    y = modulate_rounded(y.to(DTYPE), scs[k] if HAS_SCALE else None,
+                                         shs[k] if HAS_SHIFT else None, PLUS_ONE, HAS_SCALE, HAS_SHIFT, DTYPE)
                     gl.store(out_ptr + row[:, None, None] * N + col, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @functools.lru_cache(maxsize=None)
