@@ -197,6 +197,22 @@ def test_pipeline_runs_split_over_calls_join_into_one_row(tmp_path):
     assert "inductor_s" not in again["cases"][1] and again["cases"][1]["gpu"] == "H200"
 
 
+def test_a_later_run_joining_a_row_keeps_its_own_commit_and_notes(tmp_path):
+    """A run of eager and sgdiff at a later commit joins the earlier Inductor figures; the row
+    names the later commit (not the one the joined figures came from) and prints its note."""
+    from bench import pipelines
+
+    meta = dict(torch="t", triton="tr", gpu="H100")
+    row = dict(pipeline="wan", size="full", steps=20, warmup_calls=2)
+    runs = [dict(meta, commit="aaa", cases=[dict(row, eager_s=28.3, inductor_s=23.6, sgdiff_s=22.9, commit="aaa")]),
+            dict(meta, commit="ccc", cases=[dict(row, eager_s=27.6, sgdiff_s=22.1, note="Inductor from aaa")])]
+    merged = _merged_by_main(pipelines.main, runs, tmp_path, "pipelines")
+    wan = merged["cases"][0]
+    assert (wan["inductor_s"], wan["sgdiff_s"], wan["commit"], wan["note"]) == (23.6, 22.1, "ccc", "Inductor from aaa")
+    report = (tmp_path / "out" / "pipelines.md").read_text()
+    assert "| ccc |" in report and "- wan (full): Inductor from aaa" in report
+
+
 def test_runs_compare_with_inductor_case_by_case(tmp_path):
     """--across: for each case that ran more than once, every run's pair, the medians and how
     often sgdiff took no longer than Inductor and than 1.5 copies, launched as shipped and
