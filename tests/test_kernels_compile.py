@@ -135,7 +135,7 @@ def _r(*shape, dtype=torch.bfloat16):
     return torch.randn(*shape).to(dtype)
 
 
-EPILOGUES = {"conv_silu", "conv_silu_mul", "conv_group_norm", "conv_residual"}  # whether cuDNN runs the
+EPILOGUES = {"conv_silu", "conv_silu_mul", "conv_group_norm", "conv_residual", "biased_conv"}  # whether cuDNN runs the
 # convolution needs a GPU: their epilogues on a bias-free output below
 
 
@@ -170,7 +170,7 @@ def test_launch_compiles_for_sm90(monkeypatch, op, example):
 
 def _conv_epilogue(kind):
     """A convolution epilogue's launch on a bias-free output ``y`` (and what else it reads)."""
-    from sgdiff.kernels.triton import conv_residual as cr, group_norm as gn, silu_mul as sm
+    from sgdiff.kernels.triton import biased_conv as bc, conv_residual as cr, group_norm as gn, silu_mul as sm
 
     channels = 128 if kind == "silu_mul" else 64
     y, bias = _r(2, channels, 16, 16), _r(channels)
@@ -178,15 +178,21 @@ def _conv_epilogue(kind):
         y = y.to(memory_format=torch.channels_last)
         bind = sm.bias_silu_mul_bind if kind == "silu_mul" else sm.bias_silu_bind
         return lambda: bind(y, bias)(y, bias)
-    if kind.startswith("group_norm"):  # a map whose batches cross one channel boundary at most, and not
-        y = _r(1, 32, 64, 128) if kind == "group_norm_span" else y
-        w, b = _r(y.shape[1]), _r(y.shape[1])
-        return lambda: gn._bind_pre_biased(y, bias[:y.shape[1]], w, b, 32, 1e-6, True)(y, bias[:y.shape[1]], w, b)
+    last = y.to(memory_format=torch.channels_last)  # the output of a convolution of a channels-last map
+    if kind.startswith("group_norm"):  # a map whose batches cross one channel boundary at most, and not;
+        y = _r(1, 32, 64, 128) if kind == "group_norm_span" else last if kind == "group_norm_cl" else y
+        w, b = _r(y.shape[1]), _r(y.shape[1])  # and one written contiguous by the bias's pass, out channels-last
+        cl = kind == "group_norm_cl"
+        return lambda: gn._bind_pre_biased(y, bias[:y.shape[1]], w, b, 32, 1e-6, True, cl, cl)(y, bias[:y.shape[1]], w, b)
+    if kind == "biased_conv":
+        return lambda: bc.bind_epilogue(last, bias, True)(last, bias, True)
     r = _r(*y.shape)
+    y = last if kind == "residual_cl" else y
     return lambda: cr.bind_epilogue(y, bias, r, 2.0)(y, bias, r)
 
 
-@pytest.mark.parametrize("kind", ["silu", "silu_mul", "group_norm", "group_norm_span", "residual"])
+@pytest.mark.parametrize("kind", ["silu", "silu_mul", "group_norm", "group_norm_span", "group_norm_cl", "residual",
+                                  "residual_cl", "biased_conv"])
 def test_conv_epilogue_compiles_for_sm90(monkeypatch, kind):
     launches = recorded_launches(monkeypatch, _conv_epilogue(kind))
     assert launches

@@ -67,10 +67,12 @@ EXPECTED = {
     # halves 2 geometries x the gate first or second
     "test_gemm_interp.py": 3 * 2 + 3 * 2 + 1 + 3 * 2 + 2 * 2,
     # GroupNorm: 5 fp32 orders, 2 dtypes, the plan, the refusals; the pre-biased norm 3 geometries,
-    # the flagged division
-    "test_group_norm_interp.py": 5 + 2 + 1 + 1 + 3 + 1,
-    # conv_residual's epilogue: 3 geometries x 2 dtypes, the refusals
-    "test_conv_residual_interp.py": 3 * 2 + 1,
+    # the flagged division; the channels-last output 3 geometries, its refusals
+    "test_group_norm_interp.py": 5 + 2 + 1 + 1 + 3 + 1 + 3 + 1,
+    # conv_residual's epilogue: 3 geometries x 2 dtypes, the refusals; the strided pass 2 geometries x 2 dtypes
+    "test_conv_residual_interp.py": 3 * 2 + 1 + 2 * 2,
+    # upsample_nearest: 2 geometries x 2 dtypes, the refusals; biased_conv's pass 2 dtypes
+    "test_upsample_interp.py": 2 * 2 + 1 + 2,
     # linear_attention_apply in increasing k bit for bit: 3 geometries x 2 dtypes of q, the ReLU's NaN and -0;
     # linear_attention_scores in increasing token order: 3 geometries x 2 dtypes
     "test_linear_attention_matmuls_interp.py": 4 * 2 + 1 + 3 * 2,

@@ -18,6 +18,7 @@ from torch import fx
 from sgdiff import patterns as pattern_registry
 from sgdiff.fxpasses.addends import fold_addends
 from sgdiff.fxpasses.copies import drop_copies
+from sgdiff.fxpasses.layouts import channels_last_into_convolutions
 from sgdiff.fxpasses.matmul_fold import restore_matmul_folding
 from sgdiff.fxpasses.narrow import narrow_elementwise
 from sgdiff.fxpasses.rewrite import PassResult, Skip, apply_family
@@ -109,6 +110,7 @@ class PassManager:
                          r.matched_count, r.found_count)
         dropped = drop_copies(gm)  # exact at every tier
         fold_addends(gm)  # likewise
+        channels_last_into_convolutions(gm)  # exact: first sight verifies each convolution
         if graph_log.isEnabledFor(logging.DEBUG):
             graph_log.debug("sgdiff: graph after passes (%s):\n%s", self.tier.value, gm.code)
         return ManagerResult(self.tier, results, dropped)

@@ -10,7 +10,9 @@ Eager chain (the VAE decoders' ResNet blocks: ``conv1`` then ``norm2`` and ``nn.
 Where ATen runs the convolution on cuDNN it adds the bias in a pass of its own (an fp32 sum
 rounded to ``y.dtype``); the norm's kernels can take the bias-free convolution and add the bias
 as they read it, with the same rounding, so the biased map is never written or read back. The
-reference implementation *is* the chain.
+reference implementation *is* the chain. ``channels_last`` writes the output channels-last (as
+sgdiff::group_norm's); ``conv_as_contiguous`` takes a channels-last ``x`` whose eager value was
+contiguous (as sgdiff::conv_residual's).
 """
 from __future__ import annotations
 
@@ -40,9 +42,13 @@ def conv_group_norm_reference(
     groups: int,
     eps: float,
     silu: bool = False,
+    channels_last: bool = False,
+    conv_as_contiguous: bool = False,
 ) -> torch.Tensor:
+    if conv_as_contiguous:
+        x = x.contiguous()
     y = convolution(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups)
-    return group_norm_reference(y, weight, bias, groups, eps, silu)
+    return group_norm_reference(y, weight, bias, groups, eps, silu, channels_last)
 
 
 def _resnet_conv1(t):

@@ -8,7 +8,10 @@ Wan's VAE ``ResidualBlock``: ``conv2(h) + shortcut(x)``)::
     s = s / divisor                                   # (a divisor given) ATen on CUDA:
                                                       # s * (1 / divisor), fp32, rounded
 
-``conv_first`` keeps the eager operand order (``y + residual``). Where ATen runs the convolution
+``conv_first`` keeps the eager operand order (``y + residual``). ``conv_as_contiguous``: ``x``
+may arrive channels-last from an sgdiff op whose eager output was contiguous
+(:mod:`sgdiff.fxpasses.layouts`); the op then computes what eager computed, the convolution of
+a contiguous ``x``, as the reference does with a copy, and the kernel without one. Where ATen runs the convolution
 on cuDNN its bias add is a pass of its own; a kernel can take the bias-free convolution and do
 the bias, the sum and the division in one pass, with the same roundings. The reference
 implementation *is* the chain.
@@ -39,7 +42,10 @@ def conv_residual_reference(
     residual: torch.Tensor,
     divisor: Optional[float] = None,
     conv_first: bool = False,
+    conv_as_contiguous: bool = False,
 ) -> torch.Tensor:
+    if conv_as_contiguous:
+        x = x.contiguous()
     y = convolution(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups)
     s = aten.add.Tensor(y, residual) if conv_first else aten.add.Tensor(residual, y)
     return s if divisor is None else aten.div.Tensor(s, divisor)

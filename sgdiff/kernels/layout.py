@@ -68,3 +68,38 @@ def in_layout_of(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     if same_strides(y.shape, y.stride(), want):
         return y
     return torch.empty_strided(y.shape, want, dtype=y.dtype, device=y.device).copy_(y)
+
+
+def channels_last_format(dim: int) -> Optional[torch.memory_format]:
+    """The channels-last memory format of a ``dim``-d [N, C, *spatial] tensor (None: it has none)."""
+    return {4: torch.channels_last, 5: torch.channels_last_3d}.get(dim)
+
+
+def is_channels_last(x: torch.Tensor) -> bool:
+    """Whether ``x`` is laid out channels-last and not also contiguous (C > 1 and some spatial extent)."""
+    last = channels_last_format(x.dim())
+    return last is not None and x.is_contiguous(memory_format=last) and not x.is_contiguous()
+
+
+def as_channels_last(y: torch.Tensor) -> torch.Tensor:
+    """``y`` copied to channels-last where it has such a format; else ``y``."""
+    last = channels_last_format(y.dim())
+    return y if last is None else y.contiguous(memory_format=last)
+
+
+def channels_last_strides(shape: Sequence[int]) -> tuple:
+    """The strides of a channels-last tensor of this (4-d or 5-d) shape."""
+    return tuple(as_channels_last(torch.empty(tuple(shape), device="meta")).stride())
+
+
+def flat_strides(shape: Sequence[int], strides: Sequence[int]) -> Optional[tuple]:
+    """``(n, c, s)``: the strides of an [N, C, *spatial] tensor read as [N, C, S], its spatial
+    dims one run of memory (contiguous and channels-last tensors both); None where they are not."""
+    spatial = [(size, stride) for size, stride in zip(shape[2:], strides[2:]) if size != 1]
+    inner = spatial[-1][1] if spatial else 1
+    step = inner
+    for size, stride in reversed(spatial):
+        if stride != step:
+            return None
+        step *= size
+    return (strides[0], strides[1], inner)

@@ -33,6 +33,31 @@ def test_what_the_kernel_takes():
     assert not kr.supported_layout(x, w, None, *geometry, r)  # no bias to fold
     assert not kr.supported_layout(x, w, b, *geometry, r[:, :, :1])  # a broadcast residual
     assert not kr.supported_layout(x, w, b, *geometry, r.double())  # the sum would promote
-    assert not kr.supported_layout(x, w, b, *geometry, r.transpose(2, 3))  # another layout
-    assert not kr.supported_layout(x.to(memory_format=torch.channels_last), w, b, *geometry, r)
+    assert not kr.supported_layout(x, w, b, *geometry, r.transpose(2, 3))  # spatial dims not one run
+    assert not kr.supported_layout(x.to(memory_format=torch.channels_last), w, b, *geometry, r)  # eager's layout
+    assert kr.supported_layout(x.to(memory_format=torch.channels_last), w, b, *geometry, r, None, False, True)
+    assert kr.supported_layout(x, w, b, *geometry, r.to(memory_format=torch.channels_last))
     assert not kr.can_use(x, w, b, *geometry, r)  # a CPU convolution: ATen adds the bias elsewhere
+
+
+@pytest.mark.parametrize("dtype", FP32_BF16, ids=ids)
+@pytest.mark.parametrize("shape,divisor,conv_first", [((1, 72, 9, 11), 2.0, False), ((2, 8, 3, 5, 7), None, True)],
+                         ids=ids)
+def test_the_strided_pass_writes_eagers_layout(shape, divisor, conv_first, dtype):
+    """A channels-last convolution output (its input was channels-last) and a contiguous or
+    channels-last residual: the chain's values in the layout eager's sum has (contiguous where
+    the residual is, as the residual where eager's operand order says so)."""
+    torch.manual_seed(1)
+    last = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
+    y = torch.randn(*shape).to(dtype)
+    bias = torch.randn(shape[1]).to(dtype)
+    view = bias.reshape(1, -1, *[1] * (len(shape) - 2))
+    for residual in (torch.randn(*shape).to(dtype), torch.randn(*shape).to(dtype).contiguous(memory_format=last)):
+        biased = y + view
+        want = biased + residual if conv_first else residual + biased
+        want = want if divisor is None else want / divisor
+        for y_in in (y.contiguous(memory_format=last), y):
+            if y_in.is_contiguous() and residual.is_contiguous():
+                continue
+            got = kr.bind_epilogue(y_in, bias, residual, divisor, conv_first)(y_in.clone(), bias, residual)
+            check(got, want, exact=dtype == torch.float32)

@@ -143,3 +143,35 @@ def test_a_group_whose_division_is_flagged_is_folded_again_with_ieee_division():
     got = gk.group_norm(x, weight, bias, 2, 1e-6)
     want = aten_group_norm_fp32(x, weight, bias, 2, 1e-6)
     assert torch.equal(got, want), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("shape", [(1, 64, 5, 9), (2, 96, 3, 5, 7), (1, 32, 1, 33)], ids=ids)
+def test_a_channels_last_output_holds_the_contiguous_ones_bits(shape):
+    """``channels_last``: the apply's tiles write the output channels-last (C not a multiple of
+    the tile's 64 channels, positions not of its width): the contiguous output's values, bit for
+    bit, in channels-last strides; with a convolution's bias added on read too, and from a
+    channels-last bias-free map (the bias's pass writing it contiguous for the statistics)."""
+    torch.manual_seed(4)
+    x = torch.randn(*shape) * 2
+    weight, bias = torch.randn(shape[1]) + 1, torch.randn(shape[1])
+    last = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
+    for silu in (False, True):
+        want = gk.group_norm(x, weight, bias, 32, 1e-6, silu)
+        got = gk.group_norm(x, weight, bias, 32, 1e-6, silu, True)
+        assert got.is_contiguous(memory_format=last) and torch.equal(got, want)
+    conv_bias = torch.randn(shape[1])
+    want = gk.bind(x + conv_bias.reshape(-1, *[1] * (len(shape) - 2)), weight, bias, 32, 1e-6, True)
+    want = want(x + conv_bias.reshape(-1, *[1] * (len(shape) - 2)), weight, bias)
+    for y in (x, x.contiguous(memory_format=last)):
+        got = gk._bind_pre_biased(y, conv_bias, weight, bias, 32, 1e-6, True, True)(y, conv_bias, weight, bias)
+        assert got.is_contiguous(memory_format=last) and torch.equal(got, want)
+
+
+def test_a_channels_last_output_is_asked_of_maps_that_have_one():
+    x, w = torch.randn(1, 64, 4, 4), torch.randn(64)
+    assert gk.supported_layout(x, w, w, 32, 1e-6, True, True)
+    assert not gk.supported_layout(torch.randn(1, 64, 16), w, w, 32, 1e-6, True, True)  # 3-d: no such format
+    conv_w, conv_b, geometry = torch.randn(64, 64, 3, 3), torch.randn(64), ([1, 1], [1, 1], [1, 1], 1)
+    last = x.contiguous(memory_format=torch.channels_last)
+    assert gk.conv_supported_layout(last, conv_w, conv_b, *geometry, w, w, 32, 1e-6, True, False, True)
+    assert not gk.conv_supported_layout(last, conv_w, conv_b, *geometry, w, w, 32, 1e-6, True)  # eager's layout

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from sgdiff import _compat
 from sgdiff.kernels.conv_silu import convolution
+from sgdiff.kernels.layout import is_channels_last
 from sgdiff.kernels.triton.rows import DTYPES
 
 
@@ -22,11 +23,14 @@ def supported_conv(x, weight, bias, stride, padding, dilation, groups) -> bool:
             and bias.shape[0] == weight.shape[0] and x.numel() > 0)
 
 
-def contiguous_output_shape(x, weight, bias, stride, padding, dilation, groups):
-    """The output shape of a supported convolution (:func:`supported_conv`) of contiguous
-    operands, whose output cuDNN then writes contiguous; None for any other."""
-    if not (supported_conv(x, weight, bias, stride, padding, dilation, groups)
-            and x.is_contiguous() and weight.is_contiguous()):
+def conv_output_shape(x, weight, bias, stride, padding, dilation, groups, as_contiguous=False):
+    """The output shape of a supported convolution (:func:`supported_conv`) of a contiguous
+    weight and a contiguous ``x`` (cuDNN then writes the output contiguous), or of a
+    channels-last ``x`` where the op computes as on a contiguous one (``as_contiguous``: cuDNN
+    writes channels-last, and its bits are the contiguous convolution's, which first sight
+    verifies); None for any other."""
+    if not (supported_conv(x, weight, bias, stride, padding, dilation, groups) and weight.is_contiguous()
+            and (x.is_contiguous() or (as_contiguous and is_channels_last(x)))):
         return None
     spatial = [(size + 2 * p - d * (k - 1) - 1) // s + 1 for size, k, s, p, d in
                zip(x.shape[2:], weight.shape[2:], stride, padding, dilation)]

@@ -4,7 +4,9 @@ The convolution runs as eager runs it, on cuDNN, without its bias
 (:mod:`sgdiff.kernels.triton.conv_bias`); one pass then adds the bias (``add_``'s rounding),
 the residual (the sum's) and multiplies by the divisor's reciprocal (ATen's division by a CPU
 scalar), writing over the convolution's output, which nothing else reads. A program takes
-``BLOCK`` elements of one channel's row, so the channel's bias is one load.
+``BLOCK`` elements of one channel's row, so the channel's bias is one load. Where a layout is
+not contiguous (a channels-last ``x``, hence output; a transposed residual) the strided pass
+of :mod:`sgdiff.kernels.triton.strided_epilogue` computes the same and writes eager's layout.
 """
 from __future__ import annotations
 
@@ -13,8 +15,10 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.conv_residual import conv_residual_reference
+from sgdiff.kernels.layout import channels_last_strides, contiguous_strides
 from sgdiff.kernels.registry import Impl
-from sgdiff.kernels.triton.conv_bias import conv_epilogue_bind, contiguous_output_shape, on_cudnn
+from sgdiff.kernels.triton import strided_epilogue
+from sgdiff.kernels.triton.conv_bias import conv_epilogue_bind, conv_output_shape, on_cudnn
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.residual_gate import reciprocal, scales
 
@@ -47,22 +51,32 @@ def _bias_residual_kernel(
 
 
 def supported_layout(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups, residual, divisor=None,
-                     conv_first=False) -> bool:
-    """Everything but the device and the backend: a biased 2-D or 3-D convolution of contiguous
-    operands (its output then contiguous), a contiguous residual of the output's shape and
-    dtype (the sum neither broadcasts nor promotes), a finite divisor or none."""
-    shape = contiguous_output_shape(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups)
-    return (shape is not None and isinstance(residual, torch.Tensor) and tuple(residual.shape) == shape
-            and residual.dtype == x.dtype and residual.is_contiguous() and (divisor is None or isinstance(divisor, (int, float)))
-            and triton.cdiv(residual.numel() // max(shape[0] * shape[1], 1), BLOCK) < 2 ** 16)
+                     conv_first=False, conv_as_contiguous=False) -> bool:
+    """Everything but the device and the backend: a biased 2-D or 3-D convolution of a
+    contiguous weight and a contiguous ``x`` (or a channels-last one, ``conv_as_contiguous``),
+    a residual of the output's shape and dtype (the sum neither broadcasts nor promotes), a
+    finite divisor or none. Where the convolution's output, the residual and the eager sum
+    are all contiguous, one pass writes over the output; else the strided pass
+    (:mod:`sgdiff.kernels.triton.strided_epilogue`) takes any layouts whose spatial dims are one run."""
+    shape = conv_output_shape(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups, conv_as_contiguous)
+    if not (shape is not None and isinstance(residual, torch.Tensor) and tuple(residual.shape) == shape
+            and residual.dtype == x.dtype and (divisor is None or isinstance(divisor, (int, float)))):
+        return False
+    if x.is_contiguous() and residual.is_contiguous():
+        return triton.cdiv(residual.numel() // max(shape[0] * shape[1], 1), BLOCK) < 2 ** 16
+    return strided_epilogue.fits(shape, strided_epilogue.eager_strides(shape, residual, conv_first), residual.stride(),
+                                 channels_last_strides(shape) if not x.is_contiguous() else contiguous_strides(shape))
 
 
 def can_use(*args) -> bool:
     return args[0].is_cuda and supported_layout(*args) and on_cudnn(*args[:7])
 
 
-def bind_epilogue(y, conv_bias, residual, divisor=None, conv_first=False):
+def bind_epilogue(y, conv_bias, residual, divisor=None, conv_first=False, conv_as_contiguous=False):
     """The pass over the bias-free convolution's output ``y``: ``epilogue(y, conv_bias, residual, ...)``."""
+    if not (y.is_contiguous() and residual.is_contiguous()):
+        strided = strided_epilogue.bind(y, residual, divisor, strided_epilogue.eager_strides(y.shape, residual, conv_first))
+        return lambda y, conv_bias, residual, *_: strided(y, conv_bias, residual)
     rows = y.shape[0] * y.shape[1]
     s = y.numel() // rows
     inv = reciprocal(divisor) if divisor is not None else 1.0

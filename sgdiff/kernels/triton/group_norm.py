@@ -44,7 +44,12 @@ folds its elements again with ``div.rn``.
 
 ``pre_bias`` (sgdiff::conv_group_norm): ``x`` is a bias-free convolution's output and ATen's
 ``x.add_(bias)`` (an fp32 sum rounded to ``x``'s dtype) is taken as each element is read, by
-the statistics and by the apply, so the biased map is never written.
+the statistics and by the apply, so the biased map is never written. Where the convolution read
+a channels-last input its output is channels-last too, and the statistics need ATen's
+contiguous order: the bias's pass (:mod:`sgdiff.kernels.triton.strided_epilogue`) then writes
+the biased map contiguous, in place of the transpose cuDNN runs after an NCHW convolution.
+``channels_last``: the apply writes its output channels-last (tiles of channels by positions),
+for the convolution that reads it (:mod:`sgdiff.fxpasses.layouts`).
 """
 from __future__ import annotations
 
@@ -55,8 +60,10 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.conv_group_norm import conv_group_norm_reference
+from sgdiff.kernels.layout import channels_last_format, channels_last_strides
 from sgdiff.kernels.registry import Impl
-from sgdiff.kernels.triton.conv_bias import conv_epilogue_bind, contiguous_output_shape, on_cudnn
+from sgdiff.kernels.triton import strided_epilogue
+from sgdiff.kernels.triton.conv_bias import conv_epilogue_bind, conv_output_shape, on_cudnn
 from sgdiff.kernels.triton.cuda_math import INTERPRET_C, count_reciprocal, rsqrtf, silu_rounded
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan, halves
@@ -64,6 +71,7 @@ from sgdiff.kernels.triton.rows import DTYPES, cached_plan, halves
 BLOCK_THREADS = 512  # ATen's block where a group has at least that many elements
 WARP = 32
 APPLY_BLOCK = 2048
+CL_BLOCK_C, CL_TILE = 64, 4096  # the channels-last apply's tile: channels, elements
 
 
 @triton.jit
@@ -312,16 +320,46 @@ def _apply_kernel(
     tl.store(out_ptr + row + j, y, mask=inside)
 
 
-def supported_layout(x, weight, bias, groups, eps, silu=False) -> bool:
+@LeanKernel
+@triton.jit
+def _apply_channels_last_kernel(
+    x_ptr, pb_ptr, a_ptr, bias_ptr, out_ptr,
+    HW, C,
+    SILU: tl.constexpr,
+    PRE_BIAS: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    WIDE: tl.constexpr,
+):
+    """The apply of a contiguous ``x`` written channels-last: a tile of BLOCK_C channels by
+    BLOCK_S positions read along positions and written along channels."""
+    n, c, s, inside = strided_epilogue.channel_tile(C, HW, BLOCK_C, BLOCK_S, WIDE)
+    grid_dependency_wait()
+    x = tl.load(x_ptr + (n * C + c) * HW + s, mask=inside, other=0.0)
+    v = x.to(tl.float32)
+    if PRE_BIAS:
+        v = (v + tl.load(pb_ptr + c, mask=c < C, other=0.0).to(tl.float32)).to(x.dtype).to(tl.float32)
+    a = tl.load(a_ptr + n * C + c, mask=c < C, other=0.0)
+    y = tl.fma(a, v, tl.load(bias_ptr + n * C + c, mask=c < C, other=0.0)).to(out_ptr.dtype.element_ty)
+    if SILU:
+        y = silu_rounded(y.to(tl.float32), out_ptr.dtype.element_ty, INTERPRET_C)
+    tl.store(out_ptr + (n * HW + s) * C + c, y, mask=inside)
+
+
+def supported_layout(x, weight, bias, groups, eps, silu=False, channels_last=False) -> bool:
     """can_use without the device check: a contiguous [N, C, *spatial] float tensor with a
     spatial extent (ATen's 1-d path, HxW = 1, writes another formula), C a multiple of the
     groups, the affine's weight and bias both given in x's dtype (ATen writes other formulas
     without them)."""
-    return x.dim() >= 3 and x.is_contiguous() and _fits(tuple(x.shape), x.dtype, weight, bias, groups)
+    return x.dim() >= 3 and x.is_contiguous() and _fits(tuple(x.shape), x.dtype, weight, bias, groups, channels_last)
 
 
-def _fits(shape, dtype, weight, bias, groups) -> bool:
-    """supported_layout's conditions on a contiguous input of this shape and dtype."""
+def _fits(shape, dtype, weight, bias, groups, channels_last=False) -> bool:
+    """supported_layout's conditions on a contiguous input of this shape and dtype (and an
+    output written channels-last where asked: a 4-d or 5-d one)."""
+    if channels_last and (channels_last_format(len(shape)) is None or shape[0] >= 2 ** 16
+                          or triton.cdiv(shape[1], CL_BLOCK_C) >= 2 ** 16):
+        return False
     n, c, numel = shape[0], shape[1], math.prod(shape)
     if not (dtype in DTYPES and numel > 0 and isinstance(groups, int) and groups > 0 and c % groups == 0):
         return False
@@ -332,22 +370,24 @@ def _fits(shape, dtype, weight, bias, groups) -> bool:
             and triton.cdiv(hw, APPLY_BLOCK) < 2 ** 16)  # the apply's grid
 
 
-def can_use(x, weight, bias, groups, eps, silu=False) -> bool:
-    return x.is_cuda and supported_layout(x, weight, bias, groups, eps, silu)
+def can_use(x, weight, bias, groups, eps, silu=False, channels_last=False) -> bool:
+    return x.is_cuda and supported_layout(x, weight, bias, groups, eps, silu, channels_last)
 
 
 def conv_supported_layout(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups, weight, bias, groups,
-                          eps, silu=False) -> bool:
+                          eps, silu=False, channels_last=False, conv_as_contiguous=False) -> bool:
     """sgdiff::conv_group_norm's inputs but the device and the backend: a biased 2-D or 3-D
-    convolution of contiguous operands (its output then contiguous) whose output the norm takes."""
-    shape = contiguous_output_shape(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups)
-    return shape is not None and _fits(shape, x.dtype, weight, bias, groups)
+    convolution of a contiguous weight and a contiguous ``x`` (its output then contiguous) or a
+    channels-last one (``conv_as_contiguous``: the output, channels-last, is made contiguous by
+    the bias's pass) whose output the norm takes."""
+    shape = conv_output_shape(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups, conv_as_contiguous)
+    return (shape is not None and _fits(shape, x.dtype, weight, bias, groups, channels_last)
+            and (x.is_contiguous() or strided_epilogue.fits(shape, channels_last_strides(shape))))
 
 
-def conv_can_use(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups, weight, bias, groups, eps,
-                 silu=False) -> bool:
+def conv_can_use(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups, *norm) -> bool:
     return (x.is_cuda and conv_supported_layout(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups,
-                                                weight, bias, groups, eps, silu)
+                                                *norm)
             and on_cudnn(x, conv_weight, conv_bias, stride, padding, dilation, conv_groups))
 
 
@@ -398,7 +438,7 @@ def stats_rounded(device: torch.device) -> bool:
 MOMENTS_BATCH = 64
 
 
-def _launcher(x, weight, bias, groups, eps, silu, round_stats, pre_bias):
+def _launcher(x, weight, bias, groups, eps, silu, round_stats, pre_bias, channels_last=False):
     """``launch(x, weight, bias, pb)`` for inputs of this signature, its host arithmetic done."""
     groups = int(groups)
     if round_stats is None:
@@ -411,11 +451,19 @@ def _launcher(x, weight, bias, groups, eps, silu, round_stats, pre_bias):
     params = _fused_params_kernel.bind((p["rows"],), WARPS=warps, WARP_LEVELS=warps.bit_length() - 1,
                                        BLOCK_D=triton.next_power_of_2(p["d"]), ROUND_STATS=bool(round_stats),
                                        num_warps=1, enable_fp_fusion=False)
-    block = min(APPLY_BLOCK, triton.next_power_of_2(p["hw"]))
     channels = x.shape[0] * x.shape[1]
-    apply = _apply_kernel.bind((channels, triton.cdiv(p["hw"], block)), SILU=bool(silu), PRE_BIAS=pre_bias,
-                               BLOCK=block, WIDE=p["wide"], num_warps=max(1, min(8, block // 256)),
-                               enable_fp_fusion=False)
+    if channels_last:
+        block_s = max(16, min(CL_TILE // CL_BLOCK_C, triton.next_power_of_2(p["hw"])))
+        apply = _apply_channels_last_kernel.bind(
+            (triton.cdiv(p["hw"], block_s), triton.cdiv(x.shape[1], CL_BLOCK_C), x.shape[0]), SILU=bool(silu),
+            PRE_BIAS=pre_bias, BLOCK_C=CL_BLOCK_C, BLOCK_S=block_s, WIDE=p["wide"], num_warps=4,
+            enable_fp_fusion=False)
+    else:
+        block = min(APPLY_BLOCK, triton.next_power_of_2(p["hw"]))
+        apply = _apply_kernel.bind((channels, triton.cdiv(p["hw"], block)), SILU=bool(silu), PRE_BIAS=pre_bias,
+                                   BLOCK=block, WIDE=p["wide"], num_warps=max(1, min(8, block // 256)),
+                                   enable_fp_fusion=False)
+    out_strides = channels_last_strides(x.shape) if channels_last else tuple(x.stride())
     eps_t = float(torch.tensor(eps, dtype=x.dtype).float())  # ATen passes eps as the input's dtype
     shape, dtype, rows, length, hw, d, c = x.shape, x.dtype, p["rows"], p["length"], p["hw"], p["d"], x.shape[1]
 
@@ -423,7 +471,7 @@ def _launcher(x, weight, bias, groups, eps, silu, round_stats, pre_bias):
         part = torch.empty((rows, warps, 3), dtype=torch.float32, device=x.device)
         a = torch.empty(channels, dtype=torch.float32, device=x.device)
         b = torch.empty(channels, dtype=torch.float32, device=x.device)
-        out = torch.empty(shape, dtype=dtype, device=x.device)
+        out = torch.empty_strided(shape, out_strides, dtype=dtype, device=x.device)
         moments(x, pb, part, length, hw, groups)
         params(part, weight, bias, a, b, eps_t, groups, d)
         apply(x, pb, a, b, out, hw, c)
@@ -432,21 +480,34 @@ def _launcher(x, weight, bias, groups, eps, silu, round_stats, pre_bias):
     return launch
 
 
-def bind(x, weight, bias, groups, eps, silu=False, round_stats=None):
+def bind(x, weight, bias, groups, eps, silu=False, channels_last=False, round_stats=None):
     """:func:`group_norm` for inputs of this signature, its host arithmetic done."""
-    launch = _launcher(x, weight, bias, groups, eps, silu, round_stats, pre_bias=False)
+    launch = _launcher(x, weight, bias, groups, eps, silu, round_stats, pre_bias=False, channels_last=channels_last)
     return lambda x, weight, bias, *_: launch(x, weight, bias, x)
 
 
-def group_norm(x, weight, bias, groups, eps, silu=False):
+def group_norm(x, weight, bias, groups, eps, silu=False, channels_last=False):
     """Launch; the caller has checked :func:`can_use`."""
-    return bind(x, weight, bias, groups, eps, silu)(x, weight, bias)
+    return bind(x, weight, bias, groups, eps, silu, channels_last)(x, weight, bias)
 
 
-def _bind_pre_biased(y, conv_bias, weight, bias, groups, eps, silu=False):
-    """The norm of a bias-free convolution's output ``y``, its bias added on read."""
-    launch = _launcher(y, weight, bias, groups, eps, silu, None, pre_bias=True)
-    return lambda y, conv_bias, weight, bias, *_: launch(y, weight, bias, conv_bias)
+def _bind_pre_biased(y, conv_bias, weight, bias, groups, eps, silu=False, channels_last=False,
+                     conv_as_contiguous=False):
+    """The norm of a bias-free convolution's output ``y``, its bias added on read; or, where
+    ``y`` is channels-last, added by the pass that makes it contiguous for the statistics (which
+    read a group's elements in ATen's contiguous order)."""
+    if y.is_contiguous():
+        launch = _launcher(y, weight, bias, groups, eps, silu, None, pre_bias=True, channels_last=channels_last)
+        return lambda y, conv_bias, weight, bias, *_: launch(y, weight, bias, conv_bias)
+    biased = strided_epilogue.bind(y, None, None, tuple(torch.empty(y.shape, device="meta").stride()))
+    launch = _launcher(torch.empty(y.shape, dtype=y.dtype, device=y.device), weight, bias, groups, eps, silu, None,
+                       pre_bias=False, channels_last=channels_last)
+
+    def norm(y, conv_bias, weight, bias, *_):
+        x = biased(y, conv_bias)
+        return launch(x, weight, bias, x)
+
+    return norm
 
 
 def conv_group_norm_bind(*args):
