@@ -3,7 +3,7 @@ bound to one signature, called again with other tensors of that geometry, gives 
 implementation's own call gives on them (it reads the call's tensors, not the bind's, and
 writes a fresh output each call). The convolution epilogues bind on a convolution's output on
 the GPU only (whether cuDNN runs it): their own tests in tests/interpreter/test_rowwise_interp.py,
-test_group_norm_interp.py and test_conv_residual_interp.py.A bound launch also holds no tensor of the call that bound it: a site keeps its launch as long as
+test_group_norm_interp.py, test_conv_residual_interp.py and test_upsample_interp.py. A bound launch also holds no tensor of the call that bound it: a site keeps its launch as long as
 its graph lives, so a tensor it held would stay allocated (a Wan 2.1 step held its 61 LayerNorm
 inputs, 5.7 GiB, that way)."""
 import gc
@@ -15,7 +15,7 @@ import torch
 from sgdiff.kernels import registry
 
 pytestmark = pytest.mark.interpreter
-EPILOGUES = ("conv_silu", "conv_silu_mul", "conv_group_norm", "conv_residual")
+EPILOGUES = ("conv_silu", "conv_silu_mul", "conv_group_norm", "conv_residual", "biased_conv")
 CAP, TOKENS = 128, 24  # sizes at most 128, 24 tokens: the interpreter runs each program on the host
 
 
