@@ -27,7 +27,7 @@ from typing import Callable, Dict, Tuple
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from bench.kernels import _meta, _write_json, fold_runs, merge_cases  # noqa: E402
+from bench.kernels import _meta, _write_json, fold_runs, merge_cases, run_header, run_label  # noqa: E402
 from bench.timing import alternating  # noqa: E402
 
 VARIANTS = {
@@ -135,14 +135,14 @@ def write_report(result: dict, out: pathlib.Path) -> None:
              "sgdiff output torch.equal to eager's; peak GiB: the most memory allocated during a call past the "
              "first (the model, its output and, past eager's, eager's output held; '-': not measured).", "",
              "| case | " + " | ".join(f"{v} ms" for v in shown) + " | default / eager | equal | peak GiB ("
-             + " / ".join(shown) + ") | commit |",
+             + " / ".join(shown) + f") | {run_header(result)} |",
              "|" + " --- |" * (len(shown) + 5)]
     for c in result["cases"]:
         ratio = c.get("sgdiff_default_vs_eager")
         lines.append(f"| {c['model']} | " + " | ".join(f"{c[f'{v}_ms']:.2f}" if f"{v}_ms" in c else "-" for v in shown)
                      + f" | {'-' if ratio is None else f'{ratio:.3f}'} | {c['equal']} | "
                      + " / ".join(f"{c[f'{v}_peak_gib']:.2f}" if f"{v}_peak_gib" in c else "-" for v in shown)
-                     + f" | {c.get('commit', result['commit'])[:7]} |")
+                     + f" | {run_label(c, result)} |")
     (out / "small_models.md").write_text("\n".join(lines) + "\n")
 
 
