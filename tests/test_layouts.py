@@ -95,3 +95,18 @@ def test_only_a_map_no_one_else_reads_changes_layout(on_the_cpu):
     assert all(g.stride() == w.stride() and torch.equal(g, w) for g, w in zip(got, want))
     [(count, flags)] = on_the_cpu
     assert count == 2 and flags == (["group_norm", "upsample_nearest"], ["biased_conv", "conv_residual"])
+
+
+def test_dynamic_shapes_keep_their_layouts(on_the_cpu):
+    """Compiled with dynamic shapes: no map changes layout (nothing is guarded), the outputs eager's."""
+    norm, conv = torch.nn.GroupNorm(4, 8), torch.nn.Conv2d(8, 8, 3, padding=1)
+    model = torch.nn.Sequential(norm, torch.nn.SiLU(), conv).to(torch.bfloat16).eval()
+    compiled = torch.compile(model, backend="sgdiff")
+    for size in (6, 7):
+        x = torch.randn(1, 8, size, size, dtype=torch.bfloat16)
+        torch._dynamo.mark_dynamic(x, 2)
+        torch._dynamo.mark_dynamic(x, 3)
+        with torch.no_grad():
+            got, want = compiled(x), model(x)
+        assert got.stride() == want.stride() and torch.equal(got, want)
+    assert on_the_cpu and all(count == 0 for count, _ in on_the_cpu)

@@ -4,18 +4,18 @@ cuDNN runs a half-precision convolution of NCHW tensors as an NHWC one between t
 of its own (``nchwToNhwcKernel`` before, ``nhwcToNchwKernel`` after: 9 of a Flux VAE decode's
 39 ms on an H100). Given a channels-last input it runs the same NHWC kernel without them, and
 the output is bitwise the same (every 2-d and 3-d convolution of the Flux and Wan VAEs, with and
-without bias, on the H100: ``bench/results/runs``). Where the convolution's input comes from
+without bias, on an H100: ``bench/results/runs/conv-channels-last-probe-h100-a6b6c58.txt``). Where the convolution's input comes from
 an op that can write channels-last at no cost (``group_norm``, ``conv_group_norm``,
 ``upsample_nearest``: their last pass writes the output anyway) and goes to an op that runs
 the convolution itself and can take its channels-last output (``conv_group_norm``,
 ``conv_residual``, ``biased_conv``: their bias's pass writes eager's layout), this pass sets
 the producer's ``channels_last`` and the consumers' ``conv_as_contiguous``; a plain biased
-convolution reading it becomes ``biased_conv``. Nothing else reads the producer's output, so no op sees a layout
-eager did not give it; each consumer's first sight still verifies its output against the
-convolution of a contiguous input.
+convolution reading it becomes ``biased_conv``. Nothing else reads the producer's output, so no
+op sees a layout eager did not give it; each consumer's first sight still verifies its output
+against the convolution of a contiguous input.
 
-Half-precision CUDA tensors only (cuDNN's float32 convolutions of NCHW tensors need not run
-the NHWC kernel).
+Half-precision CUDA tensors of static shapes only (cuDNN's float32 convolutions of NCHW tensors
+need not run the NHWC kernel; a dynamic shape's layout question would guard the graph).
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import torch
 from torch import fx
 
 from sgdiff import _compat
+from sgdiff.fxpasses.rewrite import _is_symbolic
 from sgdiff.kernels import registry
 from sgdiff.kernels.layout import as_channels_last
 
@@ -85,7 +86,7 @@ def channels_last_into_convolutions(gm: fx.GraphModule, devices=("cuda",)) -> in
             continue
         val = node.meta.get("val")
         if not (isinstance(val, torch.Tensor) and val.dim() in (4, 5) and val.device.type in devices
-                and val.dtype in DTYPES and val.is_contiguous()):
+                and val.dtype in DTYPES and not _is_symbolic(val) and val.is_contiguous()):
             continue
         users = list(node.users)
         if not users or not all((u.target in consumers or _plain_biased_conv(u)) and u.args[0] is node

@@ -75,7 +75,8 @@ def can_use(*args) -> bool:
 def bind_epilogue(y, conv_bias, residual, divisor=None, conv_first=False, conv_as_contiguous=False):
     """The pass over the bias-free convolution's output ``y``: ``epilogue(y, conv_bias, residual, ...)``."""
     if not (y.is_contiguous() and residual.is_contiguous()):
-        strided = strided_epilogue.bind(y, residual, divisor, strided_epilogue.eager_strides(y.shape, residual, conv_first))
+        out_strides = strided_epilogue.eager_strides(y.shape, residual, conv_first)
+        strided = strided_epilogue.bind(y, residual, divisor, out_strides)
         return lambda y, conv_bias, residual, *_: strided(y, conv_bias, residual)
     rows = y.shape[0] * y.shape[1]
     s = y.numel() // rows

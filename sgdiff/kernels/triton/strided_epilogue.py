@@ -98,7 +98,8 @@ def bind(y: torch.Tensor, residual: Optional[torch.Tensor], divisor: Optional[fl
     block_s = max(16, min(TILE // block_c, triton.next_power_of_2(s)))
     r_strides = flat_strides(shape, residual.stride()) if residual is not None else (0, 0, 0)
     y_strides, o_strides = flat_strides(shape, y.stride()), flat_strides(shape, out_strides)
-    reach = max(_reach(shape, st) for st in (y.stride(), out_strides, residual.stride() if residual is not None else ()))
+    read = [y.stride(), out_strides] + ([residual.stride()] if residual is not None else [])
+    reach = max(_reach(shape, st) for st in read)
     kernel = _strided_epilogue_kernel.bind((triton.cdiv(s, block_s), triton.cdiv(c, block_c), n),
                                            RESIDUAL=residual is not None, DIVIDE=scales(inv), BLOCK_C=block_c,
                                            BLOCK_S=block_s, WIDE=reach >= 2 ** 31, num_warps=4,
