@@ -61,7 +61,7 @@ def _own_epilogue(x, weight, bias, stride, padding, dilation, groups, *rest):
 biased_conv = dispatch.define_op(OpDef(
     "biased_conv", Contract.BITEXACT, biased_conv_reference, impls=(triton("biased_conv"),),
     examples=(
-        Example("Flux VAE decoder, last upsampler's conv at 1024², channels-last input (conv included)",
+        Example("a VAE decoder's upsampler conv at Flux's last size, channels-last input (conv included)",
                 dict(B=1, C=256, H=1024, W=1024), _upsampler_conv, small=dict(C=32, H=16, W=32), moved=twice_out,
                 own_kernel=_own_epilogue, chain=_eager_chain),
     ),

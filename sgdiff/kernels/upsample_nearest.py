@@ -1,6 +1,6 @@
 """sgdiff::upsample_nearest — a nearest-neighbour upsampling by two of an [N, C, H, W] map.
 
-Eager chain (diffusers' ``Upsample2D`` in the VAE decoders' up blocks:
+Eager chain (diffusers' ``Upsample2D`` in VAE decoders' and UNets' up blocks:
 ``F.interpolate(x, scale_factor=2.0, mode="nearest")``, which traces to)::
 
     y = upsample_nearest2d(x, [2 H, 2 W], scales_h, scales_w)   # y[n, c, i, j] = x[n, c, i // 2, j // 2]
@@ -43,9 +43,11 @@ def _up_block(t):
 upsample_nearest = dispatch.define_op(OpDef(
     "upsample_nearest", Contract.BITEXACT, upsample_nearest_reference, impls=(triton("upsample_nearest"),),
     examples=(
-        Example("Flux VAE decoder, third up block: 256² -> 512², 512 channels", dict(B=1, C=512, H=256, W=256, L=0),
+        Example("a VAE decoder's upsampler at Flux's third up block's size: 256² -> 512², 512 channels",
+                dict(B=1, C=512, H=256, W=256, L=0),
                 _up_block, small=dict(C=32, H=8, W=12)),
-        Example("Flux VAE decoder, last upsampler, written channels-last for its convolution: 512² -> 1024²",
+        Example("a VAE decoder's last upsampler at Flux's size, written channels-last for its convolution: "
+                "512² -> 1024²",
                 dict(B=1, C=256, H=512, W=512, L=1), _up_block, small=dict(C=96, H=6, W=10)),
     ),
     doc="upsample_nearest2d(x, output_size, scales_h, scales_w), output_size twice x's",
