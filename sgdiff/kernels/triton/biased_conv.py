@@ -23,7 +23,7 @@ def can_use(*args) -> bool:
 
 def bind_epilogue(y, bias, conv_as_contiguous=False):
     """The bias's pass over the bias-free output ``y``: ``epilogue(y, bias, ...)``."""
-    epilogue = strided_epilogue.bind(y, None, None, tuple(contiguous_strides(y.shape)))
+    epilogue = strided_epilogue.bind(y, None, None, strided_epilogue.eager_strides(y.shape, None))
     return lambda y, bias, *_: epilogue(y, bias)
 
 

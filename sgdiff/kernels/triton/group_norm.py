@@ -60,7 +60,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels.conv_group_norm import conv_group_norm_reference
-from sgdiff.kernels.layout import channels_last_format, channels_last_strides
+from sgdiff.kernels.layout import channels_last_format, channels_last_strides, contiguous_strides
 from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton import strided_epilogue
 from sgdiff.kernels.triton.conv_bias import conv_epilogue_bind, conv_output_shape, on_cudnn
@@ -499,9 +499,10 @@ def _bind_pre_biased(y, conv_bias, weight, bias, groups, eps, silu=False, channe
     if y.is_contiguous():
         launch = _launcher(y, weight, bias, groups, eps, silu, None, pre_bias=True, channels_last=channels_last)
         return lambda y, conv_bias, weight, bias, *_: launch(y, weight, bias, conv_bias)
-    biased = strided_epilogue.bind(y, None, None, tuple(torch.empty(y.shape, device="meta").stride()))
-    launch = _launcher(torch.empty(y.shape, dtype=y.dtype, device=y.device), weight, bias, groups, eps, silu, None,
-                       pre_bias=False, channels_last=channels_last)
+    biased = strided_epilogue.bind(y, None, None, contiguous_strides(y.shape))
+    geometry = torch.empty(y.shape, dtype=y.dtype, device="meta")  # the launcher reads no values
+    launch = _launcher(geometry, weight, bias, groups, eps, silu, stats_rounded(y.device), pre_bias=False,
+                       channels_last=channels_last)
 
     def norm(y, conv_bias, weight, bias, *_):
         x = biased(y, conv_bias)

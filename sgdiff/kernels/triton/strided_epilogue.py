@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgdiff.kernels.layout import flat_strides
+from sgdiff.kernels.layout import contiguous_strides, flat_strides
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.residual_gate import reciprocal, scales
 
@@ -68,9 +68,9 @@ def _strided_epilogue_kernel(
 def eager_strides(shape: Sequence[int], residual: Optional[torch.Tensor], conv_first: bool = False) -> tuple:
     """The strides of the eager chain's output: a contiguous convolution output, or its sum with
     ``residual`` as TensorIterator lays it out (operand order matters where layouts differ)."""
-    y = torch.empty(shape, dtype=torch.float32, device="meta")
     if residual is None:
-        return tuple(y.stride())
+        return tuple(contiguous_strides(shape))
+    y = torch.empty(shape, dtype=torch.float32, device="meta")
     r = torch.empty_strided(residual.shape, residual.stride(), dtype=torch.float32, device="meta")
     return tuple((y + r if conv_first else r + y).stride())
 
