@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
+from sgdiff.kernels.gelu_linear_fp8 import gelu_linear_fp8_reference
 from sgdiff.kernels.linear_fp8 import E4M3_MAX, linear_fp8_reference, quantize_rows_reference
 from sgdiff.patterns import fp8_gemm
 from tests.capture import rewrite
@@ -14,6 +15,7 @@ from tests.helpers import count_op
 
 BF16 = torch.bfloat16
 LINEAR_FP8 = torch.ops.sgdiff.linear_fp8.default
+GELU_LINEAR_FP8 = torch.ops.sgdiff.gelu_linear_fp8.default
 
 
 @pytest.fixture
@@ -158,6 +160,9 @@ def test_flux_at_high_takes_its_large_projections_and_stays_near_eager(monkeypat
         got = torch.compile(model, backend="sgdiff", options={"quality": "high"})(**kw)[0]
     assert lossless.counts["fp8_gemm"] == 0
     assert high.counts["fp8_gemm"] == high.found["fp8_gemm"] == 36
+    # of which the GEMMs over a GELU: each double block's two feed-forward down projections, each single
+    # block's proj_out over the cat
+    assert high.family_ops["fp8_gemm"] == {"gelu_linear_fp8": 2 * 2 + 4, "linear_fp8": 36 - 8}
     assert not [s for s in high.skipped if s[0] == "fp8_gemm"]
     assert 0 < _rel_err(got, want) < 0.1
 
@@ -214,3 +219,64 @@ def test_sana_at_high_takes_its_projections_and_its_glumbconv(every_size):
     with torch.no_grad():
         report = sgdiff.explain(model, quality="high", **kw)
     assert report.counts["fp8_gemm"] == report.found["fp8_gemm"] == 12
+
+
+def _feed_forward(x, w1, b1, w2, b2=None):
+    return F.linear(F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2)
+
+
+def _single_block_out(attn, x, w1, w2, b2):
+    """Flux single blocks: ``proj_out(cat([attn_output, gelu(proj_mlp(x))], dim=2))``."""
+    return F.linear(torch.cat([attn, F.gelu(F.linear(x, w1), approximate="tanh")], dim=2), w2, b2)
+
+
+def _sdpa_out(b=1, h=2, s=64, d=64):
+    """SDPA's output as attention processors lay it out: ``[B, S, H D]``, a view of ``[B, H, S, D]``."""
+    return torch.randn(b, h, s, d, dtype=BF16).transpose(1, 2).flatten(2, 3)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_down_projection_takes_its_gelu_and_quantizes_it_in_the_same_pass(every_size, bias):
+    x, w1, b1 = _args(k=128, n=256)
+    args = (x, w1, b1, _w(96, 256)) + ((torch.randn(96, dtype=BF16),) if bias else ())
+    run, gm, result = rewrite(_feed_forward, args, quality="high", families=["fp8_gemm"])
+    assert result.counts["fp8_gemm"] == 2 and count_op(gm, GELU_LINEAR_FP8) == 1 and count_op(gm, LINEAR_FP8) == 1
+    assert count_op(gm, torch.ops.aten.gelu.default) == 0
+    up = linear_fp8_reference(x, w1, b1).view(2, 64, 256)
+    got = run(*args)
+    assert torch.equal(got, gelu_linear_fp8_reference(up, args[3], args[4] if bias else None).view(2, 64, 96))
+    assert _rel_err(got, _feed_forward(*args)) < 0.1
+
+
+def test_a_single_blocks_proj_out_takes_the_cat_and_its_gelu(every_size):
+    args = (_sdpa_out(), torch.randn(1, 64, 128, dtype=BF16), _w(256, 128), _w(96, 384), torch.randn(96, dtype=BF16))
+    run, gm, result = rewrite(_single_block_out, args, quality="high", families=["fp8_gemm"])
+    assert result.counts["fp8_gemm"] == 2 and count_op(gm, GELU_LINEAR_FP8) == 1
+    assert count_op(gm, torch.ops.aten.cat.default) == 0
+    call = next(n for n in gm.graph.nodes if n.target is GELU_LINEAR_FP8)
+    head = call.kwargs["head"] if "head" in call.kwargs else call.args[3]
+    assert head.meta["val"].stride() == args[0].stride()  # SDPA's layout, read where it lies
+    got = run(*args)
+    mlp = linear_fp8_reference(args[1], args[2], None).view(1, 64, 256)
+    assert torch.equal(got, gelu_linear_fp8_reference(mlp, args[3], args[4], head=args[0]).view(1, 64, 96))
+    assert _rel_err(got, _single_block_out(*args)) < 0.1
+
+
+@pytest.mark.parametrize("case", ["the GELU read twice", "an exact GELU", "a cat along the tokens"])
+def test_gelus_the_fused_gemm_does_not_take_leave_it_the_plain_fp8_gemm(every_size, case):
+    """Not sites of gelu_linear_fp8, and no skip either: the GEMM stays linear_fp8's, over the
+    GELU's (or the cat's) output as eager makes it."""
+    x, w, b = _args(k=128, n=96)
+    if case == "the GELU read twice":
+        def fn(x, w, b):
+            g = F.gelu(x, approximate="tanh")
+            return F.linear(g, w, b), g
+    elif case == "an exact GELU":
+        def fn(x, w, b):
+            return F.linear(F.gelu(x), w, b)
+    else:
+        def fn(x, w, b):
+            return F.linear(torch.cat([x, F.gelu(x, approximate="tanh")], dim=1), w, b)
+    run, gm, result = rewrite(fn, (x, w, b), quality="high", families=["fp8_gemm"])
+    assert result.counts["fp8_gemm"] == 1 and count_op(gm, LINEAR_FP8) == 1 and count_op(gm, GELU_LINEAR_FP8) == 0
+    assert not result.skipped

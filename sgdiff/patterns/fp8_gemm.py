@@ -6,6 +6,13 @@ bias); the GEMM and the view to rows before it are the site::
     addmm(bias, x.view(-1, K), weight.t())    a bf16 linear layer    -> linear_fp8 (x, weight, bias)
     convolution(x, weight [N, K, 1, 1], bias)  a 1x1 convolution of a channels-last map (Sana's
                                                GLUMBConv)             -> pointwise_conv_fp8
+    addmm(bias, gelu(x, "tanh").view(-1, K), weight.t()) (an eval-mode dropout's clone between them or
+    not), or of cat([head, gelu(x, "tanh")], -1):
+                                               a feed-forward's down projection, Flux single blocks'
+                                               proj_out              -> gelu_linear_fp8 (x, weight, bias, head)
+
+The last one's GELU and cat are read by nothing else: the op makes the GEMM's e4m3 rows in the
+pass that computes the GELU, and neither the GELU's output nor the cat is ever written.
 
 A site is a linear layer of at least :data:`MIN_FLOP` (smaller GEMMs gain less than the
 activation's quantization pass costs: adaLN projections, GEMVs, text embedders), whose K and N
@@ -31,7 +38,7 @@ from sgdiff.kernels.linear_fp8 import MAX_K
 from sgdiff.patterns import parts
 from sgdiff.patterns.base import ChainPattern, Family, same_size, tensor_meta
 from sgdiff.patterns.gemm import _known
-from sgdiff.patterns.matcher import AnyOf, Arg, Lit, Match, Op, When
+from sgdiff.patterns.matcher import AnyOf, Arg, Items, Lit, Match, Op, When
 
 FAMILY = Family("fp8_gemm")
 
@@ -42,8 +49,37 @@ ALIGN = 16
 
 _ROWS = AnyOf(Op(parts.RESHAPES, Arg("x"), Arg("rows")), Arg("x"))  # x viewed as rows, or x itself
 _WEIGHT_T = Op(aten.t.default, Arg("weight"), shared=True)
-LINEAR = AnyOf(Op(aten.addmm.default, Arg("bias"), _ROWS, _WEIGHT_T, beta=Lit(1), alpha=Lit(1)),
-               Op(aten.mm.default, _ROWS, _WEIGHT_T))
+
+
+def _linear(rows):
+    return AnyOf(Op(aten.addmm.default, Arg("bias"), rows, _WEIGHT_T, beta=Lit(1), alpha=Lit(1)),
+                 Op(aten.mm.default, rows, _WEIGHT_T))
+
+
+LINEAR = _linear(_ROWS)
+
+
+def _read_here(node) -> bool:
+    """A bf16 value of at most 4 dims (the rows the kernel reads) that only the chain reads:
+    elsewhere the GEMM is linear_fp8's, over the value as it is."""
+    t = tensor_meta(node)
+    return (isinstance(node, fx.Node) and len(node.users) == 1 and t is not None and t.dtype == torch.bfloat16
+            and t.dim() <= 4)
+
+
+def _cat_along_rows(node) -> bool:
+    """A cat of bf16 tensors of one rank along the last dim, read only by the chain."""
+    if not _read_here(node) or node.target is not aten.cat.default:
+        return False
+    dim, rank = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)), tensor_meta(node).dim()
+    inputs = [tensor_meta(p) for p in node.args[0]]
+    return dim in (-1, rank - 1) and all(t is not None and t.dtype == torch.bfloat16 and t.dim() == rank for t in inputs)
+
+
+_GELU = When(Op(aten.gelu.default, Arg("x"), approximate=Lit("tanh"), name="gelu"), _read_here)
+_GELU_IN = AnyOf(When(Op(aten.cat.default, Items(Arg("head"), _GELU), Arg("dim"), name="cat"), _cat_along_rows),
+                 When(Op(aten.clone.default, _GELU), _read_here), _GELU)  # the clone: an eval-mode dropout
+GELU_LINEAR = _linear(AnyOf(When(Op(parts.RESHAPES, _GELU_IN, Arg("rows")), _read_here), _GELU_IN))
 
 
 def _site(node) -> bool:
@@ -104,10 +140,28 @@ def _reason(m: Match) -> Optional[str]:
         return "the GEMM's rows are not the input's leading dims flattened"
     if not x.is_contiguous():
         return "the linear's input is not contiguous (its rows are quantized where they lie)"
+    return _bias_reason(m)
+
+
+def _bias_reason(m: Match) -> Optional[str]:
     bias = tensor_meta(m.get("bias"))
-    if m.get("bias") is not None and (bias is None or bias.dim() != 1 or bias.dtype != x.dtype):
+    if m.get("bias") is not None and (bias is None or bias.dim() != 1 or bias.dtype != torch.bfloat16):
         return "the bias is not a 1-D tensor of the linear's dtype"
     return None
+
+
+def _gelu_reason(m: Match) -> Optional[str]:
+    """The GEMM's rows are ``[head | gelu(x)]``, read in any layout (the kernel reads x and head
+    through their strides): only their sizes matter."""
+    out, weight = tensor_meta(m.root), tensor_meta(m["weight"])
+    a = tensor_meta(m["cat"] if "cat" in m else m["gelu"])
+    if not same_size(a.shape[-1], weight.shape[1]) or not same_size(a.numel(), out.shape[0] * weight.shape[1]):
+        return "the GEMM's rows are not the GELU's (or the cat's) leading dims flattened"
+    return _bias_reason(m)
+
+
+def _gelu_arguments(m: Match) -> dict:
+    return dict(x=m["x"], weight=m["weight"], bias=m.get("bias"), head=m.get("head"))
 
 
 POINTWISE_CONV = Op(aten.convolution.default, Arg("x"), Arg("weight"), Arg("bias"))
@@ -118,7 +172,9 @@ def _arguments(m: Match) -> dict:
 
 
 def patterns() -> List[ChainPattern]:
-    return [ChainPattern(family="fp8_gemm", name="linear_fp8", chain=When(LINEAR, _site), op="linear_fp8",
+    return [ChainPattern(family="fp8_gemm", name="gelu_linear_fp8", chain=When(GELU_LINEAR, _site),
+                         op="gelu_linear_fp8", replacement=_gelu_arguments, check=_gelu_reason, priority=1),
+            ChainPattern(family="fp8_gemm", name="linear_fp8", chain=When(LINEAR, _site), op="linear_fp8",
                          replacement=_arguments, check=_reason),
             ChainPattern(family="fp8_gemm", name="pointwise_conv_fp8", chain=When(POINTWISE_CONV, _pointwise_site),
                          op="pointwise_conv_fp8", replacement=_arguments, check=_pointwise_reason)]

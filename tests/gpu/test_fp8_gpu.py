@@ -117,3 +117,55 @@ def test_pointwise_conv_fp8_is_within_fp32_accumulation_of_the_ops_math(fresh_di
     assert torch.equal(got, quantized if label == "fp8" else eager), label
     assert float((quantized.float() - want.float()).abs().max()) <= 2 ** -6 * float(want.float().abs().max())
     assert float((quantized.float() - eager.float()).norm() / eager.float().norm()) < 0.05
+
+
+def _sdpa_out(m, h=24, d=128, seed=8):
+    """SDPA's output laid out ``[1, S, H D]``, a view of ``[1, H, S, D]`` (Flux single blocks' cat head)."""
+    return _randn(1, h, m, d, seed=seed).transpose(1, 2).flatten(2, 3)
+
+
+@pytest.mark.parametrize("M,DH,F_,N,fp8", [(4096, 0, 12288, 3072, True),  # Flux.1-dev double block ff down
+                                           (4608, 3072, 12288, 3072, True),  # its single blocks' proj_out
+                                           (32760, 0, 8960, 1536, True),  # Wan 2.1 1.3B's ff down
+                                           (333, 64, 96, 48, None)])  # odd rows, a small GEMM: either
+def test_gelu_linear_fp8_rows_are_the_references_bits_and_its_gemm_linear_fp8s(fresh_dispatch, M, DH, F_, N, fp8):
+    """The row pass gives the e4m3 rows and scales of eager's GELU (and cat) quantized as the reference
+    does, bit for bit (ATen's GELU on the GPU); the op is linear_fp8's GEMM of them, or, where first
+    sight found it slower, the unquantized chain."""
+    from sgdiff.kernels.gelu_linear_fp8 import gelu_input, gelu_linear_fp8_reference
+    from sgdiff.kernels.triton import gelu_linear_fp8 as glf
+
+    x = _randn(1, M, F_, scale=3.0, seed=9)
+    head = _sdpa_out(M, h=DH // 128 or 1, d=min(DH, 128) or 64) if DH else None
+    k = DH + F_
+    w, b = _randn(N, k, scale=k ** -0.5, seed=10), _randn(N, scale=0.1, seed=11)
+    q, scale = glf.gelu_rows_fp8(x, head)
+    want_q, want_scale = quantize_rows_reference(gelu_input(x, head).reshape(M, k))
+    assert torch.equal(scale, want_scale)
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+    got = registry.op_def("gelu_linear_fp8").load()(x, w, b, head)
+    chosen = [spec.backend for (op, *_), (spec, *_) in dispatch._chosen.items() if op == "gelu_linear_fp8"]
+    assert chosen == ["triton"] and not dispatch.disabled()
+    label = _chosen(glf.FIRST_SIGHT, x.shape)
+    quantized = _fp8_gemm(gelu_input(x, head), w, b)
+    assert torch.equal(got, quantized if label == "fp8" else glf._bf16_chain(x, w, b, head)), label
+    if fp8 is not None:
+        assert (label == "fp8") == fp8, label
+    want = gelu_linear_fp8_reference(x, w, b, head)
+    assert float((quantized.float() - want.float()).abs().max()) <= 2 ** -6 * float(want.float().abs().max())
+
+
+def test_a_compiled_feed_forward_at_high_quantizes_its_gelu_in_one_pass(fresh_dynamo):
+    """diffusers' FeedForward (GELU-tanh, Flux's) at high: the up projection linear_fp8, the down
+    projection gelu_linear_fp8 (no GELU left in the graph), within FP8's error of eager."""
+    import sgdiff
+    from diffusers.models.attention import FeedForward
+
+    ff = FeedForward(3072, activation_fn="gelu-approximate").to("cuda", BF16).eval()
+    x = _randn(1, 4096, 3072, seed=12)
+    with torch.no_grad():
+        report = sgdiff.explain(ff, x, quality="high")
+        assert report.family_ops["fp8_gemm"] == {"linear_fp8": 1, "gelu_linear_fp8": 1}
+        got = torch.compile(ff, backend="sgdiff", options={"quality": "high"})(x)
+        want = ff(x)
+    assert float((got.float() - want.float()).norm() / want.float().norm()) < 0.05

@@ -50,19 +50,35 @@ def _quantize_rows_kernel(
     rows64 = rows.to(tl.int64)
     grid_dependency_wait()
     x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=inside, other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=1)
-    scale = tl.math.div_rn(tl.maximum(amax, SCALE_FLOOR_), tl.full(amax.shape, E4M3_MAX_, tl.float32))
-    v = tl.math.div_rn(x, scale[:, None])
-    v = tl.minimum(tl.maximum(v, -E4M3_MAX_), E4M3_MAX_)
-    tl.store(q_ptr + rows64[:, None] * K + cols[None, :], to_e4m3(v), mask=inside)
+    scale = row_scale(tl.max(tl.abs(x), axis=1), SCALE_FLOOR_, E4M3_MAX_)
+    tl.store(q_ptr + rows64[:, None] * K + cols[None, :], scaled_e4m3(x, scale, E4M3_MAX_), mask=inside)
     tl.store(scale_ptr + rows, scale, mask=rows < M)
 
 
+@triton.jit
+def row_scale(amax, SCALE_FLOOR_: tl.constexpr, E4M3_MAX_: tl.constexpr):
+    """Each row's scale from its largest magnitude: ``max(amax, SCALE_FLOOR) / 448``, IEEE-divided."""
+    return tl.math.div_rn(tl.maximum(amax, SCALE_FLOOR_), tl.full(amax.shape, E4M3_MAX_, tl.float32))
+
+
+@triton.jit
+def scaled_e4m3(x, scale, E4M3_MAX_: tl.constexpr):
+    """A ``[ROWS, D]`` fp32 tile divided by its rows' ``scale`` (``div_rn``), clamped to ±448 and
+    rounded to e4m3."""
+    v = tl.math.div_rn(x, scale[:, None])
+    return to_e4m3(tl.minimum(tl.maximum(v, -E4M3_MAX_), E4M3_MAX_))
+
+
+def rows_and_warps(block: int) -> Tuple[int, int]:
+    """``(ROWS, num_warps)`` for a quantizing program holding rows of ``block`` values (a power of
+    two) whole: about 4096 values a program, up to 16 warps for the longest rows."""
+    return max(1, 4096 // block), max(4, min(16, block // 1024))
+
+
 def _geometry(k: int) -> Tuple[int, int, int]:
-    """``(ROWS, BLOCK_K, num_warps)`` for rows of ``k`` values: about 4096 values a program."""
+    """``(ROWS, BLOCK_K, num_warps)`` for rows of ``k`` values."""
     block_k = triton.next_power_of_2(k)
-    rows = max(1, 4096 // block_k)
-    warps = max(4, min(16, block_k // 1024))
+    rows, warps = rows_and_warps(block_k)
     return rows, block_k, warps
 
 
@@ -206,21 +222,22 @@ def bind(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]):
     quantize = _quantizer(x.numel() // k, k)
 
     def launch(x, weight, bias):
-        return _gemm(*ACTIVATIONS.get(x, quantize), weight, bias, x.dtype)
+        return gemm_of_rows(*ACTIVATIONS.get(x, quantize), weight, bias, x.dtype)
 
     if not x.is_cuda:
         return launch
 
     def quantized(x, weight, bias):  # what first sight times: the activation quantized on each call
-        return _gemm(*quantize(x.view(-1, k)), weight, bias, x.dtype)
+        return gemm_of_rows(*quantize(x.view(-1, k)), weight, bias, x.dtype)
 
     key = (tuple(x.shape), x.device, tuple(weight.shape), bias is not None)
     label, _ = FIRST_SIGHT.choose(key, (("bf16", linear_bf16), ("fp8", quantized)), (x, weight, bias))
     return launch if label == "fp8" else linear_bf16
 
 
-def _gemm(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], dtype):
-    """The row-wise scaled FP8 GEMM of quantized rows and the weight's kept e4m3 copy."""
+def gemm_of_rows(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], dtype):
+    """The row-wise scaled FP8 GEMM of quantized rows (e4m3 ``[M, K]``, fp32 ``[M, 1]`` scales)
+    and the weight's kept e4m3 copy: ``[M, N]`` of ``dtype``."""
     wq, ws = WEIGHTS.get(weight)
     return _compat.scaled_mm(xq, wq.t(), xs, ws, bias, dtype)
 

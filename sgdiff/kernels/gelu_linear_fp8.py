@@ -1,0 +1,83 @@
+"""sgdiff::gelu_linear_fp8 — a linear layer over a GELU (and a cat before it) as an FP8 GEMM
+whose rows are quantized as the GELU makes them (the ``high`` tier).
+
+Eager chain it stands for, in bf16 (a feed-forward's down projection; Flux single blocks'
+``proj_out(cat([attn_output, act_mlp(proj_mlp(x))], dim=2))``)::
+
+    g = gelu(x, approximate="tanh")          # rounded to x.dtype
+    a = cat([head, g], -1)                   # or g alone, without head
+    y = a.view(-1, K) @ weight.T + bias      # [M, N]
+
+This op is that chain's GELU and cat as eager computes them, followed by
+:mod:`sgdiff.kernels.linear_fp8`'s GEMM of ``a``: each row of ``a`` scaled to e4m3's range and
+rounded, the e4m3 product with the weight's e4m3 copy accumulated in fp32, the scales and bias
+applied, one rounding to bf16. Its reference is exactly that, ``linear_fp8_reference`` of the
+chain's ``a``. The kernel makes ``a``'s e4m3 rows in one pass over ``x`` and ``head``: neither
+the GELU's output nor the cat is written, nor read back to be quantized. Contract ``approx``,
+as linear_fp8's.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from sgdiff.kernels import dispatch
+from sgdiff.kernels.examples import Example
+from sgdiff.kernels.linear_fp8 import fp8_impls, linear_fp8_reference
+from sgdiff.kernels.registry import OpDef
+from sgdiff.tiers import Contract
+
+aten = torch.ops.aten
+
+
+def gelu_input(x: torch.Tensor, head: Optional[torch.Tensor]) -> torch.Tensor:
+    """The GEMM's input as eager makes it: ``gelu(x, "tanh")``, after ``head`` along the last dim."""
+    g = aten.gelu.default(x, approximate="tanh")
+    return g if head is None else aten.cat.default([head, g], -1)
+
+
+def gelu_linear_fp8_reference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                              head: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``[M, N]``, the rows ``M`` the leading dims of ``x`` flattened (the GEMM's, as ``addmm``
+    gives it)."""
+    return linear_fp8_reference(gelu_input(x, head), weight, bias)
+
+
+def _feed_forward_down(t):
+    """A feed-forward's up projection (its GELU's input) and its down projection."""
+    return t.randn(t.M, t.F, scale=2), t.randn(t.N, t.F, scale=t.F ** -0.5), t.randn(t.N, scale=0.1)
+
+
+def _single_block_out(t):
+    """Flux single blocks: the MLP's projection, proj_out's weight and bias, and SDPA's output
+    laid out ``[B, S, H D]`` (a view), the cat's head."""
+    head = t.randn(1, t.H, t.S, t.D).transpose(1, 2).flatten(2, 3)
+    k = t.H * t.D + t.F
+    return t.randn(1, t.S, t.F, scale=2), t.randn(t.N, k, scale=k ** -0.5), t.randn(t.N, scale=0.1), head
+
+
+def _bf16_chain(x, weight, bias, head=None):
+    """The eager chain: ATen's GELU, the cat, cuBLAS's bf16 GEMM."""
+    def run():
+        g = F.gelu(x, approximate="tanh")
+        return F.linear(g if head is None else torch.cat([head, g], -1), weight, bias)
+    return run
+
+
+gelu_linear_fp8 = dispatch.define_op(OpDef(
+    "gelu_linear_fp8", Contract.APPROX, gelu_linear_fp8_reference,
+    impls=fp8_impls("cublas", "GELU_LINEAR_BF16", module="gelu_linear_fp8"),
+    examples=(
+        Example("Flux.1-dev double block, feed-forward down", dict(M=4096, F=12288, N=3072), _feed_forward_down,
+                small=dict(M=64, F=256, N=64), chain=_bf16_chain),
+        Example("Flux.1-dev single block, proj_out", dict(S=4608, H=24, D=128, F=12288, N=3072), _single_block_out,
+                small=dict(S=64, H=2, D=64, F=256, N=96), chain=_bf16_chain),
+        Example("Wan 2.1 1.3B feed-forward down", dict(M=32760, F=8960, N=1536), _feed_forward_down,
+                small=dict(M=80, F=160, N=32), chain=_bf16_chain),
+    ),
+    doc="linear_fp8(cat([head, gelu(x, approximate='tanh')], -1), weight, bias) (head optional): the GELU and cat "
+        "as eager computes them, their rows quantized to e4m3 in the same pass, never written in bf16",
+    caches_inputs=True,
+))

@@ -1,0 +1,148 @@
+"""sgdiff::gelu_linear_fp8 on CUDA: the GEMM's rows made in one pass from the chain before it,
+then linear_fp8's GEMM.
+
+One program holds ``ROWS`` whole rows of the GEMM's input ``[head | gelu(x)]``: it reads ``x``
+(and ``head``), computes ATen's GELU-tanh (:func:`sgdiff.kernels.triton.gelu_tanh_cat.gelu_tanh`)
+rounded to ``x``'s dtype as eager's kernel writes it, takes each row's largest magnitude over
+both parts, and writes the row's e4m3 values and fp32 scale exactly as linear_fp8's quantization
+does (:func:`sgdiff.kernels.triton.linear_fp8.row_scale`, ``scaled_e4m3``). Neither the GELU's
+output nor the cat is ever written. The GEMM is linear_fp8's (``torch._scaled_mm`` with row-wise
+scales over the weight's kept e4m3 copy).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from sgdiff.kernels import tuning
+from sgdiff.kernels.linear_fp8 import DTYPES, E4M3, E4M3_MAX, MAX_K, SCALE_FLOOR
+from sgdiff.kernels.registry import Impl
+from sgdiff.kernels.triton import linear_fp8
+from sgdiff.kernels.triton.cuda_math import INTERPRET, libdevice_options
+from sgdiff.kernels.triton.gelu_tanh_cat import gelu_tanh
+from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
+from sgdiff.kernels.triton.rows import cached_plan, row_offsets, rows_fit, shape4, strides4
+
+
+@LeanKernel
+@triton.jit
+def _gelu_rows_fp8_kernel(
+    x_ptr, head_ptr, q_ptr, scale_ptr,
+    n_rows, n1, n2, DH, DX,
+    sx0, sx1, sx2, sx3,
+    sh0, sh1, sh2, sh3,
+    ROWS: tl.constexpr,
+    BLOCK_X: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HAS_HEAD: tl.constexpr,
+    SCALE_FLOOR_: tl.constexpr,
+    E4M3_MAX_: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < n_rows
+    q_row = q_ptr + rows.to(tl.int64)[:, None] * (DH + DX)
+    cx = tl.arange(0, BLOCK_X)
+    x_ok = row_ok[:, None] & (cx < DX)[None, :]
+    grid_dependency_wait()
+    x = tl.load(x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None] + cx[None, :] * sx3, mask=x_ok, other=0.0)
+    g = gelu_tanh(x.to(tl.float32), INTERPRET).to(x.dtype).to(tl.float32)  # eager's GELU, rounded as it writes it
+    amax = tl.max(tl.abs(g), axis=1)
+    if HAS_HEAD:
+        ch = tl.arange(0, BLOCK_H)
+        h_ok = row_ok[:, None] & (ch < DH)[None, :]
+        h = tl.load(head_ptr + row_offsets(rows, n1, n2, sh0, sh1, sh2)[:, None] + ch[None, :] * sh3, mask=h_ok,
+                    other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.max(tl.abs(h), axis=1))
+    scale = linear_fp8.row_scale(amax, SCALE_FLOOR_, E4M3_MAX_)
+    if HAS_HEAD:
+        tl.store(q_row + ch[None, :], linear_fp8.scaled_e4m3(h, scale, E4M3_MAX_), mask=h_ok)
+    tl.store(q_row + DH + cx[None, :], linear_fp8.scaled_e4m3(g, scale, E4M3_MAX_), mask=x_ok)
+    tl.store(scale_ptr + rows, scale, mask=row_ok)
+
+
+def supported_layout(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                     head: Optional[torch.Tensor] = None) -> bool:
+    """A bf16 ``x`` of 1 to 4 dims (any strides) and ``head`` of its leading dims and dtype; the
+    GEMM's K (``head``'s last dim plus ``x``'s) and the weight's N as linear_fp8 takes them."""
+    k = x.shape[-1] + (head.shape[-1] if head is not None else 0)
+    return (x.dtype in DTYPES and 1 <= x.dim() <= 4 and x.numel() > 0 and rows_fit(x, x.shape[-1])
+            and (head is None or (head.dtype == x.dtype and head.device == x.device and head.dim() == x.dim()
+                                  and head.shape[:-1] == x.shape[:-1] and head.shape[-1] > 0))
+            and weight.dim() == 2 and weight.dtype == x.dtype and weight.shape[1] == k and weight.stride(1) == 1
+            and k % linear_fp8.ALIGN == 0 and weight.shape[0] % linear_fp8.ALIGN == 0 and k <= MAX_K
+            and (bias is None or (bias.dim() == 1 and bias.dtype == x.dtype and bias.shape[0] == weight.shape[0])))
+
+
+@cached_plan
+def _plan(x, head):
+    lead = x.shape[:-1]
+    dx, dh = x.shape[-1], (head.shape[-1] if head is not None else 0)
+    shape = shape4((*lead, 1))
+    n_rows = shape[0] * shape[1] * shape[2]
+    block_x, block_h = triton.next_power_of_2(dx), (triton.next_power_of_2(dh) if dh else 1)
+    rows, warps = linear_fp8.rows_and_warps(triton.next_power_of_2(block_x + block_h))
+    ints = (n_rows, shape[1], shape[2], dh, dx, *strides4(x, x.shape),
+            *(strides4(head, head.shape) if head is not None else (0, 0, 0, 0)))
+    return n_rows, dh + dx, triton.cdiv(n_rows, rows), ints, dict(ROWS=rows, BLOCK_X=block_x, BLOCK_H=block_h,
+                                                                  HAS_HEAD=head is not None, num_warps=warps)
+
+
+def _quantizer(x: torch.Tensor, head: Optional[torch.Tensor]):
+    """``quantize(x, head)``: the e4m3 rows ``[M, K]`` of ``[head | gelu(x)]`` and their fp32
+    scales ``[M, 1]``, the launch bound to this geometry."""
+    n_rows, k, grid, ints, meta = _plan(x, head)
+    kernel = _gelu_rows_fp8_kernel.bind((grid,), **meta, SCALE_FLOOR_=SCALE_FLOOR, E4M3_MAX_=E4M3_MAX,
+                                         INTERPRET=INTERPRET, enable_fp_fusion=False, **libdevice_options())
+
+    def quantize(x, head=None):
+        q = torch.empty((n_rows, k), dtype=E4M3, device=x.device)
+        scale = torch.empty((n_rows, 1), dtype=torch.float32, device=x.device)
+        kernel(x, head if head is not None else x, q, scale, *ints)
+        return q, scale
+
+    return quantize
+
+
+def gelu_rows_fp8(x: torch.Tensor, head: Optional[torch.Tensor] = None):
+    """``(q, scale)``: the rows of ``cat([head, gelu(x, "tanh")], -1)`` (or of ``gelu(x)``)
+    quantized as :func:`sgdiff.kernels.linear_fp8.quantize_rows_reference` quantizes them."""
+    return _quantizer(x, head)(x, head)
+
+
+def _bf16_chain(x, weight, bias, head=None):
+    """The unquantized chain: GELU, cat, cuBLAS's GEMM (``[M, N]``)."""
+    g = torch.nn.functional.gelu(x, approximate="tanh")
+    return linear_fp8.linear_bf16(g if head is None else torch.cat([head, g], -1), weight, bias)
+
+
+FIRST_SIGHT = tuning.FirstSight("gelu_linear_fp8")
+
+
+def bind(x, weight, bias, head=None):
+    """:func:`gelu_linear_fp8` for inputs of this signature. On the GPU, chosen at the
+    signature's first sight against the unquantized chain (:func:`_bf16_chain`), kept only where
+    faster, as linear_fp8 is."""
+    quantize = _quantizer(x, head)
+
+    def launch(x, weight, bias, head=None):
+        return linear_fp8.gemm_of_rows(*quantize(x, head), weight, bias, x.dtype)
+
+    if not x.is_cuda:
+        return launch
+    key = (tuple(x.shape), x.device, tuple(weight.shape), bias is not None,
+           tuple(head.shape) if head is not None else None)
+    label, _ = FIRST_SIGHT.choose(key, (("bf16", _bf16_chain), ("fp8", launch)), (x, weight, bias, head))
+    return launch if label == "fp8" else _bf16_chain
+
+
+def gelu_linear_fp8(x, weight, bias, head=None):
+    """Launch; the caller has checked :func:`supported_layout` and the device."""
+    return bind(x, weight, bias, head)(x, weight, bias, head)
+
+
+GELU_LINEAR_FP8 = Impl(run=gelu_linear_fp8, supports=supported_layout, bind=bind)
+GELU_LINEAR_BF16 = Impl(run=_bf16_chain)
