@@ -272,11 +272,13 @@ def version(t: torch.Tensor) -> int:
 
 
 def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-              bias: Optional[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
+              bias: Optional[torch.Tensor], out_dtype: torch.dtype, fast_accumulation: bool = False) -> torch.Tensor:
     """``(a @ b) * scale_a * scale_b + bias`` of FP8 ``a`` (row-major) and ``b`` (column-major),
-    accumulated in fp32 and rounded once to ``out_dtype``; ``[M, 1]`` and ``[1, N]`` scales
-    scale rows and columns (``torch._scaled_mm``: cuBLASLt, or CUTLASS's row-wise kernel)."""
-    return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, bias=bias, out_dtype=out_dtype)
+    accumulated in fp32 (with ``fast_accumulation``, in the tensor cores' own accumulator) and
+    rounded once to ``out_dtype``; ``[M, 1]`` and ``[1, N]`` scales scale rows and columns
+    (``torch._scaled_mm``: cuBLASLt, or CUTLASS's row-wise kernel)."""
+    return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, bias=bias, out_dtype=out_dtype,
+                            use_fast_accum=fast_accumulation)
 
 
 def hold_stream(cycles: int) -> None:

@@ -8,7 +8,8 @@ weight.t())``, or ``mm`` without a bias), in bf16::
 
 This op is **not** that chain: each row of ``x`` and each row of ``weight`` (an output channel)
 is scaled so that its largest magnitude is e4m3's largest finite value (448) and rounded to
-e4m3 (round to nearest even); the product of the two e4m3 matrices is accumulated in fp32,
+e4m3 (round to nearest even); the product of the two e4m3 matrices is accumulated (in fp32, or
+on Hopper in the tensor cores' FP8 accumulator),
 multiplied by the row's and the channel's scales, the bias added, and rounded once to
 ``x.dtype``. The reference implementation is that math in fp32 (the quantization exactly as
 the kernels do it, the GEMM in fp32); on CUDA, a Triton kernel quantizes the activation rows
@@ -47,13 +48,14 @@ def divide(x: torch.Tensor, number: float) -> torch.Tensor:
 
 def quantize_rows_reference(x: torch.Tensor):
     """``(q, scale)``: each row of a 2-D ``x`` as e4m3 values ``q`` and an fp32 scale per row
-    (``scale = max(amax, SCALE_FLOOR) / 448``, ``q = round_e4m3(clamp(x / scale, ±448))``), so
-    that ``q * scale`` approximates the row."""
+    (``scale = max(amax, SCALE_FLOOR) / 448``; ``q = round_e4m3(clamp(x * inverse, ±448))`` with
+    ``inverse = 448 / max(amax, SCALE_FLOOR)``, one IEEE division a row), so that ``q * scale``
+    approximates the row."""
     xf = x.float()
-    scale = aten.clamp_min.default(aten.amax.default(aten.abs.default(xf), [1], True), SCALE_FLOOR)
-    scale = divide(scale, E4M3_MAX)
-    q = aten.clamp.default(xf / scale, -E4M3_MAX, E4M3_MAX).to(E4M3)
-    return q, scale
+    amax = aten.clamp_min.default(aten.amax.default(aten.abs.default(xf), [1], True), SCALE_FLOOR)
+    inverse = aten.full_like.default(amax, E4M3_MAX) / amax
+    q = aten.clamp.default(xf * inverse, -E4M3_MAX, E4M3_MAX).to(E4M3)
+    return q, divide(amax, E4M3_MAX)
 
 
 def linear_fp8_reference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -97,8 +99,8 @@ linear_fp8 = dispatch.define_op(OpDef(
                 small=dict(M=80, K=64, N=128), chain=_bf16_linear),
     ),
     doc="x @ weight.T + bias with x's rows and weight's rows (output channels) each scaled to e4m3 and "
-        "quantized (round to nearest even), the e4m3 product accumulated in fp32, the scales and the bias "
-        "applied in fp32, one rounding to x.dtype (bf16). Operand relative error up to 2^-4; the weight's "
-        "e4m3 copy is made once per weight and version",
+        "quantized (round to nearest even), the e4m3 product accumulated (fp32, or Hopper's FP8 accumulator), "
+        "the scales and the bias applied in fp32, one rounding to x.dtype (bf16). Operand relative error up to "
+        "2^-4; the weight's e4m3 copy is made once per weight and version",
     caches_inputs=True,
 ))

@@ -66,7 +66,7 @@ def test_projections_of_one_input_quantize_it_once(monkeypatch):
     """The GEMMs of three projections of ``x`` read one e4m3 copy of it; another tensor gets its own."""
     read = []
     scaled_mm = lf._compat.scaled_mm
-    monkeypatch.setattr(lf._compat, "scaled_mm", lambda a, *rest: read.append(a) or scaled_mm(a, *rest))
+    monkeypatch.setattr(lf._compat, "scaled_mm", lambda a, *rest, **kw: read.append(a) or scaled_mm(a, *rest, **kw))
     x = torch.randn(2, 8, 64).to(BF16)
     weights = [_weight(), _weight(), _weight()]
     outs = [lf.linear_fp8(x, w, None) for w in weights]

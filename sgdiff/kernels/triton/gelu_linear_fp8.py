@@ -5,7 +5,8 @@ One program holds ``ROWS`` whole rows of the GEMM's input ``[head | gelu(x)]``: 
 (and ``head``), computes ATen's GELU-tanh (:func:`sgdiff.kernels.triton.gelu_tanh_cat.gelu_tanh`)
 rounded to ``x``'s dtype as eager's kernel writes it, takes each row's largest magnitude over
 both parts, and writes the row's e4m3 values and fp32 scale exactly as linear_fp8's quantization
-does (:func:`sgdiff.kernels.triton.linear_fp8.row_scale`, ``scaled_e4m3``). Neither the GELU's
+does (:func:`sgdiff.kernels.triton.linear_fp8.row_inverse`, ``store_row_part``), each part held as
+two power-of-two tiles (``row_parts``). Neither the GELU's
 output nor the cat is ever written. The GEMM is linear_fp8's (``torch._scaled_mm`` with row-wise
 scales over the weight's kept e4m3 copy).
 """
@@ -35,8 +36,10 @@ def _gelu_rows_fp8_kernel(
     sx0, sx1, sx2, sx3,
     sh0, sh1, sh2, sh3,
     ROWS: tl.constexpr,
-    BLOCK_X: tl.constexpr,
-    BLOCK_H: tl.constexpr,
+    X_MAIN: tl.constexpr,
+    X_TAIL: tl.constexpr,
+    H_MAIN: tl.constexpr,
+    H_TAIL: tl.constexpr,
     HAS_HEAD: tl.constexpr,
     SCALE_FLOOR_: tl.constexpr,
     E4M3_MAX_: tl.constexpr,
@@ -44,24 +47,30 @@ def _gelu_rows_fp8_kernel(
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < n_rows
-    q_row = q_ptr + rows.to(tl.int64)[:, None] * (DH + DX)
-    cx = tl.arange(0, BLOCK_X)
-    x_ok = row_ok[:, None] & (cx < DX)[None, :]
+    q_rows = q_ptr + rows.to(tl.int64) * (DH + DX)
+    x_rows = x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)
     grid_dependency_wait()
-    x = tl.load(x_ptr + row_offsets(rows, n1, n2, sx0, sx1, sx2)[:, None] + cx[None, :] * sx3, mask=x_ok, other=0.0)
-    g = gelu_tanh(x.to(tl.float32), INTERPRET).to(x.dtype).to(tl.float32)  # eager's GELU, rounded as it writes it
-    amax = tl.max(tl.abs(g), axis=1)
+    x_main = _gelu(linear_fp8.load_row_part(x_rows, sx3, row_ok, 0, DX, X_MAIN), INTERPRET)
+    x_tail = _gelu(linear_fp8.load_row_part(x_rows, sx3, row_ok, X_MAIN, DX, X_TAIL), INTERPRET)
+    amax = tl.maximum(tl.max(tl.abs(x_main), axis=1), tl.max(tl.abs(x_tail), axis=1))
     if HAS_HEAD:
-        ch = tl.arange(0, BLOCK_H)
-        h_ok = row_ok[:, None] & (ch < DH)[None, :]
-        h = tl.load(head_ptr + row_offsets(rows, n1, n2, sh0, sh1, sh2)[:, None] + ch[None, :] * sh3, mask=h_ok,
-                    other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.max(tl.abs(h), axis=1))
-    scale = linear_fp8.row_scale(amax, SCALE_FLOOR_, E4M3_MAX_)
+        h_rows = head_ptr + row_offsets(rows, n1, n2, sh0, sh1, sh2)
+        h_main = linear_fp8.load_row_part(h_rows, sh3, row_ok, 0, DH, H_MAIN).to(tl.float32)
+        h_tail = linear_fp8.load_row_part(h_rows, sh3, row_ok, H_MAIN, DH, H_TAIL).to(tl.float32)
+        amax = tl.maximum(amax, tl.maximum(tl.max(tl.abs(h_main), axis=1), tl.max(tl.abs(h_tail), axis=1)))
+    inverse = linear_fp8.row_inverse(amax, SCALE_FLOOR_, E4M3_MAX_)
     if HAS_HEAD:
-        tl.store(q_row + ch[None, :], linear_fp8.scaled_e4m3(h, scale, E4M3_MAX_), mask=h_ok)
-    tl.store(q_row + DH + cx[None, :], linear_fp8.scaled_e4m3(g, scale, E4M3_MAX_), mask=x_ok)
-    tl.store(scale_ptr + rows, scale, mask=row_ok)
+        linear_fp8.store_row_part(q_rows, row_ok, 0, DH, h_main, inverse, H_MAIN, E4M3_MAX_)
+        linear_fp8.store_row_part(q_rows, row_ok, H_MAIN, DH, h_tail, inverse, H_TAIL, E4M3_MAX_)
+    linear_fp8.store_row_part(q_rows + DH, row_ok, 0, DX, x_main, inverse, X_MAIN, E4M3_MAX_)
+    linear_fp8.store_row_part(q_rows + DH, row_ok, X_MAIN, DX, x_tail, inverse, X_TAIL, E4M3_MAX_)
+    tl.store(scale_ptr + rows, linear_fp8.row_scale(amax, SCALE_FLOOR_, E4M3_MAX_), mask=row_ok)
+
+
+@triton.jit
+def _gelu(x, INTERPRET: tl.constexpr):
+    """Eager's GELU-tanh of a loaded tile, rounded to its dtype as eager's kernel writes it, in fp32."""
+    return gelu_tanh(x.to(tl.float32), INTERPRET).to(x.dtype).to(tl.float32)
 
 
 def supported_layout(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -83,12 +92,13 @@ def _plan(x, head):
     dx, dh = x.shape[-1], (head.shape[-1] if head is not None else 0)
     shape = shape4((*lead, 1))
     n_rows = shape[0] * shape[1] * shape[2]
-    block_x, block_h = triton.next_power_of_2(dx), (triton.next_power_of_2(dh) if dh else 1)
-    rows, warps = linear_fp8.rows_and_warps(triton.next_power_of_2(block_x + block_h))
+    (x_main, x_tail), (h_main, h_tail) = linear_fp8.row_parts(dx), (linear_fp8.row_parts(dh) if dh else (16, 16))
+    rows, warps = linear_fp8.rows_and_warps(dh + dx)
     ints = (n_rows, shape[1], shape[2], dh, dx, *strides4(x, x.shape),
             *(strides4(head, head.shape) if head is not None else (0, 0, 0, 0)))
-    return n_rows, dh + dx, triton.cdiv(n_rows, rows), ints, dict(ROWS=rows, BLOCK_X=block_x, BLOCK_H=block_h,
-                                                                  HAS_HEAD=head is not None, num_warps=warps)
+    return n_rows, dh + dx, triton.cdiv(n_rows, rows), ints, dict(
+        ROWS=rows, X_MAIN=x_main, X_TAIL=x_tail, H_MAIN=h_main, H_TAIL=h_tail, HAS_HEAD=head is not None,
+        num_warps=warps)
 
 
 def _quantizer(x: torch.Tensor, head: Optional[torch.Tensor]):
