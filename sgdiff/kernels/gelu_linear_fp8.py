@@ -10,8 +10,8 @@ Eager chain it stands for, in bf16 (a feed-forward's down projection; Flux singl
 
 This op is that chain's GELU and cat as eager computes them, followed by
 :mod:`sgdiff.kernels.linear_fp8`'s GEMM of ``a``: each row of ``a`` scaled to e4m3's range and
-rounded, the e4m3 product with the weight's e4m3 copy accumulated in fp32, the scales and bias
-applied, one rounding to bf16. Its reference is exactly that, ``linear_fp8_reference`` of the
+rounded, the e4m3 product with the weight's e4m3 copy accumulated (as linear_fp8's), the scales
+and bias applied, one rounding to bf16. Its reference is exactly that, ``linear_fp8_reference`` of the
 chain's ``a``. The kernel makes ``a``'s e4m3 rows in one pass over ``x`` and ``head``: neither
 the GELU's output nor the cat is written, nor read back to be quantized. Contract ``approx``,
 as linear_fp8's.

@@ -6,9 +6,9 @@ One program holds ``ROWS`` whole rows of the GEMM's input ``[head | gelu(x)]``: 
 rounded to ``x``'s dtype as eager's kernel writes it, takes each row's largest magnitude over
 both parts, and writes the row's e4m3 values and fp32 scale exactly as linear_fp8's quantization
 does (:func:`sgdiff.kernels.triton.linear_fp8.row_inverse`, ``store_row_part``), each part held as
-two power-of-two tiles (``row_parts``). Neither the GELU's
-output nor the cat is ever written. The GEMM is linear_fp8's (``torch._scaled_mm`` with row-wise
-scales over the weight's kept e4m3 copy).
+two power-of-two tiles (``row_parts``). Neither the GELU's output nor the cat is ever written.
+The GEMM is linear_fp8's (``torch._scaled_mm`` with row-wise scales over the weight's kept e4m3
+copy).
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ activation is quantized on every call; the weight once: its e4m3 copy and scales
 weight tensor and remade when the weight changes (:class:`QuantizedWeights`). The GEMM is
 ``torch._scaled_mm`` (cuBLASLt / CUTLASS's row-wise kernel on sm_89 and later) with fast
 accumulation (Hopper's FP8 products summed in the tensor cores' accumulator, not promoted to
-fp32 every few k-steps: 15-25% faster at DiT shapes on an H200, the output's error against the
+fp32 every few k-steps: 2-24% faster at DiT shapes on an H200, the output's error against the
 unquantized GEMM unchanged to three digits, ``bench/results/runs/h200-2026-12-06.md``), times
 the row's and the channel's scale, plus the bias, rounded once to bf16.
 """
