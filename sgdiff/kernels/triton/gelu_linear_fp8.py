@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels import tuning
+from sgdiff.kernels.gelu_linear_fp8 import gelu_input
 from sgdiff.kernels.linear_fp8 import DTYPES, E4M3, E4M3_MAX, MAX_K, SCALE_FLOOR
 from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton import linear_fp8
@@ -125,8 +126,7 @@ def gelu_rows_fp8(x: torch.Tensor, head: Optional[torch.Tensor] = None):
 
 def _bf16_chain(x, weight, bias, head=None):
     """The unquantized chain: GELU, cat, cuBLAS's GEMM (``[M, N]``)."""
-    g = torch.nn.functional.gelu(x, approximate="tanh")
-    return linear_fp8.linear_bf16(g if head is None else torch.cat([head, g], -1), weight, bias)
+    return linear_fp8.linear_bf16(gelu_input(x, head), weight, bias)
 
 
 FIRST_SIGHT = tuning.FirstSight("gelu_linear_fp8")
