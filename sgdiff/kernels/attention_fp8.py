@@ -10,7 +10,8 @@ This op is **not** that chain: every operand of both products is e4m3 (3 mantiss
 cuDNN's FP8 attention on Hopper takes them (one scale per tensor for q and k; P, scaled by 448,
 and the output in e4m3 too):
 
-- q scaled to e4m3's range as a whole (its largest magnitude to 448, round to nearest even);
+- q scaled to e4m3's range as a whole (multiplied by the IEEE inverse of its scale, ``largest
+  magnitude / 448``; round to nearest even);
 - k smoothed first (the centre of its range over the tokens, ``(max + min) / 2`` per batch,
   head and channel, subtracted in fp32: every score of a query row moves by the same amount,
   which the softmax ignores; of all the constants a channel could lose, the centre leaves it
@@ -48,7 +49,7 @@ import torch
 
 from sgdiff.kernels import dispatch
 from sgdiff.kernels.attention import LOW_PRECISION_EXAMPLES, heads_last
-from sgdiff.kernels.attention_int8 import channels_around, quantize_reference
+from sgdiff.kernels.attention_int8 import channels_around
 from sgdiff.kernels.linear_fp8 import E4M3, E4M3_MAX, SCALE_FLOOR, divide
 from sgdiff.kernels.registry import KernelSpec, OpDef
 from sgdiff.tiers import Contract
@@ -113,6 +114,19 @@ def operand_scales(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     k_centre, k_scales = channel_ranges(k)
     v_mean, v_scale = channels_around(v, tiled_token_means(v))
     return tensor_scale(q), k_centre, k_scales.amax(), v_mean, v_scale
+
+
+def inverse_of(scale: torch.Tensor) -> torch.Tensor:
+    """What an operand's values are multiplied by: ``1 / scale``, one IEEE division a scale."""
+    return torch.ones_like(scale) / scale
+
+
+def quantize_reference(x: torch.Tensor, centre: Optional[torch.Tensor], scale: torch.Tensor) -> torch.Tensor:
+    """``round_e4m3(clamp((x - centre) * inverse_of(scale), ±448))`` in fp32 (``centre`` ``[B, H,
+    1, D]`` or None; ``scale`` 0-dim, or ``[B, H, D]`` per channel): a product with the scale's
+    inverse, not a division a value (the kernel's: a division is many instructions)."""
+    x = x.float() if centre is None else x.float() - centre
+    return (x * inverse_of(scale if scale.dim() == 0 else scale[:, :, None])).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
 
 
 def quantized_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):

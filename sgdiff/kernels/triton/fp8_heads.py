@@ -13,7 +13,7 @@ heads-first) in two passes over each operand, on the device (no host synchroniza
    any order and the sums keep the reference's order, so these are
    :func:`sgdiff.kernels.attention_fp8.operand_scales`'s bits.
 2. :func:`_quantize_heads_kernel`: a tile of tokens of one head, less its centre (k, v) in fp32,
-   divided by the scale (one for the tensor, or per channel for v), rounded to e4m3, stored in a
+   times the scale's IEEE inverse (one for the tensor, or per channel for v), rounded to e4m3, stored in a
    contiguous ``[B, S, H, D]`` copy (or the first ``S`` tokens of a longer one whose other tokens
    are zeros: a geometry cuDNN takes only padded).
 
@@ -124,10 +124,10 @@ def _quantize_heads_kernel(
     grid_dependency_wait()
     x = centred_tokens(x_ptr, centre_ptr, bh, rows, cols, H, S, sxb, sxh, sxs, D)
     if PER_CHANNEL:
-        scale = tl.broadcast_to(tl.load(scale_ptr + bh * D + cols)[None, :], (BLOCK, D))
+        scale = tl.load(scale_ptr + bh * D + cols)[None, :]
     else:
         scale = tl.load(scale_ptr)
-    y = tl.math.div_rn(x, scale)
+    y = x * tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)  # the scale's inverse: a division a channel
     y = tl.minimum(tl.maximum(y, -E4M3_MAX_), E4M3_MAX_)
     tl.store(out_ptr + _heads_offsets(bh, rows, cols, H, SO, D), to_e4m3(y), mask=(rows < S)[:, None])
 
