@@ -96,16 +96,26 @@ def test_linear_layers_the_fp8_gemm_does_not_take_are_not_sites(every_size, case
     assert torch.equal(run(x, w, b), fn(x, w, b))
 
 
-def test_small_gemms_are_not_sites():
-    """At the default MIN_FLOP: an adaLN projection (one row) and a 64-row GEMM are not sites; a
-    Flux-sized projection is."""
-    def fn(emb, x, w_ada, w):
-        return F.linear(emb, w_ada), F.linear(x, w)
+def test_small_gemms_are_not_sites_but_gemvs_over_large_weights_are(monkeypatch):
+    """At the default MIN_FLOP, with MIN_WEIGHT_BYTES scaled down to 2 MiB: a one-row GEMM over a
+    small weight (an adaLN projection of a narrow model) is not a site, nor one over a weight just
+    under the bound; one over a weight of the bound (an adaLN projection of a wide model: its time
+    is its weight's bytes) is, and so is a Flux-sized projection."""
+    monkeypatch.setattr(fp8_gemm, "MIN_WEIGHT_BYTES", 2 ** 21)
 
-    args = (torch.randn(1, 256, dtype=BF16), torch.randn(1, 4096, 1024, dtype=BF16), _w(1536, 256), _w(1024, 1024))
-    _, gm, result = rewrite(fn, args, quality="high", families=["fp8_gemm"])
-    assert 2 * 4096 * 1024 * 1024 >= fp8_gemm.MIN_FLOP > 2 * 1 * 1536 * 256
-    assert result.counts["fp8_gemm"] == 1 and result.passes["fp8_gemm"].found_count == 1
+    def fn(emb, wide, x, w_ada, w_under, w_wide, w):
+        return F.linear(emb, w_ada), F.linear(wide, w_under), F.linear(wide, w_wide), F.linear(x, w)
+
+    args = (torch.randn(1, 256, dtype=BF16), torch.randn(1, 1024, dtype=BF16), torch.randn(1, 4096, 1024, dtype=BF16),
+            _w(1536, 256), _w(1008, 1024), _w(1024, 1024), _w(1024, 1024))
+    run, gm, result = rewrite(fn, args, quality="high", families=["fp8_gemm"])
+    assert 2 * 4096 * 1024 * 1024 >= fp8_gemm.MIN_FLOP > 2 * 1 * 1024 * 1024
+    assert 1008 * 1024 * 2 < fp8_gemm.MIN_WEIGHT_BYTES == 1024 * 1024 * 2
+    assert result.counts["fp8_gemm"] == 2 and result.passes["fp8_gemm"].found_count == 2
+    assert count_op(gm, LINEAR_FP8) == 2
+    got = run(*args)
+    assert torch.equal(got[0], F.linear(args[0], args[3])) and torch.equal(got[1], F.linear(args[1], args[4]))
+    assert torch.equal(got[2], linear_fp8_reference(args[1], args[5], None))
 
 
 def test_one_failed_guard_keeps_every_site_of_the_graph_eager(every_size):

@@ -15,9 +15,13 @@ The last one's GELU and cat are read by nothing else: the op makes the GEMM's e4
 pass that computes the GELU, and neither the GELU's output nor the cat is ever written.
 
 A site is a linear layer of at least :data:`MIN_FLOP` (smaller GEMMs gain less than the
-activation's quantization pass costs: adaLN projections, GEMVs, text embedders), whose K and N
+activation's quantization pass costs: Wan's text embedder), or over a weight of at least
+:data:`MIN_WEIGHT_BYTES` (a GEMM of few rows, an adaLN projection of the time embedding, takes
+the time of reading its weight, and the e4m3 copy is half its bytes), whose K and N
 are multiples of 16 (the FP8 GEMM's alignment), K at most 16384, and whose weight is a graph input (a parameter:
-its e4m3 copy is made once and kept); other linear layers are not sites. The op takes ``x``
+its e4m3 copy is made once and kept); other linear layers are not sites. On the GPU, each
+site's signature runs the FP8 GEMM only where its first sight times it faster than the bf16 GEMM
+(:func:`sgdiff.kernels.triton.linear_fp8.bind`). The op takes ``x``
 before its view to rows (or the one view to rows they share, :mod:`sgdiff.fxpasses.views`), so
 projections of one input (q, k and v) read one tensor, and the op quantizes it once for all of
 them (:mod:`sgdiff.kernels.triton.linear_fp8`). A 1x1 convolution (stride 1, no padding, one
@@ -45,6 +49,7 @@ FAMILY = Family("fp8_gemm")
 aten = torch.ops.aten
 
 MIN_FLOP = 2 ** 33  # about 8.6 GFLOP: Flux's 512-row text projections (9.7) are sites, Wan's (2.4) are not
+MIN_WEIGHT_BYTES = 2 ** 24  # 16 MiB: a GEMM of few rows over a weight this large reads mostly the weight
 ALIGN = 16
 
 _ROWS = AnyOf(Op(parts.RESHAPES, Arg("x"), Arg("rows")), Arg("x"))  # x viewed as rows, or x itself
@@ -83,8 +88,9 @@ GELU_LINEAR = _linear(AnyOf(When(Op(parts.RESHAPES, _GELU_IN, Arg("rows")), _rea
 
 
 def _site(node) -> bool:
-    """A bf16 GEMM of at least MIN_FLOP (unknown sizes count as large) over a weight that is a
-    graph input, K and N multiples of 16, K at most the quantization kernel's MAX_K."""
+    """A bf16 GEMM of at least MIN_FLOP, or over a weight of at least MIN_WEIGHT_BYTES (unknown
+    sizes count as large), the weight a graph input, K and N multiples of 16, K at most the
+    quantization kernel's MAX_K."""
     if not isinstance(node, fx.Node) or node.target not in (aten.addmm.default, aten.mm.default):
         return False
     weight_t = node.args[-1]
@@ -96,7 +102,7 @@ def _site(node) -> bool:
     if (n is not None and n % ALIGN) or (k is not None and (k % ALIGN or k > MAX_K)):
         return False
     m = _known(out.shape[0])
-    return None in (m, n, k) or 2 * m * n * k >= MIN_FLOP
+    return None in (m, n, k) or 2 * m * n * k >= MIN_FLOP or n * k * w.element_size() >= MIN_WEIGHT_BYTES
 
 
 def _pointwise_site(node) -> bool:
