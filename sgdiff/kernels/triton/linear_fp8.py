@@ -72,10 +72,10 @@ def load_row_part(row_ptrs, col_stride, row_ok, start, n, BLOCK: tl.constexpr):
 
 @triton.jit
 def store_row_part(q_rows, row_ok, start, n, x, inverse, BLOCK: tl.constexpr, E4M3_MAX_: tl.constexpr):
-    """Columns ``[start, start + BLOCK)`` (below ``n``) of the e4m3 rows: ``x`` (fp32) times its
-    row's ``inverse``, clamped to ±448, rounded to e4m3 to nearest even."""
+    """Columns ``[start, start + BLOCK)`` (below ``n``) of the e4m3 rows: ``x`` (widened to fp32)
+    times its row's ``inverse``, clamped to ±448, rounded to e4m3 to nearest even."""
     cols = start + tl.arange(0, BLOCK)
-    v = tl.minimum(tl.maximum(x * inverse[:, None], -E4M3_MAX_), E4M3_MAX_)
+    v = tl.minimum(tl.maximum(x.to(tl.float32) * inverse[:, None], -E4M3_MAX_), E4M3_MAX_)
     tl.store(q_rows[:, None] + cols[None, :], to_e4m3(v), mask=row_ok[:, None] & (cols < n)[None, :])
 
 
