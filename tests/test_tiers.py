@@ -90,3 +90,40 @@ def test_per_call_switch_picks_a_separate_variant(example_pattern):
     assert torch.equal(lossless, fn(*ARGS)) and torch.equal(again, lossless)
     assert torch.equal(extra, ext.mul_add(*ARGS))
     torch._dynamo.reset()
+
+
+def test_the_three_tiers_are_served_in_turn_without_recompiling(monkeypatch):
+    """A Flux of real block structure switched between the three tiers call by call: Dynamo
+    compiles the model once, and the first use of each tier builds that tier's variant (one
+    pass-manager run each); the calls after it, in any order, compile and rewrite nothing, and
+    each tier's output stays what its first call gave (lossless's equal to eager's; high's its
+    own FP8 math, not lossless's)."""
+    from sgdiff import _compat, zoo
+    from sgdiff.backend import SgdiffBackend
+    from sgdiff.options import Options
+    from sgdiff.patterns import fp8_gemm
+
+    monkeypatch.setattr(fp8_gemm, "MIN_FLOP", 2 ** 24)  # the small model's projections are FP8 sites at high
+    torch._dynamo.reset()
+    model, kw = zoo.build("flux", size="small", dtype=torch.bfloat16)
+    results = []
+    compiled = torch.compile(model, backend=SgdiffBackend(Options(cudagraphs=False), on_result=results.append))
+    tiers = ("lossless", "extra-high", "high")
+    before = _compat.graphs_compiled()
+    first = {}
+    with torch.no_grad():
+        want = model(**kw)[0]
+        for round_ in range(2):
+            for tier in (tiers if round_ == 0 else tiers[::-1]):
+                with sgdiff.quality(tier):
+                    out = compiled(**kw)[0]
+                if tier in first:
+                    assert torch.equal(out, first[tier]), tier
+                first.setdefault(tier, out)
+            if round_ == 0:
+                variants_after_first_use = [r.tier.value for r in results]
+    assert variants_after_first_use == list(tiers) and [r.tier.value for r in results] == list(tiers)
+    assert _compat.graphs_compiled() - before == 1
+    assert results[2].counts["fp8_gemm"] == 36
+    assert torch.equal(first["lossless"], want) and not torch.equal(first["high"], want)
+    torch._dynamo.reset()
