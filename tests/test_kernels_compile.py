@@ -254,6 +254,22 @@ def test_fp8_row_quantization_compiles_for_every_dit_width(monkeypatch, k):
     assert_waits_before_memory(launches[0][0], compiled)
 
 
+@pytest.mark.parametrize("dh,dx", [(0, 12288), (3072, 12288), (0, 8960), (0, 6144)])
+def test_the_gelu_rows_pass_compiles_for_every_dit_width(monkeypatch, dh, dx):
+    """gelu_linear_fp8's pass (the GELU of x, after a head read through its strides, held whole a
+    row as 16-bit tiles) compiles for sm_90 on at most MAX_WARPS warps and waits for the kernel
+    before it."""
+    from sgdiff.kernels.triton import gelu_linear_fp8 as glf
+
+    x = _r(1, 8, dx)
+    head = _r(1, 2, 8, dh // 2).transpose(1, 2).flatten(2, 3) if dh else None
+    launches = recorded_launches(monkeypatch, lambda: glf.gelu_rows_fp8(x, head))
+    assert [kernel.__name__ for kernel, _, _ in launches] == ["_gelu_rows_fp8_kernel"]
+    compiled = compile_launch(*launches[0])
+    assert compiled.metadata.num_warps == min(glf.MAX_WARPS, glf.linear_fp8.rows_and_warps(dh + dx)[1]) == 8
+    assert_waits_before_memory(launches[0][0], compiled)
+
+
 @pytest.mark.parametrize("d", [64, 128])
 def test_attention_fp8_operands_and_output_kernels_compile(monkeypatch, d):
     """q's, k's and v's statistics (each channel's range per tile, v's tile sums as a pairwise tree,

@@ -29,6 +29,12 @@ from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.rows import cached_plan, row_offsets, rows_fit, shape4, strides4
 
 
+#: warps a program of the GELU pass takes at most: at Flux's and Wan's rows (12288, 3072 + 12288,
+#: 8960 values) 8 warps took 86, 116 and 418 µs on an H100 where 16 took 89, 121 and 544
+#: (bench/results/runs/gelu-rows-probe-h100-93933d2.json)
+MAX_WARPS = 8
+
+
 @LeanKernel
 @triton.jit
 def _gelu_rows_fp8_kernel(
@@ -103,6 +109,7 @@ def _plan(x, head):
     n_rows = shape[0] * shape[1] * shape[2]
     (x_main, x_tail), (h_main, h_tail) = linear_fp8.row_parts(dx), (linear_fp8.row_parts(dh) if dh else (16, 16))
     rows, warps = linear_fp8.rows_and_warps(dh + dx)
+    warps = min(warps, MAX_WARPS)
     ints = (n_rows, shape[1], shape[2], dh, dx, *strides4(x, x.shape),
             *(strides4(head, head.shape) if head is not None else (0, 0, 0, 0)))
     return n_rows, dh + dx, triton.cdiv(n_rows, rows), ints, dict(
