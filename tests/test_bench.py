@@ -556,3 +556,43 @@ def test_a_model_whose_eager_differs_from_itself_runs_again_deterministic(monkey
     monkeypatch.setattr(zoo_bench, "run_case", lambda name, *a, **k: dict(model=name, eager_equal=True, equal=True))
     assert "deterministic" not in zoo_bench.measure("dit", torch.device("cpu"), 1, 1)
 
+
+
+@pytest.mark.parametrize("name,label", [
+    ("nvjet_sm90_qqtst_128x128_128x6_1x2_h_bz_ovscale_bias_TNT", "fp8 gemm"),
+    ("nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNN", "gemm"),
+    ("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>", "gemm"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_cga1x1x1_kernel0_0",
+     "attention"),
+    ("_attention_kernel", "attention"),
+    ("_gelu_rows_fp8_kernel", "sgdiff triton"),
+    ("_cast_copy_kernel", "sgdiff triton"),
+    ("Memset (Device)", "memory"),
+    ("void at::native::(anonymous namespace)::CatArrayBatchedCopy_vectorized<at::native::(anonymous namespace)::Op",
+     "memory"),
+    ("void at::native::vectorized_elementwise_kernel<8, at::native::(anonymous namespace)::silu_kernel", "aten"),
+    ("aten::mm", "gemm"), ("aten::add", "aten"), ("some_vendor_kernel", "other"),
+])
+def test_the_profiles_categories_read_kernel_names(name, label):
+    from bench import profile
+
+    assert profile.category(name) == label
+
+
+def test_profile_bench_runs_end_to_end_on_the_cpu(tmp_path):
+    """bench/profile.py (CPU, tiny Flux, two tiers): a case a tier, its time split into categories
+    that add up to it, the longest ops listed longest first, and the report's tables."""
+    from bench import profile
+
+    assert profile.main(["--models", "flux", "--size", "tiny", "--device", "cpu", "--dtype", "float32",
+                         "--tiers", "lossless,high", "--calls", "1", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "profile.json").read_text())
+    assert [c["tier"] for c in result["cases"]] == ["lossless", "high"] and result["gpu"] == "cpu"
+    for c in result["cases"]:
+        assert c["kernel_ms"] > 0 and sum(c["categories"].values()) == pytest.approx(c["kernel_ms"])
+        assert c["categories"].get("gemm", 0) > 0
+        us = [k["us"] for k in c["kernels"]]
+        assert us == sorted(us, reverse=True) and 0 < len(us) <= profile.KEPT
+        assert all(k["category"] == profile.category(k["name"]) for k in c["kernels"])
+    report = (tmp_path / "profile.md").read_text()
+    assert "## flux (tiny), high:" in report and "| category | ms |" in report
