@@ -128,7 +128,8 @@ def _write_json(result: dict, out, name: str) -> str:
     return f"torch {result['torch']}, triton {result['triton']}, commit {result['commit']}."
 
 
-def _meta() -> dict:
+def _meta(device=None) -> dict:
+    """The run's GPU (``cpu`` where ``device`` is given and not a CUDA device), torch, triton and commit."""
     import triton
 
     commit = os.environ.get("SGDIFF_COMMIT")
@@ -138,6 +139,8 @@ def _meta() -> dict:
         except OSError:
             commit = "unknown"
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    if device is not None and torch.device(device).type != "cuda":
+        gpu = "cpu"
     return dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, commit=commit or "unknown")
 
 

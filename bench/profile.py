@@ -15,7 +15,6 @@ kernels).
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import pathlib
 import re
@@ -25,8 +24,8 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from bench.kernels import _meta, _write_json  # noqa: E402
+from bench.tiers import chosen_tiers, tier_arguments  # noqa: E402
 
-TIERS = ("lossless", "extra-high", "high")
 KEPT = 40  # kernels a case lists
 
 _CATEGORIES = (  # first match wins
@@ -114,22 +113,11 @@ def write_report(result: dict, out: pathlib.Path) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="flux")
-    parser.add_argument("--tiers", default="lossless,high")
-    parser.add_argument("--size", default="full")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser = tier_arguments(__doc__.splitlines()[0], "flux", "lossless,high")
     parser.add_argument("--calls", type=int, default=2)
-    parser.add_argument("--out", default="bench/results")
     args = parser.parse_args(argv)
-    tiers = args.tiers.split(",")
-    unknown = set(tiers) - set(TIERS)
-    if unknown:
-        parser.error(f"unknown tiers {sorted(unknown)}; valid: {', '.join(TIERS)}")
-    meta = _meta()
-    if args.device != "cuda":
-        meta["gpu"] = "cpu"
+    tiers = chosen_tiers(parser, args.tiers)
+    meta = _meta(args.device)
     cases = []
     for name in args.models.split(","):
         cases += run_model(name, args.size, torch.device(args.device), getattr(torch, args.dtype), tiers, args.calls)

@@ -30,6 +30,28 @@ from bench.models import euler, step_times  # noqa: E402
 TIERS = ("lossless", "extra-high", "high")
 
 
+def tier_arguments(description: str, models: str, tiers: str) -> argparse.ArgumentParser:
+    """A parser of the options every per-model, per-tier bench takes: ``--models``, ``--tiers``,
+    ``--size``, ``--device``, ``--dtype`` and ``--out``, with these defaults for the first two."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--models", default=models)
+    parser.add_argument("--tiers", default=tiers)
+    parser.add_argument("--size", default="full")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--out", default="bench/results")
+    return parser
+
+
+def chosen_tiers(parser: argparse.ArgumentParser, text: str) -> list:
+    """The tiers a ``--tiers`` argument names, in its order (a usage error on an unknown one)."""
+    tiers = text.split(",")
+    unknown = set(tiers) - set(TIERS)
+    if unknown:
+        parser.error(f"unknown tiers {sorted(unknown)}; valid: {', '.join(TIERS)}")
+    return tiers
+
+
 def psnr_db(x: torch.Tensor, ref: torch.Tensor) -> float:
     """PSNR of ``x`` against ``ref`` in dB, the peak ``ref``'s largest magnitude (inf if equal)."""
     x, ref = x.double(), ref.double()
@@ -125,23 +147,12 @@ def write_report(result: dict, out: pathlib.Path) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="flux,wan,sana")
-    parser.add_argument("--tiers", default=",".join(TIERS))
-    parser.add_argument("--size", default="full")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser = tier_arguments(__doc__.splitlines()[0], "flux,wan,sana", ",".join(TIERS))
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--out", default="bench/results")
     args = parser.parse_args(argv)
-    tiers = args.tiers.split(",")
-    unknown = set(tiers) - set(TIERS)
-    if unknown:
-        parser.error(f"unknown tiers {sorted(unknown)}; valid: {', '.join(TIERS)}")
-    meta = _meta()
-    if args.device != "cuda":
-        meta["gpu"] = "cpu"
+    tiers = chosen_tiers(parser, args.tiers)
+    meta = _meta(args.device)
     cases = []
     for name in args.models.split(","):
         cases += run_model(name, args.size, torch.device(args.device), getattr(torch, args.dtype), tiers,
