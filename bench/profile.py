@@ -23,8 +23,8 @@ import sys
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from bench.kernels import _meta, _write_json  # noqa: E402
-from bench.tiers import chosen_tiers, tier_arguments  # noqa: E402
+from bench.kernels import _write_json  # noqa: E402
+from bench.tiers import chosen_tiers, each_model, tier_arguments  # noqa: E402
 
 KEPT = 40  # kernels a case lists
 
@@ -117,12 +117,8 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=2)
     args = parser.parse_args(argv)
     tiers = chosen_tiers(parser, args.tiers)
-    meta = _meta(args.device)
-    cases = []
-    for name in args.models.split(","):
-        cases += run_model(name, args.size, torch.device(args.device), getattr(torch, args.dtype), tiers, args.calls)
-        write_report(dict(meta, cases=cases), pathlib.Path(args.out))  # a run cut short keeps what it measured
-    return 0
+    return each_model(args, lambda name: run_model(name, args.size, torch.device(args.device),
+                                                   getattr(torch, args.dtype), tiers, args.calls), write_report)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,16 @@ def tier_arguments(description: str, models: str, tiers: str) -> argparse.Argume
     return parser
 
 
+def each_model(args: argparse.Namespace, run, write_report) -> int:
+    """``run(model)``'s cases for each of ``--models``, the report rewritten after each model (a
+    run cut short keeps what it measured)."""
+    meta, cases = _meta(args.device), []
+    for name in args.models.split(","):
+        cases += run(name)
+        write_report(dict(meta, cases=cases), pathlib.Path(args.out))
+    return 0
+
+
 def chosen_tiers(parser: argparse.ArgumentParser, text: str) -> list:
     """The tiers a ``--tiers`` argument names, in its order (a usage error on an unknown one)."""
     tiers = text.split(",")
@@ -152,13 +162,9 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=50)
     args = parser.parse_args(argv)
     tiers = chosen_tiers(parser, args.tiers)
-    meta = _meta(args.device)
-    cases = []
-    for name in args.models.split(","):
-        cases += run_model(name, args.size, torch.device(args.device), getattr(torch, args.dtype), tiers,
-                           args.repeats, args.steps)
-        write_report(dict(meta, cases=cases), pathlib.Path(args.out))  # a run cut short keeps what it measured
-    return 0
+    return each_model(args, lambda name: run_model(name, args.size, torch.device(args.device),
+                                                   getattr(torch, args.dtype), tiers, args.repeats, args.steps),
+                      write_report)
 
 
 if __name__ == "__main__":

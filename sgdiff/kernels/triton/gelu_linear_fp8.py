@@ -59,12 +59,12 @@ def _gelu_rows_fp8_kernel(
     grid_dependency_wait()
     x_main = _gelu(linear_fp8.load_row_part(x_rows, sx3, row_ok, 0, DX, X_MAIN), INTERPRET)
     x_tail = _gelu(linear_fp8.load_row_part(x_rows, sx3, row_ok, X_MAIN, DX, X_TAIL), INTERPRET)
-    amax = _largest(x_main, x_tail)
+    amax = linear_fp8.row_largest(x_main, x_tail)
     if HAS_HEAD:
         h_rows = head_ptr + row_offsets(rows, n1, n2, sh0, sh1, sh2)
         h_main = linear_fp8.load_row_part(h_rows, sh3, row_ok, 0, DH, H_MAIN)
         h_tail = linear_fp8.load_row_part(h_rows, sh3, row_ok, H_MAIN, DH, H_TAIL)
-        amax = tl.maximum(amax, _largest(h_main, h_tail))
+        amax = tl.maximum(amax, linear_fp8.row_largest(h_main, h_tail))
     inverse = linear_fp8.row_inverse(amax, SCALE_FLOOR_, E4M3_MAX_)
     if HAS_HEAD:
         linear_fp8.store_row_part(q_rows, row_ok, 0, DH, h_main, inverse, H_MAIN, E4M3_MAX_)
@@ -80,12 +80,6 @@ def _gelu(x, INTERPRET: tl.constexpr):
     held so: half the registers of fp32, so that more rows are in flight; every use widens it
     exactly)."""
     return gelu_tanh(x.to(tl.float32), INTERPRET).to(x.dtype)
-
-
-@triton.jit
-def _largest(main, tail):
-    """The largest magnitude of each row of two 16-bit tiles, in fp32 (exact)."""
-    return tl.maximum(tl.max(tl.abs(main), axis=1), tl.max(tl.abs(tail), axis=1)).to(tl.float32)
 
 
 def supported_layout(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],

@@ -55,7 +55,7 @@ def _quantize_rows_kernel(
     grid_dependency_wait()
     main = load_row_part(x_rows, 1, row_ok, 0, K, MAIN).to(tl.float32)
     tail = load_row_part(x_rows, 1, row_ok, MAIN, K, TAIL).to(tl.float32)
-    amax = tl.maximum(tl.max(tl.abs(main), axis=1), tl.max(tl.abs(tail), axis=1))
+    amax = row_largest(main, tail)
     inverse = row_inverse(amax, SCALE_FLOOR_, E4M3_MAX_)
     store_row_part(q_rows, row_ok, 0, K, main, inverse, MAIN, E4M3_MAX_)
     store_row_part(q_rows, row_ok, MAIN, K, tail, inverse, TAIL, E4M3_MAX_)
@@ -68,6 +68,13 @@ def load_row_part(row_ptrs, col_stride, row_ok, start, n, BLOCK: tl.constexpr):
     cols = start + tl.arange(0, BLOCK)
     inside = row_ok[:, None] & (cols < n)[None, :]
     return tl.load(row_ptrs[:, None] + cols[None, :].to(tl.int64) * col_stride, mask=inside, other=0.0)
+
+
+@triton.jit
+def row_largest(main, tail):
+    """The largest magnitude of each row held as two tiles (:func:`load_row_part`), in fp32 (a
+    max: exact for 16-bit and fp32 tiles alike)."""
+    return tl.maximum(tl.max(tl.abs(main), axis=1), tl.max(tl.abs(tail), axis=1)).to(tl.float32)
 
 
 @triton.jit
