@@ -48,6 +48,20 @@ def assert_linear_gelu_contract(got, want, share):
     assert err.max() <= share * want.abs().max(), f"max error {float(err.max())} of max |out| {float(want.abs().max())}"
 
 
+def assert_e4m3_rows_close(q, scale, want_q, want_scale, differing=1e-3):
+    """e4m3 rows and fp32 row scales a bf16 rounding apart from the wanted ones: each scale within
+    2^-7 relative (a row's largest value one bf16 ulp off), each value within one e4m3 step of the
+    wanted one (2^-3 relative, 2^-9 among subnormals), and at most ``differing`` of the values
+    not equal bit for bit."""
+    assert q.shape == want_q.shape and scale.shape == want_scale.shape
+    assert float(((scale - want_scale).abs() / want_scale).max()) <= 2 ** -7
+    got, want = q.float(), want_q.float()
+    step = torch.maximum(want.abs() * 2 ** -3, torch.full_like(want, 2 ** -9))
+    assert bool(((got - want).abs() <= step).all()), float(((got - want).abs() / step).max())
+    share = float((q.view(torch.uint8) != want_q.view(torch.uint8)).float().mean())
+    assert share <= differing, share
+
+
 #: why a close site stays eager at lossless, as explain reports it
 NOT_ADMITTED = "contract close is not admitted at lossless (its numerics are not eager's bit for bit; quality='extra-high' admits it)"
 

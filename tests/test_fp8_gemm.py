@@ -272,6 +272,29 @@ def test_a_single_blocks_proj_out_takes_the_cat_and_its_gelu(every_size):
     assert _rel_err(got, _single_block_out(*args)) < 0.1
 
 
+def test_the_fast_gelu_is_atens_gelu_within_one_bf16_rounding():
+    """gelu_linear_fp8's GELU form, x / (1 + 2^(-2u log2 e)), at every finite bf16 value: within
+    one bf16 rounding of the exact function (float64; below 2^-120, near fp32 denormals, zero), and against ATen's 0.5 x (1 + tanh(u)) at
+    most one bf16 ulp apart where ATen's form is itself that close (|gelu| >= 2^-12: below, its
+    1 + tanh cancels), equal at all but a small share; x itself for large x."""
+    from sgdiff.kernels.gelu_linear_fp8 import gelu_tanh_fast
+    from tests.helpers import every_16bit_value
+
+    x = every_16bit_value(BF16, device="cpu")
+    x = x[torch.isfinite(x)]
+    got, want = gelu_tanh_fast(x), F.gelu(x, approximate="tanh")
+    assert got.dtype == BF16
+    xd = x.double()
+    exact = xd * torch.sigmoid(2 * 0.7978845608028654 * (xd + 0.044715 * xd ** 3))  # 0.5 (1 + tanh u) = sigma(2u)
+    assert bool(((got.double() - exact).abs() <= exact.abs() * 2 ** -8 + 2 ** -120).all())
+    apart = (got.view(torch.int16).int() - want.view(torch.int16).int()).abs()
+    resolved = want.float().abs() >= 2 ** -12
+    assert bool((apart[resolved] <= 1).all()), int(apart[resolved].max())
+    assert float((apart[resolved] != 0).float().mean()) < 1e-3
+    big = x.float() > 10
+    assert torch.equal(got[big], x[big])
+
+
 @pytest.mark.parametrize("case", ["the GELU read twice", "an exact GELU", "a cat along the tokens"])
 def test_gelus_the_fused_gemm_does_not_take_leave_it_the_plain_fp8_gemm(every_size, case):
     """Not sites of gelu_linear_fp8, and no skip either: the GEMM stays linear_fp8's, over the

@@ -258,8 +258,12 @@ def test_fp8_row_quantization_compiles_for_every_dit_width(monkeypatch, k):
 def test_the_gelu_rows_pass_compiles_for_every_dit_width(monkeypatch, dh, dx):
     """gelu_linear_fp8's pass (the GELU of x, after a head read through its strides, held whole a
     row as 16-bit tiles) compiles for sm_90 on at most MAX_WARPS warps and waits for the kernel
-    before it."""
+    before it; its GELU is the fast form, one ex2 and one reciprocal a value, without tanhf's
+    polynomial branch."""
+    import struct
+
     from sgdiff.kernels.triton import gelu_linear_fp8 as glf
+    from sgdiff.kernels.triton.cuda_math import TANH_P0
 
     x = _r(1, 8, dx)
     head = _r(1, 2, 8, dh // 2).transpose(1, 2).flatten(2, 3) if dh else None
@@ -268,6 +272,10 @@ def test_the_gelu_rows_pass_compiles_for_every_dit_width(monkeypatch, dh, dx):
     compiled = compile_launch(*launches[0])
     assert compiled.metadata.num_warps == min(glf.MAX_WARPS, glf.linear_fp8.rows_and_warps(dh + dx)[1]) == 8
     assert_waits_before_memory(launches[0][0], compiled)
+    ptx = compiled.asm["ptx"]
+    ex2, rcp = ptx.count("ex2.approx"), ptx.count("rcp.approx")
+    assert ex2 > 0 and ex2 == rcp, (ex2, rcp)
+    assert "0f" + struct.pack(">f", TANH_P0.value).hex().upper() not in ptx  # tanhf's polynomial
 
 
 @pytest.mark.parametrize("d", [64, 128])

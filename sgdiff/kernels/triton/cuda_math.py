@@ -48,6 +48,17 @@ def rsqrtf(x, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def fast_sigmoid_scale(x, t, INTERPRET: tl.constexpr):
+    """``x / (1 + 2^t)`` with the hardware's approximate ``ex2`` and reciprocal (flushing kind;
+    about 2^-22 relative each), for the fast forms of approximate tiers (not CUDA's math): a
+    zero of ``x``'s sign where ``2^t`` overflows, ``x`` where it underflows."""
+    if INTERPRET:
+        return x * (1.0 / (1.0 + tl.math.exp2(t)))
+    else:
+        return x * _approx(1.0 + _approx(t, "ex2.approx.ftz.f32"), "rcp.approx.ftz.f32")
+
+
+@triton.jit
 def count_reciprocal(n):
     """``1 / n``, IEEE-rounded as ``div.rn`` gives it, for counts: integers 0 < n < 2**24 held in
     fp32 (0 gives NaN). ``div.rn``'s own fast path (rcp, a Newton step, the rounding

@@ -2,8 +2,10 @@
 then linear_fp8's GEMM.
 
 One program holds ``ROWS`` whole rows of the GEMM's input ``[head | gelu(x)]``: it reads ``x``
-(and ``head``), computes ATen's GELU-tanh (:func:`sgdiff.kernels.triton.gelu_tanh_cat.gelu_tanh`)
-rounded to ``x``'s dtype as eager's kernel writes it, takes each row's largest magnitude over
+(and ``head``), computes the GELU-tanh as ``x * rcp(1 + ex2(t))``
+(:func:`sgdiff.kernels.gelu_linear_fp8.gelu_tanh_fast`; ATen's form, with CUDA's ``tanhf``, made
+the pass bound by its arithmetic: 86 µs for Flux's 4096 x 12288 rows on an H100, where a copy of
+its bytes takes 52) rounded to ``x``'s dtype, takes each row's largest magnitude over
 both parts, and writes the row's e4m3 values and fp32 scale exactly as linear_fp8's quantization
 does (:func:`sgdiff.kernels.triton.linear_fp8.row_inverse`, ``store_row_part``), each part held as
 two power-of-two tiles (``row_parts``). Neither the GELU's output nor the cat is ever written.
@@ -19,12 +21,11 @@ import triton
 import triton.language as tl
 
 from sgdiff.kernels import tuning
-from sgdiff.kernels.gelu_linear_fp8 import gelu_input
+from sgdiff.kernels.gelu_linear_fp8 import KAPPA, NEG_2_LOG2E_BETA, gelu_input
 from sgdiff.kernels.linear_fp8 import DTYPES, E4M3, E4M3_MAX, MAX_K, SCALE_FLOOR
 from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton import linear_fp8
-from sgdiff.kernels.triton.cuda_math import INTERPRET, libdevice_options
-from sgdiff.kernels.triton.gelu_tanh_cat import gelu_tanh
+from sgdiff.kernels.triton.cuda_math import INTERPRET, fast_sigmoid_scale
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.rows import cached_plan, row_offsets, rows_fit, shape4, strides4
 
@@ -74,12 +75,18 @@ def _gelu_rows_fp8_kernel(
     tl.store(scale_ptr + rows, linear_fp8.row_scale(amax, SCALE_FLOOR_, E4M3_MAX_), mask=row_ok)
 
 
+C_: tl.constexpr = tl.constexpr(NEG_2_LOG2E_BETA)
+KAPPA_: tl.constexpr = tl.constexpr(KAPPA)
+
+
 @triton.jit
 def _gelu(x, INTERPRET: tl.constexpr):
-    """Eager's GELU-tanh of a loaded tile, rounded to its dtype as eager's kernel writes it (and
-    held so: half the registers of fp32, so that more rows are in flight; every use widens it
-    exactly)."""
-    return gelu_tanh(x.to(tl.float32), INTERPRET).to(x.dtype)
+    """The GELU-tanh of a loaded tile (:func:`sgdiff.kernels.gelu_linear_fp8.gelu_tanh_fast`),
+    rounded to its dtype and held so: half the registers of fp32, so that more rows are in
+    flight; every use widens it exactly."""
+    xf = x.to(tl.float32)
+    t = C_ * tl.fma(tl.full(xf.shape, KAPPA_, tl.float32), (xf * xf) * xf, xf)
+    return fast_sigmoid_scale(xf, t, INTERPRET).to(x.dtype)
 
 
 def supported_layout(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -116,7 +123,7 @@ def _quantizer(x: torch.Tensor, head: Optional[torch.Tensor]):
     scales ``[M, 1]``, the launch bound to this geometry."""
     n_rows, k, grid, ints, meta = _plan(x, head)
     kernel = _gelu_rows_fp8_kernel.bind((grid,), **meta, SCALE_FLOOR_=SCALE_FLOOR, E4M3_MAX_=E4M3_MAX,
-                                         INTERPRET=INTERPRET, enable_fp_fusion=False, **libdevice_options())
+                                         INTERPRET=INTERPRET, enable_fp_fusion=False)
 
     def quantize(x, head=None):
         q = torch.empty((n_rows, k), dtype=E4M3, device=x.device)
