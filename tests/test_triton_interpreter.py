@@ -58,7 +58,7 @@ EXPECTED = {
     "test_rms_norm_heads_rope_interp.py": 3 * 4 * 2 + 1,
     # the power-of-two reciprocal against IEEE division
     "test_welford_interp.py": 1,
-    # every Triton op's bound launch on its first example (33 ops), and that count itself
+    # every Triton op's bound launch on its smallest example (33 ops), and that count itself
     "test_binds_interp.py": 33 * 2 + 1,  # each op: a launch reads its call's tensors, holds none of its binding's
     # channel_normalize: 4 geometries (one frame-major) x 2 dtypes x SiLU or not, a scale tensor, the refusals
     "test_channel_normalize_interp.py": 4 * 2 * 2 + 2,
