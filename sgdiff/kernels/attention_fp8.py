@@ -29,7 +29,7 @@ and the output in e4m3 too):
 
 Every statistic but v's mean is a largest or smallest value (k's centre and half-range one IEEE
 addition, halving and subtraction of two of them), so any order of reduction gives the same bits;
-v's mean sums each tile of 64 tokens as a pairwise tree (:func:`tile_sums`: an order a kernel can
+v's mean sums each tile of 64 tokens in token order (:func:`tile_sums`: an order a kernel can
 keep) and the tiles' sums by ATen. The Triton kernels compute all of them in one pass over each
 operand and equal this reference exactly on the same device.
 
@@ -81,21 +81,22 @@ def channel_ranges(x: torch.Tensor):
     return centre[:, :, None], divide(amax.clamp_min(SCALE_FLOOR), E4M3_MAX)
 
 
-MEAN_TILE = 64  # tokens summed as one pairwise tree in :func:`tiled_token_means`
+MEAN_TILE = 64  # tokens summed in order as one tile in :func:`tiled_token_means`
 
 
 def tile_sums(x: torch.Tensor) -> torch.Tensor:
     """``x`` ``[B, H, S, D]`` summed in fp32 over each tile of :data:`MEAN_TILE` tokens
-    ``[B, H, ceil(S / MEAN_TILE), D]`` (contiguous), as a pairwise tree: neighbours added, then
-    neighbouring pairs, and so on (the tokens past S are +0). Each step is one IEEE addition of
-    two numbers, so a kernel that pairs the same tokens gets the same bits."""
+    ``[B, H, ceil(S / MEAN_TILE), D]`` (contiguous), in token order: the first token, plus the
+    second, plus the third, ... (the tokens past S are +0). Each step is one IEEE addition, so a
+    kernel that adds the same tokens in the same order gets the same bits (and can add each
+    token as it loads it, one vector a token)."""
     b, h, s, d = x.shape
     tiles = -(-s // MEAN_TILE)
     t = torch.nn.functional.pad(x.float(), (0, 0, 0, tiles * MEAN_TILE - s)).view(b, h, tiles, MEAN_TILE, d)
-    while t.shape[3] > 1:
-        t = t.view(b, h, tiles, t.shape[3] // 2, 2, d)
-        t = t[..., 0, :] + t[..., 1, :]
-    return t[:, :, :, 0].contiguous()
+    total = t[:, :, :, 0]
+    for token in range(1, MEAN_TILE):
+        total = total + t[:, :, :, token]
+    return total.contiguous()
 
 
 def tiled_token_means(x: torch.Tensor) -> torch.Tensor:

@@ -44,12 +44,12 @@ def test_channel_ranges_over_many_tiles_are_the_references_bits():
     """Tokens over more tiles than a step of the finishing kernel takes, the extremes of each
     channel placed in the last, partial tile or the first: the centres and scales equal ATen's
     aminmax-based references bit for bit (a largest value is the same in any order), around the
-    range's centre (k) and around the mean (v: each tile a pairwise tree, the reference's order),
+    range's centre (k) and around the mean (v: each tile's tokens added in order, the reference's),
     and the uncentred scales' largest is q's one scale."""
     from sgdiff.kernels.attention_fp8 import channel_ranges, tensor_scale, tiled_token_means
     from sgdiff.kernels.attention_int8 import channels_around
 
-    s = fp8_heads.BLOCK_S * fp8_heads.FINISH_BLOCK + 77
+    s = fp8_heads.STATS_BLOCK * fp8_heads.FINISH_BLOCK + 77
     g = torch.Generator().manual_seed(3)
     x = torch.randn(1, s, 2, 16, generator=g).to(BF16).transpose(1, 2)
     x[0, 0, s - 1, :8] = 40.0  # the last, partial tile

@@ -5,9 +5,10 @@
 heads-first) in two passes over each operand, on the device (no host synchronization):
 
 1. :func:`channel_ranges`: :func:`_ranges_kernel` takes each channel's smallest and largest
-   value over a tile of tokens of one head, :func:`_finish_ranges_kernel` those of a head's
-   tiles, then the centre (k: ``(max + min) / 2``; v: its mean over the tokens, each tile's
-   sum a pairwise tree from the first pass, the tiles' sums added by ATen), the largest
+   value over a tile of tokens of one head (for v, :func:`_ranges_sums_kernel`, which also sums
+   the tile's tokens in order, loading and adding one token at a time),
+   :func:`_finish_ranges_kernel` those of a head's tiles, then the centre (k: ``(max + min) /
+   2``; v: its mean over the tokens, the tiles' sums added by ATen), the largest
    magnitude less it and the scale (IEEE division), per channel; q's and k's one scale is the
    largest of their channels' (one ``amax``). Largest and smallest values come out the same in
    any order and the sums keep the reference's order, so these are
@@ -35,7 +36,10 @@ from sgdiff.kernels.triton.attention_int8 import centred_tokens
 from sgdiff.kernels.triton.cuda_math import to_e4m3
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 
-BLOCK_S = MEAN_TILE  # tokens a program (v's mean sums such a tile as one pairwise tree)
+BLOCK_S = 64  # tokens a program of the copies' passes
+#: tokens a program of q's and k's statistics (any tiling gives the same range: 128 took 13.2 µs
+#: for Flux's 1 x 24 x 4608 x 128 where 64 took 20.4, on an H100; ranges-probe-h100-e9bc841.json)
+STATS_BLOCK = 128
 
 
 @triton.jit
@@ -46,23 +50,11 @@ def _heads_offsets(bh, rows, cols, H, S, D: tl.constexpr):
     return ((b.to(tl.int64) * S + rows[:, None]) * H + h) * D + cols[None, :]
 
 
-@triton.jit
-def _pairwise_sum(x, ROWS: tl.constexpr, D: tl.constexpr, LEVELS: tl.constexpr):
-    """``x`` ``[ROWS, D]`` (``ROWS = 2 ** LEVELS``) summed over its rows as a pairwise tree: rows
-    2i and 2i+1 added, then neighbouring pairs, and so on
-    (:func:`sgdiff.kernels.attention_fp8.tile_sums`'s order)."""
-    for level in tl.static_range(LEVELS):
-        x = tl.sum(tl.reshape(x, (ROWS >> (level + 1), 2, D)), axis=1)  # a sum of two: one addition
-    return tl.reshape(x, (D,))
-
-
 @LeanKernel
 @triton.jit
-def _ranges_kernel(x_ptr, part_ptr, sums_ptr, H, S, NB, sxb, sxh, sxs, D: tl.constexpr, BLOCK: tl.constexpr,
-                   LEVELS: tl.constexpr, SUMS: tl.constexpr):
+def _ranges_kernel(x_ptr, part_ptr, H, S, NB, sxb, sxh, sxs, D: tl.constexpr, BLOCK: tl.constexpr):
     """Each channel's smallest and largest value over tokens ``[blk * BLOCK, (blk + 1) * BLOCK)``
-    of head ``bh``: ``part[bh, blk, 0]`` and ``part[bh, blk, 1]`` (fp32, ``[B * H, NB, 2, D]``);
-    with ``SUMS``, their sum as a pairwise tree in ``sums[bh, blk]`` (``[B * H, NB, D]``)."""
+    of head ``bh``: ``part[bh, blk, 0]`` and ``part[bh, blk, 1]`` (fp32, ``[B * H, NB, 2, D]``)."""
     blk, bh = tl.program_id(0), tl.program_id(1)
     rows, cols = blk * BLOCK + tl.arange(0, BLOCK), tl.arange(0, D)
     b, h = bh // H, bh % H
@@ -70,12 +62,37 @@ def _ranges_kernel(x_ptr, part_ptr, sums_ptr, H, S, NB, sxb, sxh, sxs, D: tl.con
     grid_dependency_wait()
     x = tl.load(x_ptr + b.to(tl.int64) * sxb + h * sxh + rows[:, None].to(tl.int64) * sxs + cols[None, :],
                 mask=inside, other=0.0).to(tl.float32)
-    tile = bh.to(tl.int64) * NB + blk
-    base = part_ptr + tile * 2 * D + cols
+    base = part_ptr + (bh.to(tl.int64) * NB + blk) * 2 * D + cols
     tl.store(base, tl.min(tl.where(inside, x, float("inf")), axis=0))
     tl.store(base + D, tl.max(tl.where(inside, x, float("-inf")), axis=0))
-    if SUMS:
-        tl.store(sums_ptr + tile * D + cols, _pairwise_sum(x, BLOCK, D, LEVELS))
+
+
+@LeanKernel
+@triton.jit
+def _ranges_sums_kernel(x_ptr, part_ptr, sums_ptr, H, S, NB, sxb, sxh, sxs, D: tl.constexpr, TILE: tl.constexpr):
+    """:func:`_ranges_kernel`'s ranges over tokens ``[blk * TILE, (blk + 1) * TILE)`` of head
+    ``bh``, and their sum in token order (:func:`sgdiff.kernels.attention_fp8.tile_sums`'s: the
+    first token, plus each next one, +0 past ``S``) in ``sums[bh, blk]`` (``[B * H, NB, D]``):
+    one token's channels loaded and added at a time (a tile reduced across its tokens at once
+    took 79 µs for Flux's v, where its ranges alone took 20)."""
+    blk, bh = tl.program_id(0), tl.program_id(1)
+    cols = tl.arange(0, D)
+    b, h = bh // H, bh % H
+    first = blk * TILE
+    x_row = x_ptr + b.to(tl.int64) * sxb + h * sxh + cols
+    grid_dependency_wait()
+    total = tl.load(x_row + first.to(tl.int64) * sxs).to(tl.float32)  # a tile's first token is < S
+    low, high = total, total
+    for r in tl.static_range(1, TILE):
+        inside = first + r + 0 * cols < S  # a vector mask (the interpreter takes no scalar one)
+        x = tl.load(x_row + (first + r).to(tl.int64) * sxs, mask=inside, other=0.0).to(tl.float32)
+        total = total + x
+        low = tl.where(inside, tl.minimum(low, x), low)
+        high = tl.where(inside, tl.maximum(high, x), high)
+    tile = bh.to(tl.int64) * NB + blk
+    tl.store(part_ptr + tile * 2 * D + cols, low)
+    tl.store(part_ptr + tile * 2 * D + D + cols, high)
+    tl.store(sums_ptr + tile * D + cols, total)
 
 
 @LeanKernel
@@ -200,11 +217,15 @@ def channel_ranges(x: torch.Tensor, centre: str = "range"):
     added by ATen); ``"none"``, zeros and each channel's ``max(largest magnitude, SCALE_FLOOR) /
     448`` (their largest is :func:`sgdiff.kernels.attention_fp8.tensor_scale`'s)."""
     b, h, s, d = x.shape
-    tiles = triton.cdiv(s, BLOCK_S)
+    mean = centre == "mean"
+    tiles = triton.cdiv(s, MEAN_TILE if mean else STATS_BLOCK)
     part = torch.empty((b * h, tiles, 2, d), dtype=torch.float32, device=x.device)
-    sums = torch.empty((b, h, tiles, d), dtype=torch.float32, device=x.device) if centre == "mean" else part
-    _ranges_kernel[(tiles, b * h)](x, part, sums, h, s, tiles, *x.stride()[:3], D=d, BLOCK=BLOCK_S,
-                                   LEVELS=BLOCK_S.bit_length() - 1, SUMS=centre == "mean", num_warps=4)
+    if mean:
+        sums = torch.empty((b, h, tiles, d), dtype=torch.float32, device=x.device)
+        _ranges_sums_kernel[(tiles, b * h)](x, part, sums, h, s, tiles, *x.stride()[:3], D=d, TILE=MEAN_TILE,
+                                            num_warps=1)
+    else:
+        _ranges_kernel[(tiles, b * h)](x, part, h, s, tiles, *x.stride()[:3], D=d, BLOCK=STATS_BLOCK, num_warps=4)
     mode = {"none": 0, "range": 1, "mean": 2}[centre]
     if mode == 2:
         centre = divide(sums.sum(dim=2, keepdim=True), s)
