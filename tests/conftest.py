@@ -15,9 +15,13 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "interpreter: runs under Triton's CPU interpreter (TRITON_INTERPRET=1), "
         "in a process of its own: tests/test_triton_interpreter.py runs them (skipped without it)")
+    config.addinivalue_line(
+        "markers", "starts_first: minutes long; collected first, so that with pytest-xdist the other "
+        "tests run beside it rather than after it")
 
 
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.get_closest_marker("starts_first") is None)  # stable: the rest keep their order
     # sgdiff.kernels.triton reads TRITON_INTERPRET at import: the interpreter tests run only in a
     # process started with it (tests/test_triton_interpreter.py starts one)
     if os.environ.get("TRITON_INTERPRET") != "1":

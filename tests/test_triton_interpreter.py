@@ -81,6 +81,7 @@ EXPECTED = {
 }
 
 
+@pytest.mark.starts_first
 def test_interpreter_tests_pass(tmp_path):
     """pytest -m interpreter tests/interpreter under TRITON_INTERPRET=1 (over 2 processes where
     pytest-xdist is installed): every test passes, and every one ran."""
