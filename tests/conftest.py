@@ -10,6 +10,11 @@ settings.register_profile(
 )
 settings.load_profile("ci")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # the workers are the parallelism: each of them on torch's default of a thread a core
+    # oversubscribes the cores (two workers, two threads each, on CI's two cores)
+    torch.set_num_threads(1)
+
 
 def pytest_configure(config):
     config.addinivalue_line(
