@@ -23,6 +23,8 @@ class Report:
     #: (family, op, reason) -> where in the model the first such site is
     skipped_where: Dict[Tuple[str, str, str], str] = dataclasses.field(default_factory=dict)
     graph_breaks: List[str] = dataclasses.field(default_factory=list)  # torch.compile's reasons
+    #: groups of FP8 projections of one input made one GEMM (linear_fp8_siblings; high only)
+    merged_projections: int = 0
     #: what first sight chose where an op has implementations of the same bits to choose from
     #: (the gemm family's: cuBLAS and the chain, the fused GEMM's configurations; cat_pad's: the
     #: chain and the one-pass kernel), for the signatures first met during the report's run:
@@ -37,6 +39,7 @@ class Report:
         report.counts = {f: 0 for f in families}
         report.found = {f: 0 for f in families}
         for result in results:
+            report.merged_projections += result.merged_projections
             for family, r in result.passes.items():
                 report.counts[family] = report.counts.get(family, 0) + r.matched_count
                 report.found[family] = report.found.get(family, 0) + r.found_count
@@ -69,6 +72,9 @@ class Report:
                 head = (f"  {family:<18}{self.found.get(family, 0):>6}{self.counts[family]:>11}"
                         if i == 0 else " " * 37)
                 lines.append(f"{head}  {op:<24}{contract}")
+        if self.merged_projections:
+            lines.append(f"  {self.merged_projections} group(s) of linear_fp8 projections of one input merged: one "
+                         "linear_fp8_siblings GEMM each")
         if self.skipped:
             lines.append("  skipped:")
             for (family, op, reason), n in Counter(self.skipped).items():  # first-seen order

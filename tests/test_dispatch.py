@@ -115,7 +115,7 @@ def test_without_verification_nothing_is_settled(cpu_kernel):
 
 
 def test_a_call_site_settles_per_alignment_then_runs_the_bound_launch(cpu_kernel, monkeypatch):
-    site = dispatch.CallSite("residual_gate", (0, 1, 2))
+    site = dispatch.CallSite("residual_gate", ((0, None), (1, None), (2, None)))
     signatures = []
     monkeypatch.setattr(dispatch, "signature", lambda a, _s=dispatch.signature: signatures.append(1) or _s(a))
     a = args()
@@ -133,7 +133,7 @@ def test_a_call_site_settles_per_alignment_then_runs_the_bound_launch(cpu_kernel
 
 
 def test_a_call_site_forgets_what_a_disabled_kernel_settled(cpu_kernel, caplog):
-    site = dispatch.CallSite("residual_gate", (0, 1, 2))
+    site = dispatch.CallSite("residual_gate", ((0, None), (1, None), (2, None)))
     site(*args())
     site(*args())
     assert calls["bound"] == 1
@@ -151,7 +151,7 @@ def test_a_call_site_forgets_what_a_disabled_kernel_settled(cpu_kernel, caplog):
 
 
 def test_a_call_site_forgets_after_a_reset(cpu_kernel):
-    site = dispatch.CallSite("residual_gate", (0, 1, 2))
+    site = dispatch.CallSite("residual_gate", ((0, None), (1, None), (2, None)))
     site(*args())
     dispatch.reset()  # (as disabling any implementation does) nothing settled survives
     site(*args())
@@ -159,7 +159,7 @@ def test_a_call_site_forgets_after_a_reset(cpu_kernel):
 
 
 def test_during_a_capture_or_without_verification_a_site_settles_nothing(cpu_kernel):
-    site = dispatch.CallSite("residual_gate", (0, 1, 2))
+    site = dispatch.CallSite("residual_gate", ((0, None), (1, None), (2, None)))
     with dispatch.verification(False):
         site(*args())
         site(*args())

@@ -66,15 +66,15 @@ def test_the_rewrite_computes_the_ops_math_within_fp8s_error_of_eager(every_size
 
 def test_q_k_v_of_one_input_read_that_input(every_size):
     """Three projections of one tensor: each op takes one tensor (x, or its one view to rows:
-    the same view taken for each projection is one node), so the kernels quantize it once."""
+    the same view taken for each projection is one node), so they merge into one GEMM over x."""
     def qkv(x, wq, wk, wv):
         return F.linear(x, wq), F.linear(x, wk), F.linear(x, wv)
 
     args = (torch.randn(1, 64, 128, dtype=BF16), _w(128, 128), _w(128, 128), _w(128, 128))
     run, gm, result = rewrite(qkv, args, quality="high", families=["fp8_gemm"])
-    calls = [n for n in gm.graph.nodes if n.target is LINEAR_FP8]
-    assert result.counts["fp8_gemm"] == 3 and len({c.args[0] for c in calls}) == 1
-    x = calls[0].args[0]
+    (call,) = [n for n in gm.graph.nodes if n.target is torch.ops.sgdiff.linear_fp8_siblings.default]
+    assert result.counts["fp8_gemm"] == 3 and count_op(gm, LINEAR_FP8) == 0  # the three: one GEMM (test_fp8_siblings)
+    x = call.args[0]
     assert x.op == "placeholder" or (x.target is torch.ops.aten.view.default and x.args[0].op == "placeholder")
 
 
@@ -174,6 +174,8 @@ def test_flux_at_high_takes_its_large_projections_and_stays_near_eager(monkeypat
     # block's proj_out over the cat
     assert high.family_ops["fp8_gemm"] == {"gelu_linear_fp8": 2 * 2 + 4, "linear_fp8": 36 - 8}
     assert not [s for s in high.skipped if s[0] == "fp8_gemm"]
+    # each double block's image q, k, v and each single block's q, k, v and proj_mlp: one GEMM a block
+    assert high.merged_projections == 2 + 4 and lossless.merged_projections == 0
     assert 0 < _rel_err(got, want) < 0.1
 
 

@@ -47,18 +47,17 @@ def lower_to_call_sites(gm: fx.GraphModule) -> int:
 
 
 def _static_tensor_positions(node: fx.Node):
-    """Positions of the node's tensor arguments, or None where a signature can vary between
+    """Positions of the node's tensor arguments (``(argument, None)``, or ``(argument, item)`` in a
+    list of tensors), or None where a signature can vary between
     calls beyond alignment (a symbolic size or stride, an argument without metadata)."""
     positions = []
     for i, arg in enumerate(node.args):
-        if isinstance(arg, (list, tuple)) and any(isinstance(a, fx.Node) for a in arg):
-            return None
-        if not isinstance(arg, fx.Node):
-            continue
-        v = arg.meta.get("val")
-        if not isinstance(v, torch.Tensor):
-            return None
-        if any(isinstance(s, torch.SymInt) for s in (*v.shape, *v.stride())):
-            return None
-        positions.append(i)
+        items = [(j, a) for j, a in enumerate(arg)] if isinstance(arg, (list, tuple)) else [(None, arg)]
+        for j, a in items:
+            if not isinstance(a, fx.Node):
+                continue
+            v = a.meta.get("val")
+            if not isinstance(v, torch.Tensor) or any(isinstance(s, torch.SymInt) for s in (*v.shape, *v.stride())):
+                return None
+            positions.append((i, j))
     return tuple(positions)

@@ -23,6 +23,7 @@ from sgdiff.fxpasses.matmul_fold import restore_matmul_folding
 from sgdiff.fxpasses.narrow import narrow_elementwise
 from sgdiff.fxpasses.rewrite import PassResult, Skip, apply_family
 from sgdiff.fxpasses.repeated import merge_repeated
+from sgdiff.fxpasses.siblings import merge_sibling_projections
 from sgdiff.fxpasses.views import merge_same_views
 from sgdiff.kernels import registry
 from sgdiff.patterns.base import ChainPattern
@@ -60,6 +61,7 @@ class ManagerResult:
     tier: Tier
     passes: Dict[str, PassResult]
     dropped_copies: int = 0  # clones that changed nothing (:mod:`sgdiff.fxpasses.copies`)
+    merged_projections: int = 0  # groups of projections of one input made one GEMM (:mod:`sgdiff.fxpasses.siblings`)
 
     @property
     def counts(self) -> Dict[str, int]:
@@ -108,12 +110,13 @@ class PassManager:
             if r.found_count:
                 log.info("sgdiff[%s]: %s rewrote %d of %d sites", self.tier.value, p.family,
                          r.matched_count, r.found_count)
+        merged = merge_sibling_projections(gm)  # high: FP8 projections of one input as one GEMM, within their contract
         dropped = drop_copies(gm)  # exact at every tier
         fold_addends(gm)  # likewise
         channels_last_into_convolutions(gm)  # exact: first sight verifies each convolution
         if graph_log.isEnabledFor(logging.DEBUG):
             graph_log.debug("sgdiff: graph after passes (%s):\n%s", self.tier.value, gm.code)
-        return ManagerResult(self.tier, results, dropped)
+        return ManagerResult(self.tier, results, dropped, merged)
 
     def uuid(self) -> str:
         h = hashlib.sha256(self.tier.value.encode())

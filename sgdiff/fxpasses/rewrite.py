@@ -252,23 +252,31 @@ def _materialize(graph: fx.Graph, arg: Any) -> Any:
 
 def _propagate_meta(node: fx.Node) -> None:
     """Fill ``node.meta['val']`` by running its target on the inputs' fake values."""
+    value = fake_value(node)
+    if value is not None:
+        node.meta["val"] = value
+
+
+def fake_value(node: fx.Node, value_of: Callable[[fx.Node], Any] = lambda n: n.meta.get("val")) -> Any:
+    """``node``'s value computed by its target from its inputs' fake values (``value_of`` each
+    input node), or None where they are symbolic without a fake mode; raises what the target
+    raises on them."""
     vals = []
-    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: _collect(n, vals))
+    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: _collect(value_of(n), vals))
     tensors = [v for v in vals if isinstance(v, torch.Tensor)]
     # make_fx in "real" mode gives every value a FakeTensorMode of its own: then make one
     fake_mode = _compat.fake_mode_of(tensors)
     if fake_mode is None:
         if any(_is_symbolic(t) for t in tensors):
-            return
+            return None
         fake_mode = _compat.new_fake_mode()
         with fake_mode:
             args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, _refake, (args, kwargs))
     with fake_mode:
-        node.meta["val"] = node.target(*args, **kwargs)
+        return node.target(*args, **kwargs)
 
 
-def _collect(n: fx.Node, vals: list):
-    v = n.meta.get("val")
+def _collect(v: Any, vals: list):
     vals.append(v)
     return v
 

@@ -122,8 +122,13 @@ def _reference(op: str) -> Callable:
 def signature(args: Tuple[Any, ...]) -> tuple:
     """What decides a kernel's exact bits: layout, dtype, device, alignment, scalars. (A device
     index stands for its capability: these keys never leave the process.)"""
-    return tuple([(a.shape, a.stride(), a.dtype, a.get_device(), a.data_ptr() & 15) if isinstance(a, torch.Tensor)
-                  else tuple(a) if isinstance(a, list) else a for a in args])
+    return tuple([tuple(map(_argument_signature, a)) if isinstance(a, list) else _argument_signature(a) for a in args])
+
+
+def _argument_signature(a: Any):
+    if isinstance(a, torch.Tensor):
+        return a.shape, a.stride(), a.dtype, a.get_device(), a.data_ptr() & 15
+    return a
 
 
 def _first_difference(got: torch.Tensor, want: torch.Tensor) -> Optional[str]:
@@ -188,7 +193,7 @@ class CallSite:
 
     def __init__(self, op: str, tensors: Tuple[int, ...]):
         self.op = op
-        self.tensors = tensors  # positions of the tensor arguments
+        self.tensors = tensors  # positions of the tensor arguments: (argument, None), or (list argument, item)
         self.__name__ = self.__qualname__ = "sgdiff_site_" + op.replace("::", "_")
         self._settled: Dict[tuple, tuple] = {}  # alignment -> (backend, callable)
         self._epoch = None
@@ -197,7 +202,7 @@ class CallSite:
         if self._epoch != (_epoch[0], registry.generation()):
             self._settled.clear()
             self._epoch = (_epoch[0], registry.generation())
-        key = tuple([args[i].data_ptr() & 15 for i in self.tensors])
+        key = tuple([args[i].data_ptr() & 15 if j is None else args[i][j].data_ptr() & 15 for i, j in self.tensors])
         settled = self._settled.get(key)
         if settled is None:
             return self._settle(key, args)

@@ -39,7 +39,11 @@ aten = torch.ops.aten
 
 def gelu_input(x: torch.Tensor, head: Optional[torch.Tensor]) -> torch.Tensor:
     """The GEMM's input as eager makes it: ``gelu(x, "tanh")``, after ``head`` along the last dim."""
-    g = aten.gelu.default(x, approximate="tanh")
+    return _after(head, aten.gelu.default(x, approximate="tanh"))
+
+
+def _after(head: Optional[torch.Tensor], g: torch.Tensor) -> torch.Tensor:
+    """``g`` after ``head`` along the last dim (``g`` itself without a head)."""
     return g if head is None else aten.cat.default([head, g], -1)
 
 
@@ -61,8 +65,7 @@ def gelu_tanh_fast(x: torch.Tensor) -> torch.Tensor:
 def fast_gelu_input(x: torch.Tensor, head: Optional[torch.Tensor]) -> torch.Tensor:
     """The GEMM's input as the op makes it before quantizing: :func:`gelu_tanh_fast` of ``x``,
     after ``head`` along the last dim."""
-    g = gelu_tanh_fast(x)
-    return g if head is None else aten.cat.default([head, g], -1)
+    return _after(head, gelu_tanh_fast(x))
 
 
 def gelu_linear_fp8_reference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],

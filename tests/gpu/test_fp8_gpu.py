@@ -88,6 +88,34 @@ def test_fp8_gemm_is_within_fp32_accumulation_of_the_ops_math_and_taken_where_fa
     assert rel < 0.05, rel  # FP8's own error against bf16
 
 
+@pytest.mark.parametrize("M,K,widths", [(4608, 3072, (3072, 3072, 3072, 12288)),  # Flux.1-dev single blocks
+                                         (4096, 3072, (3072,) * 3),  # its double blocks' image q, k, v
+                                         (2048, 2240, (2240,) * 3),  # Sana 1.6B's q, k, v (no bias)
+                                         (32760, 1536, (1536,) * 3)])  # Wan 2.1 1.3B's self-attention
+def test_projections_side_by_side_are_each_ones_fp8_gemm_and_faster(fresh_dispatch, M, K, widths):
+    """linear_fp8_siblings: every projection's columns within fp32 accumulation of its own op's
+    math and of its own FP8 GEMM, chosen over the bf16 GEMMs and faster than one FP8 GEMM each."""
+    from sgdiff.kernels import tuning
+    from sgdiff.kernels.linear_fp8_siblings import linear_fp8_siblings_reference
+    from sgdiff.kernels.triton import linear_fp8 as tl8
+
+    bias = K != 2240
+    x = _randn(1, M, K, seed=1)
+    ws = [_randn(n, K, scale=K ** -0.5, seed=2 + i) for i, n in enumerate(widths)]
+    bs = [_randn(n, scale=0.1, seed=10 + i) for i, n in enumerate(widths)] if bias else []
+    got = registry.op_def("linear_fp8_siblings").load()(x, ws, bs)
+    assert _chosen(tl8.SIBLINGS_FIRST_SIGHT, x.shape) == "fp8" and not dispatch.disabled()
+    want = linear_fp8_siblings_reference(x, ws, bs)
+    assert float((got.float() - want.float()).abs().max()) <= 2 ** -6 * float(want.float().abs().max())
+    rows = tl8.quantize_rows(x.view(M, K))
+    alone = torch.cat([_fp8_gemm(x, w, bs[i] if bias else None, rows) for i, w in enumerate(ws)], 1)
+    assert float((got.float() - alone.float()).abs().max()) <= 2 ** -6 * float(alone.float().abs().max())
+    merged, each = tuning.best_times(  # both of x's rows quantized once (the op's kept from its last call)
+        [lambda x: tl8.linear_fp8_siblings(x, ws, bs),
+         lambda x: [tl8.gemm_of_rows(*rows, w, bs[i] if bias else None, BF16) for i, w in enumerate(ws)]], (x,))
+    assert merged < each, (merged, each)
+
+
 def test_a_compiled_linear_at_high_under_cuda_graphs_sees_its_weight_change(fresh_dynamo):
     import sgdiff
 

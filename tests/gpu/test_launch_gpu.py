@@ -66,7 +66,7 @@ def test_a_call_site_runs_its_bound_launch_exactly_and_for_less_host_time():
     from sgdiff.kernels import dispatch
 
     dispatch.reset()
-    site, launcher = dispatch.CallSite("residual_gate", (0, 1, 2)), dispatch.runner("residual_gate")
+    site, launcher = dispatch.CallSite("residual_gate", ((0, None), (1, None), (2, None))), dispatch.runner("residual_gate")
     for offset in (0, 1, 8, 0, 1):  # each alignment settled once, then bound
         args = _inputs(offset)
         assert torch.equal(site(*args), residual_gate_reference(*args))

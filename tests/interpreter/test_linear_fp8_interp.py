@@ -79,3 +79,48 @@ def test_projections_of_one_input_quantize_it_once(monkeypatch):
     dispatch.new_graph_call()  # a compiled graph's next call: x (a graph input, say) is quantized again
     lf.linear_fp8(x, weights[1], None)
     assert read[5] is not read[4]
+
+
+def test_weights_side_by_side_are_each_ones_copy_and_remade_when_one_changes():
+    """linear_fp8_siblings' copy: the weights' e4m3 rows one after the other, their scales and
+    biases side by side; an in-place update of one weight or bias remakes it in its memory; the
+    entry goes with any of its tensors."""
+    ws = [_weight(32), _weight(16), _weight(48)]
+    bs = [torch.randn(n).to(BF16) for n in (32, 16, 48)]
+
+    def assert_each_ones(q, scale, b):
+        want = [quantize_rows_reference(w) for w in ws]
+        assert torch.equal(q.float(), torch.cat([wq for wq, _ in want]).float())
+        assert torch.equal(scale, torch.cat([s for _, s in want]).view(1, -1)) and torch.equal(b, torch.cat(bs))
+
+    q, scale, b = lf.WEIGHTS.side_by_side(ws, bs)
+    assert q.shape == (96, 64) and scale.shape == (1, 96)
+    assert_each_ones(q, scale, b)
+    assert lf.WEIGHTS.side_by_side(ws, bs)[0] is q  # kept
+    with torch.no_grad():
+        ws[1].mul_(4)
+        bs[2].add_(1)
+    again = lf.WEIGHTS.side_by_side(ws, bs)
+    assert again[0] is q and again[1] is scale and again[2] is b
+    assert_each_ones(q, scale, b)
+    assert lf.WEIGHTS.side_by_side(ws, ())[2] is None  # without biases: an entry of its own
+    before = len(lf.WEIGHTS)
+    del ws[0]
+    gc.collect()
+    assert len(lf.WEIGHTS) == before - 2
+
+
+def test_siblings_are_one_gemm_of_the_side_by_side_copy(monkeypatch):
+    """linear_fp8_siblings: x quantized once, one GEMM over the weights' copy, each projection's
+    columns within one bf16 rounding of its own linear_fp8 (the CPU's GEMM may sum in another order)."""
+    from sgdiff.kernels.linear_fp8_siblings import linear_fp8_siblings_reference
+
+    calls = []
+    scaled_mm = lf._compat.scaled_mm
+    monkeypatch.setattr(lf._compat, "scaled_mm", lambda *a, **kw: calls.append(a[1].shape) or scaled_mm(*a, **kw))
+    x = torch.randn(2, 8, 64).to(BF16)
+    ws, bs = [_weight(32), _weight(16)], [torch.randn(32).to(BF16), torch.randn(16).to(BF16)]
+    got = lf.linear_fp8_siblings(x, ws, bs)
+    assert got.shape == (16, 48) and calls == [(64, 48)]
+    want = linear_fp8_siblings_reference(x, ws, bs)
+    torch.testing.assert_close(got, want, rtol=2 ** -7, atol=1e-3)

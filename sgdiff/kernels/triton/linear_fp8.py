@@ -148,50 +148,86 @@ def _state(t: torch.Tensor) -> Tuple[int, int]:
 
 
 class QuantizedWeights:
-    """The e4m3 copy and scales of each weight tensor seen, made once and remade when it changes.
+    """The e4m3 copy and scales of each weight seen, or of several weights side by side (with
+    their biases side by side), made once and remade when one of its tensors changes.
 
-    An entry belongs to one tensor object (held weakly, dropped with it) and is good while that
-    object keeps its storage address and version (an in-place update bumps the version; ``.data``
-    reassigned moves the address). Another tensor over the same memory (an alias made per call)
-    gets an entry of its own: a copy too many, never a stale one. A copy is remade in its own
-    memory, where a CUDA graph that read it reads it again. An edit through ``.data`` changes
-    neither address nor version: :meth:`refresh` (``sgdiff.refresh_weights()``) remakes every copy.
+    An entry belongs to its tensor objects (held weakly, dropped with any of them) and is good
+    while each keeps its storage address and version (an in-place update bumps the version;
+    ``.data`` reassigned moves the address). Another tensor over the same memory (an alias made
+    per call) gets an entry of its own: a copy too many, never a stale one. A copy is remade in
+    its own memory, where a CUDA graph that read it reads it again. An edit through ``.data``
+    changes neither address nor version: :meth:`refresh` (``sgdiff.refresh_weights()``) remakes
+    every copy.
     """
 
     def __init__(self):
-        self._entries: Dict[int, list] = {}
+        self._entries: Dict[tuple, list] = {}
 
     def get(self, w: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """The copy of ``w`` (``[N, K]``, or a pointwise convolution's ``[N, K, 1, 1]``) as e4m3
         ``[N, K]`` rows and their fp32 scales ``[1, N]``."""
-        entry = self._entries.get(id(w))
-        if entry is not None and entry[0]() is w and entry[2].shape == _rows(w).shape:
-            if entry[1] != _state(w):
-                self._remake(w, entry)
-            return entry[2], entry[3]
-        q, scale = quantize_rows(_rows(w))
-        try:
-            ref = weakref.ref(w, lambda _, key=id(w), entries=self._entries: entries.pop(key, None))
-        except TypeError:  # not weakly referable: keep nothing
-            return q, scale.view(1, -1)
-        entry = self._entries[id(w)] = [ref, _state(w), q, scale.view(1, -1)]
-        log.debug("sgdiff: linear_fp8 quantized a %s weight", tuple(w.shape))
-        return entry[2], entry[3]
+        q, scale, _ = self.side_by_side((w,))
+        return q, scale
 
-    def _remake(self, w: torch.Tensor, entry: list) -> None:
-        quantize_rows(_rows(w), (entry[2], entry[3].view(-1, 1)))
-        entry[1] = _state(w)
+    def side_by_side(self, weights, biases=()) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """The copies of ``weights`` (each ``[N_i, K]``) one after the other, e4m3 ``[sum N_i, K]``
+        rows and fp32 scales ``[1, sum N_i]``, and ``biases`` (one a weight, or none) side by side
+        (``None`` without)."""
+        tensors = (*weights, *biases)
+        key = tuple(map(id, tensors))
+        entry = self._entries.get(key)
+        if entry is not None and all(ref() is t for ref, t in zip(entry[0], tensors)) \
+                and entry[2].shape == _side_by_side_shape(weights):
+            if entry[1] != tuple(map(_state, tensors)):
+                self._remake(entry, weights, biases)
+            return entry[2], entry[3], entry[4]
+        n, k = _side_by_side_shape(weights)
+        w0 = weights[0]
+        entry = [None, None, torch.empty((n, k), dtype=E4M3, device=w0.device),
+                 torch.empty((1, n), dtype=torch.float32, device=w0.device),
+                 torch.empty((n,), dtype=biases[0].dtype, device=w0.device) if biases else None]
+        self._remake(entry, weights, biases)
+        try:
+            entry[0] = [weakref.ref(t, lambda _, key=key, entries=self._entries: entries.pop(key, None))
+                        for t in tensors]
+        except TypeError:  # not weakly referable: keep nothing
+            return entry[2], entry[3], entry[4]
+        self._entries[key] = entry
+        log.debug("sgdiff: linear_fp8 quantized %s weights", [tuple(w.shape) for w in weights])
+        return entry[2], entry[3], entry[4]
+
+    @staticmethod
+    def _remake(entry: list, weights, biases) -> None:
+        """Quantize each weight into its rows of the entry's copy, and lay the biases side by side."""
+        start, scales = 0, entry[3].view(-1, 1)
+        for w in weights:
+            rows = _rows(w)
+            quantize_rows(rows, (entry[2][start:start + rows.shape[0]], scales[start:start + rows.shape[0]]))
+            start += rows.shape[0]
+        if biases:
+            torch.cat(biases, out=entry[4])
+        entry[1] = tuple(map(_state, (*weights, *biases)))
 
     def refresh(self) -> int:
-        """Remake every copy from its weight as it is now; returns how many."""
-        live = [(e[0](), e) for e in list(self._entries.values())]
-        live = [(w, e) for w, e in live if w is not None and e[2].shape == _rows(w).shape]  # else remade on use
-        for w, entry in live:
-            self._remake(w, entry)
-        return len(live)
+        """Remake every copy from its tensors as they are now; returns how many."""
+        remade = 0
+        for entry in list(self._entries.values()):
+            tensors = [ref() for ref in entry[0]]
+            n_weights = len(tensors) - (0 if entry[4] is None else (len(tensors) // 2))
+            weights, biases = tensors[:n_weights], tensors[n_weights:]
+            if all(t is not None for t in tensors) and entry[2].shape == _side_by_side_shape(weights):
+                self._remake(entry, weights, biases)  # else remade on use
+                remade += 1
+        return remade
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _side_by_side_shape(weights) -> Tuple[int, int]:
+    """``(sum N_i, K)`` of weights taken as their rows."""
+    rows = [_rows(w).shape for w in weights]
+    return sum(r[0] for r in rows), rows[0][1]
 
 
 WEIGHTS = dispatch.keep_input_copies(QuantizedWeights())
@@ -267,6 +303,50 @@ def bind(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]):
     return launch if label == "fp8" else linear_bf16
 
 
+def siblings_supported_layout(x: torch.Tensor, weights, biases) -> bool:
+    """Each projection as :func:`supported_layout` takes it: a bias each, or none."""
+    return (len(weights) > 0 and len(biases) in (0, len(weights))
+            and all(supported_layout(x, w, biases[i] if biases else None) for i, w in enumerate(weights)))
+
+
+def linear_fp8_siblings(x: torch.Tensor, weights, biases) -> torch.Tensor:
+    """Launch; the caller has checked :func:`siblings_supported_layout` and the device."""
+    return siblings_bind(x, weights, biases)(x, weights, biases)
+
+
+SIBLINGS_FIRST_SIGHT = tuning.FirstSight("linear_fp8_siblings")
+
+
+def siblings_bind(x: torch.Tensor, weights, biases):
+    """:func:`linear_fp8_siblings` for inputs of this signature: ``x`` quantized once (or its rows
+    quantized last, :data:`ACTIVATIONS`), one GEMM over the weights' copies side by side. On the
+    GPU, chosen at first sight against the tier below's GEMMs (their outputs laid side by side),
+    as :func:`bind` chooses."""
+    k = x.shape[-1]
+    quantize = _quantizer(x.numel() // k, k)
+
+    def launch(x, weights, biases):
+        xq, xs = ACTIVATIONS.get(x, quantize)
+        wq, ws, b = WEIGHTS.side_by_side(weights, biases)
+        return _compat.scaled_mm(xq, wq.t(), xs, ws, b, x.dtype, fast_accumulation=True)
+
+    if not x.is_cuda:
+        return launch
+
+    def quantized(x, weights, biases):  # what first sight times: the activation quantized on each call
+        (xq, xs), (wq, ws, b) = quantize(x.view(-1, k)), WEIGHTS.side_by_side(weights, biases)
+        return _compat.scaled_mm(xq, wq.t(), xs, ws, b, x.dtype, fast_accumulation=True)
+
+    key = (tuple(x.shape), x.device, tuple(tuple(w.shape) for w in weights), bool(biases))
+    label, _ = SIBLINGS_FIRST_SIGHT.choose(key, (("bf16", linears_bf16), ("fp8", quantized)), (x, weights, biases))
+    return launch if label == "fp8" else linears_bf16
+
+
+def linears_bf16(x: torch.Tensor, weights, biases) -> torch.Tensor:
+    """The unquantized projections side by side (``[M, sum N_i]``)."""
+    return torch.cat([linear_bf16(x, w, biases[i] if biases else None) for i, w in enumerate(weights)], 1)
+
+
 def gemm_of_rows(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], dtype):
     """The row-wise scaled FP8 GEMM of quantized rows (e4m3 ``[M, K]``, fp32 ``[M, 1]`` scales)
     and the weight's kept e4m3 copy: ``[M, N]`` of ``dtype``."""
@@ -319,5 +399,7 @@ def pointwise_conv_bf16(x, weight, bias):
 
 LINEAR_FP8 = Impl(run=linear_fp8, supports=supported_layout, bind=bind)
 LINEAR_BF16 = Impl(run=linear_bf16)
+LINEAR_FP8_SIBLINGS = Impl(run=linear_fp8_siblings, supports=siblings_supported_layout, bind=siblings_bind)
+LINEAR_SIBLINGS_BF16 = Impl(run=linears_bf16)
 POINTWISE_CONV_FP8 = Impl(run=pointwise_conv_fp8, supports=pointwise_supported_layout, bind=pointwise_bind)
 POINTWISE_CONV_BF16 = Impl(run=pointwise_conv_bf16)
