@@ -25,6 +25,8 @@ class Report:
     graph_breaks: List[str] = dataclasses.field(default_factory=list)  # torch.compile's reasons
     #: groups of FP8 projections of one input made one GEMM (linear_fp8_siblings; high only)
     merged_projections: int = 0
+    #: LayerNorm-modulates that make their FP8 projections' e4m3 rows (layernorm_modulate_linear_fp8; high only)
+    folded_norms: int = 0
     #: what first sight chose where an op has implementations of the same bits to choose from
     #: (the gemm family's: cuBLAS and the chain, the fused GEMM's configurations; cat_pad's: the
     #: chain and the one-pass kernel), for the signatures first met during the report's run:
@@ -40,6 +42,7 @@ class Report:
         report.found = {f: 0 for f in families}
         for result in results:
             report.merged_projections += result.merged_projections
+            report.folded_norms += result.folded_norms
             for family, r in result.passes.items():
                 report.counts[family] = report.counts.get(family, 0) + r.matched_count
                 report.found[family] = report.found.get(family, 0) + r.found_count
@@ -75,6 +78,9 @@ class Report:
         if self.merged_projections:
             lines.append(f"  {self.merged_projections} group(s) of linear_fp8 projections of one input merged: one "
                          "linear_fp8_siblings GEMM each")
+        if self.folded_norms:
+            lines.append(f"  {self.folded_norms} LayerNorm-modulate(s) read only by FP8 projections make their e4m3 rows: "
+                         "layernorm_modulate_linear_fp8")
         if self.skipped:
             lines.append("  skipped:")
             for (family, op, reason), n in Counter(self.skipped).items():  # first-seen order

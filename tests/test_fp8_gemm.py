@@ -176,6 +176,9 @@ def test_flux_at_high_takes_its_large_projections_and_stays_near_eager(monkeypat
     assert not [s for s in high.skipped if s[0] == "fp8_gemm"]
     # each double block's image q, k, v and each single block's q, k, v and proj_mlp: one GEMM a block
     assert high.merged_projections == 2 + 4 and lossless.merged_projections == 0
+    # the LayerNorm-modulates read only by them: each double block's image norm1 (q, k, v) and norm2 (ff up) and
+    # text norm2 (ff up; its q, k, v are no sites), each single block's norm: their rows made by the norm's kernel
+    assert high.folded_norms == 2 * 3 + 4 and lossless.folded_norms == 0
     assert 0 < _rel_err(got, want) < 0.1
 
 

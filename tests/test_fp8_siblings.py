@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from sgdiff.kernels import registry
 from sgdiff.kernels.linear_fp8 import linear_fp8_reference
 from sgdiff.kernels.linear_fp8_siblings import linear_fp8_siblings_reference
 from sgdiff.patterns import fp8_gemm
@@ -115,3 +116,68 @@ def test_the_reference_is_each_projections_side_by_side():
     assert torch.equal(got, torch.cat([linear_fp8_reference(x, w, b) for w, b in zip(ws, bs)], 1))
     with pytest.raises(ValueError, match="one each, or none"):
         linear_fp8_siblings_reference(x, ws, bs[:1])
+
+
+FUSED = registry.op_def("layernorm_modulate_linear_fp8").load()
+NORM = registry.op_def("layernorm_modulate").load()
+
+
+def _block_input(x, emb, *projections, also_return_norm=False):
+    """A DiT block's modulated input (Flux's chunked adaLN) into its projections."""
+    shift, scale = emb[:, None].chunk(2, dim=-1)
+    h = F.layer_norm(x, x.shape[-1:], eps=1e-6) * (1 + scale) + shift
+    outs = tuple(F.linear(h, *p) for p in projections)
+    return (*outs, h) if also_return_norm else outs
+
+
+def _norm_args(d=128):
+    return _x(2, 64, d), (torch.randn(2, 2 * d, generator=torch.Generator().manual_seed(3)) * 0.3).to(BF16)
+
+
+def test_a_modulated_norm_read_only_by_fp8_projections_makes_their_rows():
+    def qkv(x, emb, wq, bq, wk, bk, wv, bv):
+        return _block_input(x, emb, (wq, bq), (wk, bk), (wv, bv))
+
+    args = (*_norm_args(), _w(128, seed=1), _b(128, 1), _w(128, seed=2), _b(128, 2), _w(96, seed=3), _b(96, 3))
+    run, gm, result = rewrite(qkv, args, quality="high", families=["modulate", "fp8_gemm"])
+    assert result.counts == {"modulate": 1, "fp8_gemm": 3} and result.merged_projections == 1
+    assert result.folded_norms == 1
+    assert count_op(gm, FUSED) == 1 and count_op(gm, NORM) == count_op(gm, SIBLINGS) == count_op(gm, LINEAR_FP8) == 0
+    # the op's math: the norm as eager computes it (the lossless op's bits), the projections' FP8 GEMMs of it
+    h = _block_input(*args[:2], also_return_norm=True)[-1]
+    want = [linear_fp8_reference(h, w, b).view(2, 64, -1) for w, b in zip(args[2::2], args[3::2])]
+    assert all(torch.equal(g, w) for g, w in zip(run(*args), want))
+
+
+def test_one_projection_of_a_modulated_norm_is_folded_too():
+    run, gm, result = rewrite(lambda x, emb, w, b: _block_input(x, emb, (w, b)),
+                              (*_norm_args(), _w(256, seed=1), _b(256, 1)), quality="high",
+                              families=["modulate", "fp8_gemm"])
+    assert result.folded_norms == 1 and count_op(gm, FUSED) == 1 and count_op(gm, NORM) == 0
+    (node,) = [n for n in gm.graph.nodes if n.target is FUSED]
+    assert len(node.args[-2]) == 1 and len(node.args[-1]) == 1
+
+
+def test_a_norm_read_elsewhere_too_stays_and_its_projections_read_it():
+    args = (*_norm_args(), _w(128, seed=1), _b(128, 1), _w(128, seed=2), _b(128, 2))
+    run, gm, result = rewrite(lambda x, emb, wq, bq, wk, bk: _block_input(x, emb, (wq, bq), (wk, bk),
+                                                                          also_return_norm=True),
+                              args, quality="high", families=["modulate", "fp8_gemm"])
+    assert result.folded_norms == 0 and count_op(gm, FUSED) == 0
+    assert count_op(gm, NORM) == 1 and count_op(gm, SIBLINGS) == 1
+    h = _block_input(*args[:2], also_return_norm=True)[-1]
+    got = run(*args)
+    assert torch.equal(got[-1], h) and torch.equal(got[0], linear_fp8_reference(h, *args[2:4]).view(2, 64, -1))
+
+
+def test_the_fused_reference_is_the_norm_then_the_projections():
+    from sgdiff.kernels.layernorm_modulate import layernorm_modulate_reference
+    from sgdiff.kernels.layernorm_modulate_linear_fp8 import layernorm_modulate_linear_fp8_reference
+
+    x, emb = _norm_args(64)
+    shift, scale = emb[:, None].chunk(2, dim=-1)
+    ws, bs = [_w(32, 64, 1), _w(48, 64, 2)], [_b(32, 1), _b(48, 2)]
+    h = layernorm_modulate_reference(x, None, None, 1e-6, scale, shift)
+    got = layernorm_modulate_linear_fp8_reference(x, None, None, 1e-6, scale, shift, True, None, None, None, None,
+                                                  ws, bs)
+    assert torch.equal(got, linear_fp8_siblings_reference(h, ws, bs))

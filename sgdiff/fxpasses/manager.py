@@ -18,6 +18,7 @@ from torch import fx
 from sgdiff import patterns as pattern_registry
 from sgdiff.fxpasses.addends import fold_addends
 from sgdiff.fxpasses.copies import drop_copies
+from sgdiff.fxpasses.fp8_rows import fold_norms_into_fp8_rows
 from sgdiff.fxpasses.layouts import channels_last_into_convolutions
 from sgdiff.fxpasses.matmul_fold import restore_matmul_folding
 from sgdiff.fxpasses.narrow import narrow_elementwise
@@ -62,6 +63,7 @@ class ManagerResult:
     passes: Dict[str, PassResult]
     dropped_copies: int = 0  # clones that changed nothing (:mod:`sgdiff.fxpasses.copies`)
     merged_projections: int = 0  # groups of projections of one input made one GEMM (:mod:`sgdiff.fxpasses.siblings`)
+    folded_norms: int = 0  # LayerNorm-modulates that make their FP8 projections' rows (:mod:`sgdiff.fxpasses.fp8_rows`)
 
     @property
     def counts(self) -> Dict[str, int]:
@@ -111,12 +113,13 @@ class PassManager:
                 log.info("sgdiff[%s]: %s rewrote %d of %d sites", self.tier.value, p.family,
                          r.matched_count, r.found_count)
         merged = merge_sibling_projections(gm)  # high: FP8 projections of one input as one GEMM, within their contract
+        folded = fold_norms_into_fp8_rows(gm)  # high: a LayerNorm-modulate makes those GEMMs' e4m3 rows
         dropped = drop_copies(gm)  # exact at every tier
         fold_addends(gm)  # likewise
         channels_last_into_convolutions(gm)  # exact: first sight verifies each convolution
         if graph_log.isEnabledFor(logging.DEBUG):
             graph_log.debug("sgdiff: graph after passes (%s):\n%s", self.tier.value, gm.code)
-        return ManagerResult(self.tier, results, dropped, merged)
+        return ManagerResult(self.tier, results, dropped, merged, folded)
 
     def uuid(self) -> str:
         h = hashlib.sha256(self.tier.value.encode())

@@ -26,21 +26,19 @@ import torch
 from torch import fx
 
 from sgdiff.fxpasses.rewrite import fake_value
+from sgdiff.kernels import registry
 
 log = logging.getLogger("sgdiff")
 aten = torch.ops.aten
 
 
 def _op(name: str):
-    return getattr(torch.ops.sgdiff, name).default
+    return registry.op_def(name).load()
 
 
 def merge_sibling_projections(gm: fx.GraphModule) -> int:
     """Merge each group of linear_fp8 ops of one input; returns how many groups were merged."""
-    try:
-        single, merged_op = _op("linear_fp8"), _op("linear_fp8_siblings")
-    except AttributeError:  # the ops' modules are not loaded: the families made none of them
-        return 0
+    single, merged_op = _op("linear_fp8"), _op("linear_fp8_siblings")
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     groups: Dict[tuple, List[fx.Node]] = {}
     for node in gm.graph.nodes:

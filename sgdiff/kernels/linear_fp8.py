@@ -69,11 +69,12 @@ def linear_fp8_reference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[t
     return y.to(x.dtype)
 
 
-def fp8_impls(fallback_backend: str, fallback: str, module: str = "linear_fp8") -> tuple:
+def fp8_impls(fallback_backend: str, fallback: str, module: str = "linear_fp8",
+              dtypes: frozenset = frozenset({"bfloat16"})) -> tuple:
     """An FP8 GEMM op's implementations: in ``sgdiff.kernels.triton.<module>`` (the op's name in
-    capitals), on sm_89 and later; on GPUs without FP8 GEMMs, ``fallback`` of that module, the
-    unquantized bf16 op (within the contract, and as fast as eager)."""
-    return (triton(module, dtypes=frozenset({"bfloat16"}), min_capability=(8, 9)),
+    capitals), on sm_89 and later, for a first argument of ``dtypes``; on GPUs without FP8 GEMMs,
+    ``fallback`` of that module, the unquantized bf16 op (within the contract, and as fast as eager)."""
+    return (triton(module, dtypes=dtypes, min_capability=(8, 9)),
             KernelSpec("", fallback_backend, None, f"sgdiff.kernels.triton.{module}:{fallback}",
                        devices=frozenset({"cuda"}), priority=1))
 

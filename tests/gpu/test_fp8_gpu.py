@@ -116,6 +116,36 @@ def test_projections_side_by_side_are_each_ones_fp8_gemm_and_faster(fresh_dispat
     assert merged < each, (merged, each)
 
 
+@pytest.mark.parametrize("example", [0, 1], ids=["flux-single-block", "wan-norm1"])
+def test_a_modulated_norms_fp8_rows_are_linear_fp8s_of_its_output_and_faster(fresh_dispatch, example):
+    """layernorm_modulate_linear_fp8: its kernel's e4m3 rows and scales are the bits linear_fp8's
+    quantization makes of the lossless LayerNorm-modulate's output; the op within fp32
+    accumulation of its reference, chosen (fused) at first sight over the norm's kernel and the
+    projections' GEMM."""
+    from sgdiff.kernels import tuning
+    from sgdiff.kernels.layernorm_modulate_linear_fp8 import layernorm_modulate_linear_fp8_reference
+    from sgdiff.kernels.triton import layernorm_modulate_fp8 as lmf, linear_fp8 as tl8
+
+    args = registry.op_def("layernorm_modulate_linear_fp8").examples[example].args(device="cuda")
+    x, w, b, eps, scale, shift, plus_one, x_dtype, out_dtype, scale_add, shift_add, ws, bs = args
+    q, s = lmf._quantizer(x, w, b, scale, shift, plus_one, x_dtype, out_dtype, scale_add, shift_add)(
+        x, w, b, eps, scale, shift, scale_add, shift_add)
+    h = registry.op_def("layernorm_modulate").load()(x, w, b, eps, scale, shift, plus_one, x_dtype, out_dtype)
+    want_q, want_s = tl8.quantize_rows(h.view(-1, h.shape[-1]))
+    assert torch.equal(s, want_s) and torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+    got = registry.op_def("layernorm_modulate_linear_fp8").load()(*args)
+    backends = [spec.backend for (op, *_), (spec, *_) in dispatch._chosen.items() if op == "layernorm_modulate_linear_fp8"]
+    assert backends == ["triton"] and not dispatch.disabled(), (backends, dispatch.disabled())
+    assert _chosen(lmf.FIRST_SIGHT, x.shape) == "fused"
+    want = layernorm_modulate_linear_fp8_reference(*args)
+    assert float((got.float() - want.float()).abs().max()) <= 2 ** -6 * float(want.float().abs().max())
+    fused, unfused = tuning.best_times(
+        [lambda x: lmf.layernorm_modulate_linear_fp8(x, *args[1:]),
+         lambda x: tl8.linear_fp8_siblings(registry.op_def("layernorm_modulate").load()(x, *args[1:11]).view(
+             -1, x.shape[-1]), ws, bs)], (x,))
+    assert fused < unfused, (fused, unfused)
+
+
 def test_a_compiled_linear_at_high_under_cuda_graphs_sees_its_weight_change(fresh_dynamo):
     import sgdiff
 

@@ -124,3 +124,32 @@ def test_siblings_are_one_gemm_of_the_side_by_side_copy(monkeypatch):
     assert got.shape == (16, 48) and calls == [(64, 48)]
     want = linear_fp8_siblings_reference(x, ws, bs)
     torch.testing.assert_close(got, want, rtol=2 ** -7, atol=1e-3)
+
+
+@pytest.mark.parametrize("example", [0, 1], ids=["flux-chunk", "wan-fp32-table"])
+def test_a_modulated_norms_rows_are_linear_fp8s_rows_of_it(example):
+    """layernorm_modulate_linear_fp8's kernel: the e4m3 rows and scales linear_fp8 makes of the
+    LayerNorm-modulate's output (bf16 values an interpreter's truncation apart: a bf16 rounding),
+    and the op's GEMM over them within a bf16 rounding of its reference. The interpreter truncates
+    each of the chain's three bf16 roundings (the norm, the product, the sum): a row's largest
+    value may come out up to three ulps low."""
+    from sgdiff.kernels import registry
+    from sgdiff.kernels.layernorm_modulate import layernorm_modulate_reference
+    from sgdiff.kernels.layernorm_modulate_linear_fp8 import layernorm_modulate_linear_fp8_reference
+    from sgdiff.kernels.triton import layernorm_modulate_fp8 as lmf
+
+    args = registry.op_def("layernorm_modulate_linear_fp8").examples[example].args(small=True, tokens=4)
+    x, w, b, eps, scale, shift, plus_one, x_dtype, out_dtype, scale_add, shift_add = args[:11]
+    q, s = lmf._quantizer(x, w, b, scale, shift, plus_one, x_dtype, out_dtype, scale_add, shift_add)(
+        x, w, b, eps, scale, shift, scale_add, shift_add)
+    h = layernorm_modulate_reference(*args[:11])
+    want_q, want_s = quantize_rows_reference(h.reshape(-1, h.shape[-1]))
+    assert float(((s - want_s).abs() / want_s).max()) <= 3 * 2 ** -7
+    # values: where the modulation's product and shift cancel, three truncations are far from a bf16
+    # rounding of the small result; against the row's largest value they are within an e4m3 step
+    # (2^-3 of it at most: 32 between 256 and 448)
+    assert float(((q.float() * s - want_q.float() * want_s).abs() / (want_s * 448)).max()) <= 2 ** -3
+    assert float((q.view(torch.uint8) != want_q.view(torch.uint8)).float().mean()) <= 0.25
+    got, want = lmf.layernorm_modulate_linear_fp8(*args), layernorm_modulate_linear_fp8_reference(*args)
+    assert got.shape == want.shape == (h.numel() // h.shape[-1], sum(wt.shape[0] for wt in args[11]))
+    assert float((got.float() - want.float()).abs().max()) <= 2 ** -4 * float(want.float().abs().max())

@@ -96,23 +96,12 @@ def _layernorm_modulate_kernel(
     HAS_SCALE_ADD: tl.constexpr = False,  # scale is scale + scale_add, summed in fp32 and rounded to DTYPE
     HAS_SHIFT_ADD: tl.constexpr = False,
 ):
-    pid = tl.program_id(0)  # 32-bit: a 64-bit division is a long software sequence
-    row = pid.to(tl.int64)
-    bi = (pid // S).to(tl.int64)
-    si = (pid % S).to(tl.int64)
-    x_row = x_ptr + bi * stride_xb + si * stride_xs
-    grid_dependency_wait()
-    vecs = load_row(x_row, N // VEC_C, ITERS)
-    mean, m2, _ = row_welford(vecs, N // VEC_C, ITERS)
-    var = tl.math.div_rn(m2, tl.full(m2.shape, N, tl.float32))
-    rstd = rsqrtf(var + eps, INTERPRET)
-
+    row, x_row, vecs, mean, rstd, sc_row, sh_row, adds = row_start(
+        x_ptr, scale_ptr, shift_ptr, scale_add_ptr, shift_add_ptr, S, N, stride_xb, stride_xs, stride_scb, stride_scs,
+        stride_shb, stride_shs, stride_sab, stride_sas, stride_san, stride_hab, stride_has, stride_han, eps, ITERS,
+        INTERPRET)
     t = tl.arange(0, THREADS_C)
     lane = tl.arange(0, VEC_C)
-    sc_row = scale_ptr + bi * stride_scb + si * stride_scs
-    sh_row = shift_ptr + bi * stride_shb + si * stride_shs
-    adds = (scale_add_ptr + bi * stride_sab + si * stride_sas, stride_san,
-            shift_add_ptr + bi * stride_hab + si * stride_has, stride_han)
     tiles = ((), (), (), (), ())
     for g in tl.static_range(0, ITERS, GROUP):
         for k in tl.static_range(g, g + GROUP):
@@ -125,6 +114,30 @@ def _layernorm_modulate_kernel(
             if k < ITERS:
                 col = (t + k * THREADS_C)[:, None] * VEC_C + lane[None, :]
                 store_tile(tiles, k, out_ptr + row * N, col, col < N, mean, rstd, PLUS_ONE, DTYPE)
+
+
+@triton.jit
+def row_start(x_ptr, scale_ptr, shift_ptr, scale_add_ptr, shift_add_ptr, S, N: tl.constexpr, stride_xb, stride_xs,
+              stride_scb, stride_scs, stride_shb, stride_shs, stride_sab, stride_sas, stride_san, stride_hab,
+              stride_has, stride_han, eps, ITERS: tl.constexpr, INTERPRET: tl.constexpr):
+    """A 4-warp program's row (one a program): its index, x's row pointer, its vectors (read
+    once), ATen's mean and rstd of them, and the scale's, shift's and addends' row pointers
+    (:func:`load_tile`'s)."""
+    pid = tl.program_id(0)  # 32-bit: a 64-bit division is a long software sequence
+    row = pid.to(tl.int64)
+    bi = (pid // S).to(tl.int64)
+    si = (pid % S).to(tl.int64)
+    x_row = x_ptr + bi * stride_xb + si * stride_xs
+    grid_dependency_wait()
+    vecs = load_row(x_row, N // VEC_C, ITERS)
+    mean, m2, _ = row_welford(vecs, N // VEC_C, ITERS)
+    var = tl.math.div_rn(m2, tl.full(m2.shape, N, tl.float32))
+    rstd = rsqrtf(var + eps, INTERPRET)
+    sc_row = scale_ptr + bi * stride_scb + si * stride_scs
+    sh_row = shift_ptr + bi * stride_shb + si * stride_shs
+    adds = (scale_add_ptr + bi * stride_sab + si * stride_sas, stride_san,
+            shift_add_ptr + bi * stride_hab + si * stride_has, stride_han)
+    return row, x_row, vecs, mean, rstd, sc_row, sh_row, adds
 
 
 @triton.jit
@@ -161,15 +174,22 @@ def load_tile(tiles, vecs, k: tl.constexpr, x_row, w_ptr, b_ptr, sc_row, sh_row,
 @triton.jit
 def store_tile(tiles, k: tl.constexpr, out_row, col, mask, mean, rstd, PLUS_ONE: tl.constexpr,
                DTYPE: tl.constexpr):
-    """Normalize and modulate the k-th of ``tiles`` (:func:`load_tile`), rounding as eager does,
-    and store it at columns ``col`` of the output's row ``out_row``."""
+    """Store the k-th of ``tiles`` normalized and modulated (:func:`modulated_tile`) at columns
+    ``col`` of the output's row ``out_row``."""
+    y = modulated_tile(tiles, k, mean, rstd, PLUS_ONE, DTYPE)
+    tl.store(out_row + col, y.to(out_row.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def modulated_tile(tiles, k: tl.constexpr, mean, rstd, PLUS_ONE: tl.constexpr, DTYPE: tl.constexpr):
+    """The k-th of ``tiles`` (:func:`load_tile`) normalized and modulated, rounded as eager does
+    (DTYPE; the caller casts to the output's dtype)."""
     xs, ws, bs, scs, shs = tiles
     centered = to_fp32(xs[k]) - mean
     y = aten_affine(rstd * centered, rstd, centered, to_fp32(ws[k]) if len(ws) > 0 else None,
                     to_fp32(bs[k]) if len(bs) > 0 else None)
-    y = modulate_rounded(y.to(DTYPE), scs[k] if len(scs) > 0 else None, shs[k] if len(shs) > 0 else None, PLUS_ONE,
-                         len(scs) > 0, len(shs) > 0, DTYPE)
-    tl.store(out_row + col, y.to(out_row.dtype.element_ty), mask=mask)
+    return modulate_rounded(y.to(DTYPE), scs[k] if len(scs) > 0 else None, shs[k] if len(shs) > 0 else None,
+                            PLUS_ONE, len(scs) > 0, len(shs) > 0, DTYPE)
 
 
 if gluon is not None:
