@@ -69,3 +69,25 @@ NOT_ADMITTED = "contract close is not admitted at lossless (its numerics are not
 def not_admitted(reason: str, at: str = "lossless") -> bool:
     """Whether a skip's reason is that the tier ``at`` does not admit the op's contract (close or approx)."""
     return reason.startswith("contract ") and f" is not admitted at {at} " in reason
+
+
+def compiled_with_its_report(model, kwargs, reset=True):
+    """``model(**kwargs)[0]`` compiled as ``torch.compile(model, backend="sgdiff")`` compiles it
+    (the default options' backend), run once under no_grad, and the report of that compile (what
+    ``sgdiff.explain`` reports): one compile serves both checks. ``reset``: torch.compile's caches
+    cleared before and after (no other test's compiled code is served here, nor this one's later)."""
+    from sgdiff import patterns
+    from sgdiff.backend import SgdiffBackend
+    from sgdiff.options import Options
+    from sgdiff.report import Report
+
+    results, options = [], Options.parse({})
+    if reset:
+        torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            got = torch.compile(model, backend=SgdiffBackend(options, on_result=results.append))(**kwargs)[0]
+    finally:
+        if reset:
+            torch._dynamo.reset()
+    return got, Report.from_results(options.quality, results, patterns.families())

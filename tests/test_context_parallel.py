@@ -40,8 +40,9 @@ def _rank(rank, port, name, size, out):
     # diffusers puts rank r on accelerator r % count: on a machine without one, the CPU
     torch.accelerator.device_count = lambda: 1
     try:
-        import sgdiff
         from diffusers import ContextParallelConfig
+
+        from tests.helpers import compiled_with_its_report
 
         config = ContextParallelConfig(ulysses_degree=WORLD)
         model, kw = _build(name, size)
@@ -51,16 +52,15 @@ def _rank(rank, port, name, size, out):
         regional.compile_repeated_blocks(backend="sgdiff")
         with torch.no_grad():
             want = model(**kw)[0]
-            whole = torch.compile(model, backend="sgdiff")(**kw)[0]
+            whole, report = compiled_with_its_report(model, kw, reset=False)  # what explain would report of it
             blocks = regional(**kw)[0]
-            report = sgdiff.explain(model, **kw)
         torch.save(dict(whole=torch.equal(whole, want), blocks=torch.equal(blocks, want), counts=report.counts,
                         graphs=report.graphs), os.path.join(out, f"{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("name,size", [("flux", "small"), ("wan", "tiny")])
+@pytest.mark.parametrize("name,size", [("flux", "tiny"), ("wan", "tiny")])
 def test_ulysses_ranks_rewrite_what_one_process_does_and_match_eager(tmp_path, name, size):
     import sgdiff
 
@@ -77,15 +77,15 @@ def test_ulysses_ranks_rewrite_what_one_process_does_and_match_eager(tmp_path, n
 
 
 def test_the_multigpu_bench_runs(tmp_path):
-    """bench/multigpu.py end to end on the CPU (gloo, two processes, Ulysses, Flux small): its
+    """bench/multigpu.py end to end on the CPU (gloo, two processes, Ulysses, Flux tiny): its
     table, with sgdiff's output equal to eager's on every rank."""
     import json
 
     from bench import multigpu
 
-    assert multigpu.main(["--models", "flux", "--modes", "ulysses", "--size", "small", "--device", "cpu",
+    assert multigpu.main(["--models", "flux", "--modes", "ulysses", "--size", "tiny", "--device", "cpu",
                           "--dtype", "float32", "--repeats", "1", "--world", "2", "--out", str(tmp_path)]) == 0
     (case,) = json.loads((tmp_path / "multigpu.json").read_text())["cases"]
     assert case["mode"] == "ulysses" and case["equal"] is True
     assert case["eager_cp_ms"] > 0 and case["sgdiff_cp_ms"] > 0 and case["sgdiff_one_ms"] > 0
-    assert "| flux (small) | ulysses |" in (tmp_path / "multigpu.md").read_text()
+    assert "| flux (tiny) | ulysses |" in (tmp_path / "multigpu.md").read_text()

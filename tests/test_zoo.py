@@ -9,7 +9,7 @@ import torch
 import sgdiff
 from sgdiff import zoo
 from sgdiff.zoo import sites
-from tests.helpers import bits_equal, not_admitted
+from tests.helpers import bits_equal, compiled_with_its_report, not_admitted
 
 FAMILIES = sites.FAMILIES
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -27,29 +27,9 @@ def case(request):
     return name, dtype, model, kwargs, eager
 
 
-def _compiled_with_its_report(model, kwargs):
-    """The model compiled as ``torch.compile(model, backend="sgdiff")`` compiles it (the default
-    options' backend), run once: its output and the report of that compile (what ``sgdiff.explain``
-    reports), so that one compile serves both checks."""
-    from sgdiff import patterns
-    from sgdiff.backend import SgdiffBackend
-    from sgdiff.options import Options
-    from sgdiff.report import Report
-
-    results = []
-    options = Options.parse({})
-    torch._dynamo.reset()
-    try:
-        with torch.no_grad():
-            got = torch.compile(model, backend=SgdiffBackend(options, on_result=results.append))(**kwargs)[0]
-    finally:
-        torch._dynamo.reset()
-    return got, Report.from_results(options.quality, results, patterns.families())
-
-
 def test_every_chain_is_found_and_rewritten_and_the_compiled_model_is_bitwise_equal_to_eager(case):
     name, dtype, model, kwargs, eager = case
-    got, report = _compiled_with_its_report(model, kwargs)
+    got, report = compiled_with_its_report(model, kwargs)
     assert tuple(report.counts[f] for f in FAMILIES) == tuple(sites.rewritten(name, dtype).values()), str(report)
     # nothing of these families was found and left eager, but for chains lossless does not admit (linear +
     # GELU, attention, FP8 GEMMs) and the skips the model's entry lists (a missed spelling, a candidate that is
