@@ -181,3 +181,18 @@ def test_the_fused_reference_is_the_norm_then_the_projections():
     got = layernorm_modulate_linear_fp8_reference(x, None, None, 1e-6, scale, shift, True, None, None, None, None,
                                                   ws, bs)
     assert torch.equal(got, linear_fp8_siblings_reference(h, ws, bs))
+
+
+def test_where_its_kernel_does_not_take_the_inputs_the_fused_op_runs_the_two_ops():
+    """The GPU fallback (a channels-first x, a GPU without FP8 GEMMs): the norm's op, then the
+    projections' op, each by its own best implementation (on the CPU: their references)."""
+    pytest.importorskip("triton")
+    from sgdiff.kernels.layernorm_modulate_linear_fp8 import layernorm_modulate_linear_fp8_reference
+    from sgdiff.kernels.triton.layernorm_modulate_fp8 import layernorm_modulate_then_linears
+
+    x, emb = _norm_args(64)
+    x = x.transpose(1, 2).contiguous().transpose(1, 2)  # channels-first storage read as [B, S, D]
+    shift, scale = emb[:, None].chunk(2, dim=-1)
+    args = (x, None, None, 1e-6, scale, shift, True, None, None, None, None, [_w(32, 64, 1), _w(48, 64, 2)],
+            [_b(32, 1), _b(48, 2)])
+    assert torch.equal(layernorm_modulate_then_linears(*args), layernorm_modulate_linear_fp8_reference(*args))

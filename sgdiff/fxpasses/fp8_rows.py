@@ -9,7 +9,8 @@ The new op's output is the projections' (the same shape and layout), so what rea
 unchanged; the LayerNorm-modulate's output, read by nothing else, is never made. Only views lie
 between the two (each read only by the next), and the GEMM reads the rows the LayerNorm-modulate
 makes, its leading dims flattened. Runs after :mod:`sgdiff.fxpasses.siblings`, whose merged
-projections it takes whole.
+projections it takes whole. Where the op's kernel does not take a call's inputs (a channels-first
+``x``), the op runs the two ops it replaced.
 """
 from __future__ import annotations
 

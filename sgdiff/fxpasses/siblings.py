@@ -67,6 +67,8 @@ def _merge(gm: fx.GraphModule, x: fx.Node, members: List[fx.Node], order: Dict[f
     try:
         node.meta["val"] = fake_value(node)
         widths = [m.meta["val"].shape[-1] for m in members]
+        if not all(isinstance(w, int) for w in widths):
+            raise ValueError("a projection's width is symbolic")
         starts = [sum(widths[:i]) for i in range(len(widths))]
         columns = {m: node.meta["val"][:, s:s + w] for m, s, w in zip(members, starts, widths)}
         changed = _derived_values(gm, columns)

@@ -85,8 +85,8 @@ def _chain(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtyp
 
 layernorm_modulate_linear_fp8 = dispatch.define_op(OpDef(
     "layernorm_modulate_linear_fp8", Contract.APPROX, layernorm_modulate_linear_fp8_reference,
-    # x bf16, or an fp32 stream normalized in fp32 and cast to bf16 (Wan's)
-    impls=fp8_impls("cublas", "LAYERNORM_MODULATE_LINEARS_BF16", module="layernorm_modulate_fp8",
+    # x bf16, or an fp32 stream normalized in fp32 and cast to bf16 (Wan's); elsewhere on the GPU, the two ops
+    impls=fp8_impls("unfused", "LAYERNORM_MODULATE_THEN_LINEARS", module="layernorm_modulate_fp8",
                     dtypes=frozenset({"bfloat16", "float32"})),
     examples=(
         Example("Flux.1-dev single block: norm, then q, k, v and the MLP's projection",

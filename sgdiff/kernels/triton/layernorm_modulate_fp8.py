@@ -20,7 +20,7 @@ import triton.language as tl
 from sgdiff import _compat
 from sgdiff.kernels.linear_fp8 import E4M3, E4M3_MAX, SCALE_FLOOR
 from sgdiff.kernels.registry import Impl
-from sgdiff.kernels import tuning
+from sgdiff.kernels import dispatch, tuning
 from sgdiff.kernels.triton import layernorm_channels_first, layernorm_modulate as lm, linear_fp8
 from sgdiff.kernels.triton.cuda_math import INTERPRET, to_e4m3
 from sgdiff.kernels.triton.launch import LeanKernel
@@ -165,16 +165,15 @@ def layernorm_modulate_linear_fp8(x, weight, bias, eps, scale, shift, scale_plus
     return bind(*args)(*args)
 
 
-def layernorm_modulate_linears_bf16(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype,
+def layernorm_modulate_then_linears(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype,
                                     scale_addend, shift_addend, weights, biases):
-    """The tier below's chain (GPUs without FP8 GEMMs): the LayerNorm-modulate, then the bf16 GEMMs
-    side by side."""
-    from sgdiff.kernels.layernorm_modulate import layernorm_modulate_reference
-
-    y = layernorm_modulate_reference(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype,
-                                     scale_addend, shift_addend)
-    return linear_fp8.linears_bf16(y.reshape(-1, y.shape[-1]), weights, biases)
+    """What the graph ran before the fold, each op by its own best implementation: the
+    LayerNorm-modulate, then linear_fp8_siblings of its rows (where this op's kernel does not take
+    the inputs, and on GPUs without FP8 GEMMs, where linear_fp8_siblings runs bf16 GEMMs)."""
+    h = dispatch.run("layernorm_modulate", x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype,
+                     scale_addend, shift_addend)
+    return dispatch.run("linear_fp8_siblings", h.reshape(-1, h.shape[-1]), weights, biases)
 
 
 LAYERNORM_MODULATE_LINEAR_FP8 = Impl(run=layernorm_modulate_linear_fp8, supports=supported_layout, bind=bind)
-LAYERNORM_MODULATE_LINEARS_BF16 = Impl(run=layernorm_modulate_linears_bf16)
+LAYERNORM_MODULATE_THEN_LINEARS = Impl(run=layernorm_modulate_then_linears)
