@@ -29,14 +29,10 @@ VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 NORM_DEFAULTS = (True, None, None, None, None)  # scale_plus_one, x_dtype, out_dtype, scale_addend, shift_addend
 
 
-def _op(name: str):
-    return registry.op_def(name).load()
-
-
 def fold_norms_into_fp8_rows(gm: fx.GraphModule) -> int:
     """Rewrite each such pair; returns how many."""
-    norm, single, siblings, fused = (_op(n) for n in ("layernorm_modulate", "linear_fp8", "linear_fp8_siblings",
-                                                      "layernorm_modulate_linear_fp8"))
+    norm, single, siblings, fused = (registry.op_def(n).load() for n in (
+        "layernorm_modulate", "linear_fp8", "linear_fp8_siblings", "layernorm_modulate_linear_fp8"))
     folded = 0
     for gemm in list(gm.graph.nodes):
         if gemm.op != "call_function" or gemm.target not in (single, siblings) or gemm.kwargs:

@@ -32,21 +32,21 @@ log = logging.getLogger("sgdiff")
 aten = torch.ops.aten
 
 
-def _op(name: str):
-    return registry.op_def(name).load()
-
-
 def merge_sibling_projections(gm: fx.GraphModule) -> int:
     """Merge each group of linear_fp8 ops of one input; returns how many groups were merged."""
-    single, merged_op = _op("linear_fp8"), _op("linear_fp8_siblings")
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    single = registry.op_def("linear_fp8").load()
     groups: Dict[tuple, List[fx.Node]] = {}
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target is single and not node.kwargs and len(node.args) == 3:
             groups.setdefault((node.args[0], node.args[2] is None), []).append(node)
+    groups = {key: members for key, members in groups.items() if len(members) > 1}
+    if not groups:  # every tier but high: no linear_fp8 op
+        return 0
+    merged_op = registry.op_def("linear_fp8_siblings").load()
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
     merged = 0
     for (x, _), members in groups.items():
-        if len(members) > 1 and _merge(gm, x, members, order, merged_op):
+        if _merge(gm, x, members, order, merged_op):
             merged += 1
     if merged:
         gm.recompile()

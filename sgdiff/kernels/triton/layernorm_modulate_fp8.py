@@ -17,7 +17,6 @@ import torch
 import triton
 import triton.language as tl
 
-from sgdiff import _compat
 from sgdiff.kernels.linear_fp8 import E4M3, E4M3_MAX, SCALE_FLOOR
 from sgdiff.kernels.registry import Impl
 from sgdiff.kernels import dispatch, tuning
@@ -117,54 +116,6 @@ def _quantizer(x, weight, bias, scale, shift, scale_plus_one, x_dtype, out_dtype
     return quantize
 
 
-FIRST_SIGHT = tuning.FirstSight("layernorm_modulate_linear_fp8")
-
-
-def bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype, scale_addend, shift_addend,
-         weights, biases):
-    """:func:`layernorm_modulate_linear_fp8` for inputs of this signature. On the GPU, chosen at
-    first sight against what the graph ran before (the LayerNorm-modulate's own kernel, then
-    linear_fp8_siblings as it chooses), and kept only where faster."""
-    quantize = _quantizer(x, weight, bias, scale, shift, scale_plus_one, x_dtype, out_dtype, scale_addend,
-                          shift_addend)
-
-    def fused(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype, scale_addend, shift_addend,
-              weights, biases):
-        xq, xs = quantize(x, weight, bias, eps, scale, shift, scale_addend, shift_addend)
-        wq, ws, b = linear_fp8.WEIGHTS.side_by_side(weights, biases)
-        return _compat.scaled_mm(xq, wq.t(), xs, ws, b, torch.bfloat16, fast_accumulation=True)
-
-    if not x.is_cuda:
-        return fused
-    bound = []  # the norm's launch and the GEMM's, bound at the first unfused call (first sight's, if any)
-
-    def unfused(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype, scale_addend, shift_addend,
-                weights, biases):
-        norm_args = (x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype, scale_addend,
-                     shift_addend)
-        if not bound:
-            bound.append(lm.bind(*norm_args))
-        y = bound[0](*norm_args)
-        rows = y.view(-1, y.shape[-1])
-        if len(bound) == 1:
-            bound.append(linear_fp8.siblings_bind(rows, weights, biases))
-        return bound[1](rows, weights, biases)
-
-    args = (x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype, scale_addend, shift_addend,
-            weights, biases)
-    key = (tuple(x.shape), x.device, tuple(tuple(w.shape) for w in weights), bool(biases), x_dtype, out_dtype)
-    label, _ = FIRST_SIGHT.choose(key, (("unfused", unfused), ("fused", fused)), args)
-    return fused if label == "fused" else unfused
-
-
-def layernorm_modulate_linear_fp8(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype, scale_addend,
-                                  shift_addend, weights, biases):
-    """Launch; the caller has checked :func:`supported_layout` and the device."""
-    args = (x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype, scale_addend, shift_addend,
-            weights, biases)
-    return bind(*args)(*args)
-
-
 def layernorm_modulate_then_linears(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype,
                                     scale_addend, shift_addend, weights, biases):
     """What the graph ran before the fold, each op by its own best implementation: the
@@ -173,6 +124,39 @@ def layernorm_modulate_then_linears(x, weight, bias, eps, scale, shift, scale_pl
     h = dispatch.run("layernorm_modulate", x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype,
                      scale_addend, shift_addend)
     return dispatch.run("linear_fp8_siblings", h.reshape(-1, h.shape[-1]), weights, biases)
+
+
+FIRST_SIGHT = tuning.FirstSight("layernorm_modulate_linear_fp8")
+
+
+def bind(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype, scale_addend, shift_addend,
+         weights, biases):
+    """:func:`layernorm_modulate_linear_fp8` for inputs of this signature. On the GPU, chosen at
+    first sight against what the graph ran before (:func:`layernorm_modulate_then_linears`), and
+    kept only where faster."""
+    quantize = _quantizer(x, weight, bias, scale, shift, scale_plus_one, x_dtype, out_dtype, scale_addend,
+                          shift_addend)
+
+    def fused(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype, scale_addend, shift_addend,
+              weights, biases):
+        xq, xs = quantize(x, weight, bias, eps, scale, shift, scale_addend, shift_addend)
+        return linear_fp8.gemm_of_rows_side_by_side(xq, xs, weights, biases, torch.bfloat16)
+
+    if not x.is_cuda:
+        return fused
+    args = (x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype, scale_addend, shift_addend,
+            weights, biases)
+    key = (tuple(x.shape), x.device, tuple(tuple(w.shape) for w in weights), bool(biases), x_dtype, out_dtype)
+    label, _ = FIRST_SIGHT.choose(key, (("unfused", layernorm_modulate_then_linears), ("fused", fused)), args)
+    return fused if label == "fused" else layernorm_modulate_then_linears
+
+
+def layernorm_modulate_linear_fp8(x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype, scale_addend,
+                                  shift_addend, weights, biases):
+    """Launch; the caller has checked :func:`supported_layout` and the device."""
+    args = (x, weight, bias, eps, scale, shift, scale_plus_one, x_dtype, out_dtype, scale_addend, shift_addend,
+            weights, biases)
+    return bind(*args)(*args)
 
 
 LAYERNORM_MODULATE_LINEAR_FP8 = Impl(run=layernorm_modulate_linear_fp8, supports=supported_layout, bind=bind)

@@ -326,16 +326,13 @@ def siblings_bind(x: torch.Tensor, weights, biases):
     quantize = _quantizer(x.numel() // k, k)
 
     def launch(x, weights, biases):
-        xq, xs = ACTIVATIONS.get(x, quantize)
-        wq, ws, b = WEIGHTS.side_by_side(weights, biases)
-        return _compat.scaled_mm(xq, wq.t(), xs, ws, b, x.dtype, fast_accumulation=True)
+        return gemm_of_rows_side_by_side(*ACTIVATIONS.get(x, quantize), weights, biases, x.dtype)
 
     if not x.is_cuda:
         return launch
 
     def quantized(x, weights, biases):  # what first sight times: the activation quantized on each call
-        (xq, xs), (wq, ws, b) = quantize(x.view(-1, k)), WEIGHTS.side_by_side(weights, biases)
-        return _compat.scaled_mm(xq, wq.t(), xs, ws, b, x.dtype, fast_accumulation=True)
+        return gemm_of_rows_side_by_side(*quantize(x.view(-1, k)), weights, biases, x.dtype)
 
     key = (tuple(x.shape), x.device, tuple(tuple(w.shape) for w in weights), bool(biases))
     label, _ = SIBLINGS_FIRST_SIGHT.choose(key, (("bf16", linears_bf16), ("fp8", quantized)), (x, weights, biases))
@@ -352,6 +349,13 @@ def gemm_of_rows(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, bias:
     and the weight's kept e4m3 copy: ``[M, N]`` of ``dtype``."""
     wq, ws = WEIGHTS.get(weight)
     return _compat.scaled_mm(xq, wq.t(), xs, ws, bias, dtype, fast_accumulation=True)
+
+
+def gemm_of_rows_side_by_side(xq: torch.Tensor, xs: torch.Tensor, weights, biases, dtype):
+    """:func:`gemm_of_rows` over the weights' kept copies side by side (and their biases, or
+    none): ``[M, sum N_i]`` of ``dtype``."""
+    wq, ws, b = WEIGHTS.side_by_side(weights, biases)
+    return _compat.scaled_mm(xq, wq.t(), xs, ws, b, dtype, fast_accumulation=True)
 
 
 def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
