@@ -32,8 +32,9 @@ EXPECTED = {
     # x 2 dtypes, and copied first where addends come
     "test_layernorm_modulate_interp.py": 2 * 4 * 5 + 2 + 2 * 4 * 3 + 4 + 3 + 2 + 4 * 2 + 1,
     # residual_gate 2 dtypes x 2 widths x 11 argument lists, residual_add 6 (3 divisors, 3 scales); then the
-    # tanh gate, the refused layouts; a per-token gate's addend, plain and tanh
-    "test_residual_gate_interp.py": 2 * 2 * 11 + 6 + 2 + 2,
+    # tanh gate, the refused layouts; a per-token gate's addend, plain and tanh; a residual in 2 other memory
+    # orders x its update alike or not x 2 gates, and a transposed 2-D one
+    "test_residual_gate_interp.py": 2 * 2 * 11 + 6 + 2 + 2 + 2 * 2 * 2 + 1,
     # the former 206, 103 a dtype: rms_norm fused 4 shapes x 2 weights, rope 3 head dims x 2 rotations
     # x 2 layouts, rope_complex 2 and rope_even_odd 1, rms_norm diffusers 6 shapes x 3 weights x 2
     # references and heads-first 1, silu_mul 2 and its epilogues 2, cast_copy 4, linear_attention_out

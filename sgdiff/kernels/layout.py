@@ -44,6 +44,24 @@ def is_dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
     return True
 
 
+def dense_order(x: torch.Tensor) -> Optional[List[int]]:
+    """The dim order (outermost first) in which non-overlapping and dense ``x`` is contiguous:
+    ``x.permute(order)`` is contiguous (Sana's ``[B, C, S]`` token stream read as ``[B, S, C]``
+    gives ``[0, 2, 1]``); None where no order is (a chunk view, a broadcast)."""
+    if not is_dense(x.shape, x.stride()):
+        return None
+    order = sorted(range(x.dim()), key=lambda d: (-x.stride(d), d))
+    return order if x.permute(order).is_contiguous() else None
+
+
+def inverse_order(order: Sequence[int]) -> List[int]:
+    """The permutation that undoes ``x.permute(order)``."""
+    inverse = [0] * len(order)
+    for position, d in enumerate(order):
+        inverse[d] = position
+    return inverse
+
+
 def like_strides(x: torch.Tensor) -> List[int]:
     """The strides of ``like(x)`` (see the module doc)."""
     if is_dense(x.shape, x.stride()):

@@ -41,7 +41,7 @@ def test_real_shapes_bitexact(shape, stream, update, per_token):
 @given(B=st.integers(1, 3), S=st.integers(1, 200), D=st.integers(1, 3000),
        dtypes=st.sampled_from([(torch.bfloat16,) * 3, (torch.float16,) * 3, (torch.float32,) * 3,
                                (torch.float32, torch.float32, torch.bfloat16)]),
-       gate_form=st.sampled_from(["row", "per_token", "vector", "transposed_residual"]),
+       gate_form=st.sampled_from(["row", "per_token", "vector", "transposed_residual", "channels_first"]),
        gate_kind=st.sampled_from(["plain", "tanh", "sigmoid"]), bias=st.sampled_from([None, "same", "fp32"]),
        divisor=st.sampled_from([None, 1.0, 3.0, 0.7, 2]))
 def test_any_layout_is_exact_or_falls_back(B, S, D, dtypes, gate_form, gate_kind, bias, divisor):
@@ -49,8 +49,10 @@ def test_any_layout_is_exact_or_falls_back(B, S, D, dtypes, gate_form, gate_kind
     res = torch.randn(B, S, D, device="cuda").to(rd)
     if gate_form == "transposed_residual":
         res = res.transpose(0, 1).contiguous().transpose(0, 1)
+    elif gate_form == "channels_first":  # Sana's token stream: [B, D, S] memory read as [B, S, D]
+        res = res.transpose(1, 2).contiguous().transpose(1, 2)
     gate = {"row": lambda: torch.randn(B, 1, D, device="cuda"), "per_token": lambda: torch.randn(B, S, D, device="cuda"),
-            "vector": lambda: torch.randn(D, device="cuda"),
+            "vector": lambda: torch.randn(D, device="cuda"), "channels_first": lambda: torch.randn(B, 1, D, device="cuda"),
             "transposed_residual": lambda: torch.randn(B, 1, D, device="cuda")}[gate_form]().to(gd)
     upd = torch.randn(B, S, D, device="cuda").to(ud)
     b = None if bias is None else torch.randn(D, device="cuda").to(ud if bias == "same" else torch.float32)
@@ -83,12 +85,30 @@ def test_wan_casts_are_exact(B, S, D, dtype, per_token, gate_dtype):
 ADD = registry.op_def("residual_add").load()
 
 
+@pytest.mark.parametrize("update_alike", [False, True])
+def test_sanas_channels_first_stream_takes_the_kernel(update_alike):
+    """Sana 1.6B's token stream after its Mix-FFN, [B, C, S] memory read as [B, S, C]: the kernel
+    runs over it in its memory order (no eager chain), eager's bits in eager's strides."""
+    B, S, C = 2, 1024, 2240
+    res = torch.randn(B, C, S, device="cuda").to(torch.bfloat16).transpose(1, 2)
+    upd = torch.randn(B, C, S, device="cuda").to(torch.bfloat16)
+    upd = upd.transpose(1, 2) if update_alike else upd.transpose(1, 2).contiguous()
+    gate = torch.randn(B, 6 * C, device="cuda").to(torch.bfloat16).chunk(6, dim=1)[2][:, None]
+    assert tk.can_use(res, gate, upd, "plain")
+    got, want = tk.residual_gate(res, gate, upd, "plain"), res + gate * upd
+    assert torch.equal(got, want) and got.stride() == want.stride() == res.stride()
+    if update_alike:
+        assert tk.residual_add_can_use(res, upd, 2.0, True)
+        got, want = tk.residual_add(res, upd, 2.0, True), upd / 2.0 + res
+        assert torch.equal(got, want) and got.stride() == want.stride()
+
+
 @settings(max_examples=int(os.environ.get("SGDIFF_GPU_EXAMPLES", "40")), deadline=None)
 @given(B=st.integers(1, 3), S=st.integers(1, 300), D=st.sampled_from([16, 1152, 2240, 3072]),
        dtypes=st.sampled_from([(torch.bfloat16,) * 2, (torch.float16,) * 2, (torch.float32,) * 2,
                                (torch.float32, torch.bfloat16)]),
        divisor=st.sampled_from([1.0, 3.0, 0.7, 8, 1e-3]), update_first=st.booleans(),
-       layout=st.sampled_from(["contiguous", "transposed_residual", "transposed_update"]))
+       layout=st.sampled_from(["contiguous", "transposed_residual", "transposed_update", "channels_first"]))
 def test_rescaled_residual_is_exact_or_falls_back(B, S, D, dtypes, divisor, update_first, layout):
     """Sana's and PixArt's cross-attention: attn / rescale_output_factor + x, as eager computes it
     (a product with the divisor's fp32 reciprocal), in eager's layout."""
@@ -98,6 +118,8 @@ def test_rescaled_residual_is_exact_or_falls_back(B, S, D, dtypes, divisor, upda
         res = res.transpose(0, 1).contiguous().transpose(0, 1)
     elif layout == "transposed_update":
         upd = upd.transpose(0, 1).contiguous().transpose(0, 1)
+    elif layout == "channels_first":  # both laid out as Sana's token stream
+        res, upd = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (res, upd))
     want = upd / divisor + res if update_first else res + upd / divisor
     got = ADD(res, upd, divisor, update_first)
     assert torch.equal(got, want) and got.stride() == want.stride()

@@ -112,7 +112,53 @@ def test_refused_layouts():
     assert not tk.residual_add_supported_layout(r, u.contiguous(), 3.0, True, 0.5)   # a divisor and a scale
     assert not tk.residual_add_supported_layout(r, u.contiguous(), None, True)       # neither
     assert not tk.supported_layout(r[:, :1], g, u, "plain")            # broadcasts past the residual
-    assert not tk.supported_layout(r.transpose(0, 1), g.transpose(0, 1), u.transpose(0, 1), "plain")
+    assert not tk.supported_layout(r[..., ::2], g[..., ::2], u[..., ::2], "plain")   # not dense
+    transposed = r.transpose(1, 2).contiguous().transpose(1, 2)
+    assert tk.supported_layout(transposed, g, u, "plain")
+    assert not tk.supported_layout(transposed, g, u, "plain", False)   # a contiguous output from it: no
+    assert not tk.residual_add_supported_layout(transposed, u.contiguous(), 3.0, True)   # laid out otherwise
+
+
+# Sana's token stream: [B, C, S] memory read as [B, S, C] (the residual, and its update laid out
+# alike or contiguous), a 2-D transposed residual, and a batch-outer permutation
+MEMORY_ORDERS = {
+    "channels_first": lambda t: t.transpose(1, 2).contiguous().transpose(1, 2),
+    "batch_inner": lambda t: t.permute(1, 2, 0).contiguous().permute(2, 0, 1),
+}
+
+
+@pytest.mark.parametrize("update_alike", [True, False])
+@pytest.mark.parametrize("order", list(MEMORY_ORDERS))
+@pytest.mark.parametrize("gate_kind", ["plain", "tanh"])
+def test_a_residual_in_another_memory_order(order, update_alike, gate_kind):
+    """The kernel runs over the residual's memory order: the reference's values, in the
+    residual's strides (what eager's TensorIterator gives a residual that comes first)."""
+    torch.manual_seed(0)
+    lay = MEMORY_ORDERS[order]
+    r, u = lay(torch.randn(2, 37, 160)), torch.randn(2, 37, 160)
+    u = lay(u) if update_alike else u
+    g, b = torch.randn(2, 1, 160), torch.randn(160)
+    for args in ((r, g, u, gate_kind), (r, g, u, gate_kind, True, b, 3.0)):
+        assert tk.supported_layout(*args)
+        got, want = tk.residual_gate(*args), ref(*args)
+        if len(args) == 7:   # CUDA divides by a CPU scalar as a product with its fp32 reciprocal
+            want = ref(r, g, ((u + b) * tk.reciprocal(3.0)), gate_kind)
+        assert got.stride() == want.stride() == r.stride()
+        if gate_kind == "tanh":   # the interpreter's tanh is numpy's
+            assert_within(got, want, 2 ** -20)
+        else:
+            assert torch.equal(got, want)
+    if update_alike:
+        got = tk.residual_add(r, u, 3.0, False)
+        assert got.stride() == r.stride()
+        assert torch.equal(got, r + (u * tk.reciprocal(3.0)))
+
+
+def test_a_transposed_2d_residual():
+    torch.manual_seed(0)
+    r, g, u = torch.randn(160, 37).t(), torch.randn(160), torch.randn(37, 160)
+    got = tk.residual_gate(r, g, u, "plain")
+    assert got.stride() == r.stride() and torch.equal(got, r + g * u)
 
 
 @pytest.mark.parametrize("kind", ["plain", "tanh"])

@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sgdiff.kernels.layout import dense_order, inverse_order, same_strides
 from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton.cuda_math import INTERPRET, expf, libdevice_options, tanhf
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
@@ -114,13 +115,20 @@ def supported_layout(residual, gate, update, gate_kind, residual_layout=True, up
                      update_divisor=None, out_dtype=None, gate_addend=None, product_dtype=None) -> bool:
     """can_use without the device check (the interpreter runs the kernel on CPU tensors).
 
-    The residual must be contiguous, where its layout and the contiguous one coincide, so
-    ``residual_layout`` (which of the two the output takes) changes nothing here.
+    The residual is contiguous, where its layout and the contiguous one coincide, so
+    ``residual_layout`` (which of the two the output takes) changes nothing; or, with
+    ``residual_layout``, dense in another dim order (Sana's ``[B, C, S]`` token stream read as
+    ``[B, S, C]``): the kernel then runs over every operand in that order (:func:`_in_memory_order`).
     """
-    if not (2 <= residual.dim() <= 3 and residual.is_contiguous() and residual.numel() > 0
-            and rows_fit(residual, residual.shape[-1])):  # rows in 32 bits (the kernel's row_tile)
+    if not (2 <= residual.dim() <= 3 and residual.numel() > 0):
         return False
-    if residual.shape[-1] > 16384 or out_dtype not in (None, *DTYPES) or gate_kind not in GATE_FNS:
+    order = [*range(residual.dim())] if residual.is_contiguous() else residual_layout and dense_order(residual)
+    if not order:
+        return False
+    rows = residual.permute(order)
+    if not rows_fit(rows, rows.shape[-1]) or rows.shape[-1] > 16384:  # rows in 32 bits (the kernel's row_tile)
+        return False
+    if out_dtype not in (None, *DTYPES) or gate_kind not in GATE_FNS:
         return False
     if product_dtype not in (None, *DTYPES) or (product_dtype is not None and gate is None):
         return False
@@ -143,8 +151,10 @@ def residual_add_can_use(residual, update, update_divisor, update_first, update_
 
 
 def residual_add_supported_layout(residual, update, update_divisor, update_first, update_scale=None) -> bool:
-    """Both contiguous: eager's output is then contiguous whatever the operand order."""
-    return ((update_divisor is None) != (update_scale is None) and update.is_contiguous()
+    """Both laid out alike, dense (contiguous, or Sana's transposed token stream): eager's output
+    then has that layout whatever the operand order."""
+    return ((update_divisor is None) != (update_scale is None) and update.shape == residual.shape
+            and same_strides(residual.shape, update.stride(), residual.stride())
             and supported_layout(residual, None, update, "plain"))
 
 
@@ -197,9 +207,10 @@ def _plan(residual, gate, update, update_bias, gate_addend=None, product_dtype=N
              num_warps=max(1, min(warps, block_r * block_d // (32 * vector))))  # a small residual: fewer
 
 
-def _bind(residual, gate, update, gate_kind, update_bias, update_divisor, out_dtype=None, gate_addend=None,
-          update_scale=None, product_dtype=None):
-    """The launch for inputs of this signature: ``launch(residual, gate, update, bias, gate_addend)``."""
+def _bind_rows(residual, gate, update, gate_kind, update_bias, update_divisor, out_dtype=None, gate_addend=None,
+               update_scale=None, product_dtype=None):
+    """The launch for inputs of this signature, the residual contiguous: ``launch(residual, gate,
+    update, bias, gate_addend)``."""
     grid, ints, updated, gated, product, added, total, blocks = _plan(residual, gate, update, update_bias,
                                                                       gate_addend, product_dtype)
     dtype, view = out_dtype or total, residual.shape
@@ -221,6 +232,28 @@ def _bind(residual, gate, update, gate_kind, update_bias, update_divisor, out_dt
         return out
 
     return launch
+
+
+def _bind(residual, gate, update, gate_kind, update_bias, update_divisor, out_dtype=None, gate_addend=None,
+          update_scale=None, product_dtype=None):
+    """:func:`_bind_rows` for a residual of any dense layout: every operand broadcast to the
+    residual's shape and permuted so that the residual is contiguous (:func:`dense_order`), the
+    output permuted back (the residual's strides). Elementwise: the same bits in any order."""
+    def bind_rows(residual, gate, update, update_bias, gate_addend):
+        return _bind_rows(residual, gate, update, gate_kind, update_bias, update_divisor, out_dtype, gate_addend,
+                          update_scale, product_dtype)
+
+    if residual.is_contiguous():
+        return bind_rows(residual, gate, update, update_bias, gate_addend)
+    order, shape = dense_order(residual), residual.shape
+    inverse = inverse_order(order)
+
+    def rows(t):
+        return None if t is None else t.expand(shape).permute(order)
+
+    launch = bind_rows(rows(residual), rows(gate), rows(update), rows(update_bias), rows(gate_addend))
+    return lambda residual, gate, update, bias, gate_addend=None: launch(
+        rows(residual), rows(gate), rows(update), rows(bias), rows(gate_addend)).permute(inverse)
 
 
 def bind(residual, gate, update, gate_kind, residual_layout=True, update_bias=None, update_divisor=None,
