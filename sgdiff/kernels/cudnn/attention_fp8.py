@@ -9,11 +9,12 @@ frontend's graph API.
 2. One cuDNN graph per geometry (batch, heads, tokens, head dim, causal, scale), built on its
    first launch (at the first sight of a signature: outside CUDA-graph capture) and kept; it runs
    on torch's current stream with a workspace from torch's allocator, so a CUDA graph captures it
-   like any kernel. Where cuDNN refuses the token counts as they are (FP8 attention in cuDNN has
-   required multiples of 64 in some versions; Wan's 32760 is none: which holds for the installed
-   one is not yet seen), the copies are padded with zero tokens to a multiple of :data:`PAD` and
-   the graph masks them out (``use_padding_mask`` with the true counts): the same attention over
-   the same keys.
+   like any kernel. Where the token counts are no multiples of :data:`PAD`, a second graph takes
+   them padded: the copies padded with zero tokens, which the graph masks out
+   (``use_padding_mask`` with the true counts), the same attention over the same keys (cuDNN
+   9.19 takes Wan's 32760 tokens as they are, and on an H100 runs them 11% faster padded). At
+   the first launch each graph's plans (cuDNN's ranking of its engines and knobs) are timed as
+   whole launches on the call's operands and the fastest kept (:func:`chosen_plan`).
 3. The e4m3 output restored (:func:`sgdiff.kernels.triton.fp8_heads.restore_heads`), returned as
    a ``[B, H, S, D]`` view of ``[B, S, H, D]`` memory.
 
@@ -30,6 +31,7 @@ from typing import Dict, Optional
 import torch
 
 from sgdiff import _compat
+from sgdiff.kernels import tuning
 from sgdiff.kernels.attention_fp8 import P_SCALE, takes_head_dim
 from sgdiff.kernels.registry import Impl
 
@@ -66,6 +68,7 @@ def heads_dims(b: int, h: int, s: int, d: int):
 
 SCALARS = ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o")
 PAD = 128  # the token counts a padded geometry rounds up to
+PLANS_TIMED = 8  # the heuristics' first plans a geometry's first launch builds and times
 
 
 def padded(tokens: int) -> int:
@@ -107,26 +110,17 @@ def define_graph(cudnn, b: int, h: int, s_q: int, s_k: int, d: int, is_causal: b
 
 
 class _Plan:
-    """One geometry's built graph (padded where cuDNN refuses it as it is), its handle and its
-    fixed inputs, on one device."""
+    """One geometry's built graph, as it is or padded (``pad``; raises where cuDNN refuses it),
+    its handle and its fixed inputs, on one device."""
 
-    def __init__(self, device: torch.device, b, h, s_q, s_k, d, is_causal, sm_scale):
+    def __init__(self, device: torch.device, b, h, s_q, s_k, d, is_causal, sm_scale, pad: bool):
         cudnn = frontend()
-        self.handle = _handle(device)
-        for pad in (False, True):
-            try:
-                self.graph, self.tensors = define_graph(cudnn, b, h, s_q, s_k, d, is_causal, sm_scale, self.handle,
-                                                        pad)
-                self.graph.build_operation_graph()
-                self.graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-                self.graph.check_support()
-                self.graph.build_plans()
-                break
-            except Exception as exc:  # refused as it is: once more padded
-                if pad or (padded(s_q), padded(s_k)) == (s_q, s_k):
-                    raise
-                log.info("sgdiff: cuDNN's FP8 attention refuses %d x %d tokens as they are (%s: %s); padding them to "
-                         "%d x %d, masked", s_q, s_k, type(exc).__name__, str(exc)[:200], padded(s_q), padded(s_k))
+        self.handle, self.pad = _handle(device), pad
+        self.graph, self.tensors = define_graph(cudnn, b, h, s_q, s_k, d, is_causal, sm_scale, self.handle, pad)
+        self.graph.build_operation_graph()
+        self.graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        self.graph.check_support()
+        self.graph.build_plans()  # the heuristics' first plan that builds, until select
         self.rows = (padded(s_q), padded(s_k)) if pad else (s_q, s_k)
         self.workspace_bytes = max(int(self.graph.get_workspace_size()), 1)
         one = torch.ones((1, 1, 1, 1), dtype=torch.float32, device=device)
@@ -135,15 +129,96 @@ class _Plan:
             self.fixed.update(seq_len_q=torch.full((b, 1, 1, 1), s_q, dtype=torch.int32, device=device),
                               seq_len_kv=torch.full((b, 1, 1, 1), s_k, dtype=torch.int32, device=device))
 
-    def run(self, q8, k8, v8, q_scale, k_scale, o8):
+    def plans(self, device: torch.device):
+        """``[(index, workspace)]``: the first :data:`PLANS_TIMED` plans cuDNN's heuristics rank
+        (engines and their knobs: the same math, other tilings) that build here."""
+        built = []
+        for index in range(min(self.graph.get_execution_plan_count(), PLANS_TIMED)):
+            try:
+                self.graph.build_plan_at_index(index)
+                built.append((index, torch.empty(max(int(self.graph.get_workspace_size_plan_at_index(index)), 1),
+                                                 dtype=torch.uint8, device=device)))
+            except Exception:  # a plan the heuristics rank that does not build here
+                continue
+        return built
+
+    def select(self, index: int) -> None:
+        """Plan ``index`` for every later :meth:`run`."""
+        self.graph.build_plan_at_index(index)
+        self.workspace_bytes = max(int(self.graph.get_workspace_size_plan_at_index(index)), 1)
+
+    def run(self, q8, k8, v8, q_scale, k_scale, o8, plan=None):
+        """The selected plan, or ``plan`` (``(index, workspace)``), on torch's current stream (a
+        capture's, where one is under way)."""
         cudnn, t = frontend(), self.tensors
         amax = torch.empty((2, 1, 1, 1), dtype=torch.float32, device=q8.device)
         pack = {t["q"]: q8, t["k"]: k8, t["v"]: v8, t["o"]: o8, t["amax_s"]: amax[0:1], t["amax_o"]: amax[1:2],
                 t["descale_q"]: q_scale.reshape(1, 1, 1, 1), t["descale_k"]: k_scale.reshape(1, 1, 1, 1),
                 **{t[name]: value for name, value in self.fixed.items()}}
-        workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=q8.device)
         cudnn.set_stream(handle=self.handle, stream=_stream(q8.device))
+        if plan is not None:
+            self.graph.execute_plan_at_index(pack, plan[1], plan[0], self.handle)
+            return
+        workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=q8.device)
         self.graph.execute(pack, workspace, handle=self.handle)
+
+
+def attend(plan: _Plan, q, k, v, choice=None):
+    """The op's launch through ``plan`` (its selected cuDNN plan, or ``choice``): the operands'
+    e4m3 copies in its token counts, cuDNN's kernel, the output restored as a ``[B, H, S, D]`` view
+    of ``[B, S, H, D]`` memory."""
+    from sgdiff.kernels.triton import fp8_heads
+
+    q8, k8, v8, q_scale, k_scale, v_mean, v_scale = fp8_heads.quantize_operands(q, k, v, *plan.rows)
+    o8 = torch.empty_like(q8)
+    plan.run(q8, k8, v8, q_scale, k_scale, o8, choice)
+    return fp8_heads.restore_heads(o8, v_mean, v_scale, q.dtype, q.shape[2]).transpose(1, 2)
+
+
+def geometries(device: torch.device, b, h, s_q, s_k, d, is_causal, sm_scale):
+    """The graphs a geometry may run as: as it is where cuDNN takes it, and padded to
+    :data:`PAD` tokens where that changes the counts (on an H100, Wan's 32760 tokens ran 10-11%
+    faster padded to 32768: bench/results/runs/attention-fp8-plans-h100-64d9dc0.json)."""
+    plans, refusal = [], None
+    for pad in (False, True):
+        if pad and (padded(s_q), padded(s_k)) == (s_q, s_k):
+            break
+        try:
+            plans.append(_Plan(device, b, h, s_q, s_k, d, is_causal, sm_scale, pad))
+        except Exception as exc:
+            refusal = exc
+            log.info("sgdiff: cuDNN's FP8 attention refuses %d x %d tokens %s (%s: %s)", s_q, s_k,
+                     "padded" if pad else "as they are", type(exc).__name__, str(exc)[:200])
+    if not plans:
+        raise refusal
+    return plans
+
+
+def chosen_plan(key: tuple, q, k, v) -> _Plan:
+    """The graph and plan this geometry runs: at its first launch on the GPU, outside a capture,
+    every plan of every graph (:func:`geometries`, :meth:`_Plan.plans`) timed on the call's
+    operands as the whole launch (:func:`sgdiff.kernels.tuning.fastest`: the heuristics' plan of
+    the first graph kept unless another is faster by more than its margin) and the fastest
+    selected; elsewhere the first graph with its heuristics' plan. Where the timing breaks, that
+    one too (logged)."""
+    plans = geometries(q.device, *key[1:])
+    if q.is_cuda and not torch.cuda.is_current_stream_capturing():
+        try:
+            options = [(plan, choice) for plan in plans for choice in plan.plans(q.device)]
+            best, times = tuning.fastest([functools.partial(attend, plan, choice=choice) for plan, choice in options],
+                                         (q, k, v))
+            plan, (index, _) = options[best]
+            plan.select(index)
+            log.info("sgdiff: cuDNN's FP8 attention %s: %s us; kept %s%s", key[1:6],
+                     [f"{'padded ' if p.pad else ''}{i}: {t * 1e6:.1f}" for (p, (i, _)), t in zip(options, times)],
+                     "padded " if plan.pad else "", plan.graph.get_plan_name_at_index(index))
+            return plan
+        except Exception as exc:
+            log.info("sgdiff: cuDNN's FP8 attention keeps its heuristics' plan: timing the others failed (%s: %s)",
+                     type(exc).__name__, str(exc)[:200])
+            plans[0].graph.build_plans()
+            plans[0].workspace_bytes = max(int(plans[0].graph.get_workspace_size()), 1)
+    return plans[0]
 
 
 _handles: Dict[int, object] = {}
@@ -180,10 +255,9 @@ def supported_layout(q, k, v, is_causal, scale) -> bool:
 
 
 def bind(q, k, v, is_causal, scale):
-    """The launch for this signature; its cuDNN graph is built on the first launch (a geometry
-    cuDNN refuses raises there, which first sight and the dispatcher take as a refusal)."""
-    from sgdiff.kernels.triton import fp8_heads
-
+    """The launch for this signature; its cuDNN graph is built and its plan chosen on the first
+    launch (:func:`chosen_plan`; a geometry cuDNN refuses raises there, which first sight and the
+    dispatcher take as a refusal)."""
     b, h, s_q, d = q.shape
     sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     key = (q.device, b, h, s_q, k.shape[2], d, bool(is_causal), sm_scale)
@@ -193,12 +267,9 @@ def bind(q, k, v, is_causal, scale):
         nonlocal plan
         if plan is None:
             if key not in _plans:
-                _plans[key] = _Plan(q.device, *key[1:])
+                _plans[key] = chosen_plan(key, q, k, v)
             plan = _plans[key]
-        q8, k8, v8, q_scale, k_scale, v_mean, v_scale = fp8_heads.quantize_operands(q, k, v, *plan.rows)
-        o8 = torch.empty_like(q8)
-        plan.run(q8, k8, v8, q_scale, k_scale, o8)
-        return fp8_heads.restore_heads(o8, v_mean, v_scale, q.dtype, q.shape[2]).transpose(1, 2)
+        return attend(plan, q, k, v)
 
     return launch
 
