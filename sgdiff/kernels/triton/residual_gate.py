@@ -118,7 +118,7 @@ def supported_layout(residual, gate, update, gate_kind, residual_layout=True, up
     The residual is contiguous, where its layout and the contiguous one coincide, so
     ``residual_layout`` (which of the two the output takes) changes nothing; or, with
     ``residual_layout``, dense in another dim order (Sana's ``[B, C, S]`` token stream read as
-    ``[B, S, C]``): the kernel then runs over every operand in that order (:func:`_in_memory_order`).
+    ``[B, S, C]``): the kernel then runs over every operand in that order (:func:`_bind`).
     """
     if not (2 <= residual.dim() <= 3 and residual.numel() > 0):
         return False
