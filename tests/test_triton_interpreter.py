@@ -54,8 +54,8 @@ EXPECTED = {
     # inputs, the refusals
     "test_attention_int8_interp.py": 4 + 4 + 1 + 1,
     # attention_fp8's operands at 3 geometries (one heads-first), padded, its output restored; the cuDNN
-    # implementation against a frontend computing cuDNN's documented math, at 3 geometries
-    "test_fp8_heads_interp.py": 3 + 1 + 1 + 1 + 3,
+    # implementation against a frontend computing cuDNN's documented math, at 3 geometries; a geometry's two graphs
+    "test_fp8_heads_interp.py": 3 + 1 + 1 + 1 + 3 + 1,
     # rms_norm_heads_rope: 3 rotations x 4 geometries x 2 dtypes, the refusals
     "test_rms_norm_heads_rope_interp.py": 3 * 4 * 2 + 1,
     # the power-of-two reciprocal against IEEE division

@@ -204,3 +204,27 @@ def test_the_cudnn_implementation_hands_cudnn_what_the_reference_computes(monkey
     assert torch.equal(got, want), float((got - want).abs().max())
     (plan,) = cudnn_fp8._plans.values()
     assert plan.rows == ((cudnn_fp8.padded(s), cudnn_fp8.padded(s_k)) if refuse and s % 64 else (s, s_k))
+
+
+def test_each_graph_a_geometry_may_run_as_hands_cudnn_the_same_attention(monkeypatch):
+    """Token counts that are no multiples of 128 get two graphs (as they are, and padded, masked),
+    either of which first sight may keep: both give the reference's bits; a multiple of 128 gets one."""
+    import types
+
+    from sgdiff.kernels.attention_fp8 import attention_fp8_reference
+    from sgdiff.kernels.cudnn import attention_fp8 as cudnn_fp8
+
+    fake = types.SimpleNamespace(
+        data_type=types.SimpleNamespace(FP8_E4M3="e4m3", FLOAT="float", INT32="int32"),
+        heur_mode=types.SimpleNamespace(A="A", FALLBACK="FALLBACK"), pygraph=_FakeGraph,
+        set_stream=lambda handle, stream: None)
+    monkeypatch.setattr(cudnn_fp8, "frontend", lambda: fake)
+    monkeypatch.setattr(cudnn_fp8, "_handle", lambda device: "handle")
+    monkeypatch.setattr(cudnn_fp8, "_stream", lambda device: 0)
+    q, k, v = (t.float() for t in _qkv(1, 2, 200, 77, 64))
+    want = attention_fp8_reference(q, k, v, False, None)
+    plans = cudnn_fp8.geometries(q.device, 1, 2, 200, 77, 64, False, 64 ** -0.5)
+    assert [p.rows for p in plans] == [(200, 77), (256, 128)]
+    for plan in plans:
+        assert torch.equal(cudnn_fp8.attend(plan, q, k, v), want)
+    assert [p.rows for p in cudnn_fp8.geometries(q.device, 1, 2, 256, 128, 64, False, 0.125)] == [(256, 128)]
