@@ -251,11 +251,12 @@ def test_a_replay_that_does_not_pay_is_dropped(monkeypatch, caplog, wall, gpu, k
     timed_runs = 2 * cudagraphs.PAY_ROUNDS  # each of wall and GPU time: a direct run and a replay a round
     # warm-ups, the side-stream run, the capture, the direct runs timed, then the call itself
     assert fn.runs == WARMUP + 2 + timed_runs + (0 if kept else 1)
-    assert FakeGraph.replays == timed_runs + (1 if kept else 0)
+    # the untimed first launch (the graph's upload), the timed replays, then the call itself
+    assert FakeGraph.replays == 1 + timed_runs + (1 if kept else 0)
     assert ("CUDA graph dropped" in caplog.text) is not kept
     x, runs = torch.randn(4, 8), fn.runs
     out = runner(x, w, b)[0]
-    assert FakeGraph.replays == timed_runs + (2 if kept else 0)
+    assert FakeGraph.replays == 1 + timed_runs + (2 if kept else 0)
     assert fn.runs == runs + (0 if kept else 1)
     assert kept or torch.equal(out, x * w + b)  # (a fake replay computes nothing)
 
@@ -269,6 +270,27 @@ def test_a_drift_of_the_clocks_weighs_on_the_direct_run_and_the_replay_alike(mon
     monkeypatch.setattr(cudagraphs._ShapeGraph, "_replay_pays", REPLAY_PAYS)
     monkeypatch.setattr(cudagraphs, "_seconds", _timed((0.5, 0.5), drift=0.03))
     monkeypatch.setattr(cudagraphs, "_gpu_seconds", _timed((0.5, 0.5), drift=0.03))
+    w, b = torch.randn(4, 8), torch.randn(8)
+    runner = CudaGraphRunner(Counted())
+    for _ in range(WARMUP + 1):
+        runner(torch.randn(4, 8), w, b)
+    replays = FakeGraph.replays
+    runner(torch.randn(4, 8), w, b)
+    assert FakeGraph.replays == replays + 1  # kept: the call replays
+
+
+def test_a_graphs_first_launch_is_not_timed(monkeypatch):
+    """A graph's first launch uploads it (a Wan 2.1 step's graph: thousands of nodes) and is slow:
+    it runs once before the timing, so a replay as fast as the direct run afterwards is kept."""
+    monkeypatch.setattr(cudagraphs._ShapeGraph, "_replay_pays", REPLAY_PAYS)
+
+    def timed(call):
+        replays = FakeGraph.replays
+        call()
+        return 10.0 if FakeGraph.replays > replays == 0 else 0.5  # the first launch: 20x
+
+    monkeypatch.setattr(cudagraphs, "_seconds", lambda call, device: timed(call))
+    monkeypatch.setattr(cudagraphs, "_gpu_seconds", lambda call, device, hold: timed(call))
     w, b = torch.randn(4, 8), torch.randn(8)
     runner = CudaGraphRunner(Counted())
     for _ in range(WARMUP + 1):
