@@ -6,13 +6,14 @@ import torch
 pytest.importorskip("diffusers")
 
 
-def _on_meta():
+def _models(on_meta: bool):
+    """The zoo's models that run on the meta device (``on_meta``), or those that do not."""
     from sgdiff import zoo
 
-    return [name for name, case in zoo.MODELS.items() if case.meta]
+    return [name for name, case in zoo.MODELS.items() if bool(case.meta) == on_meta]
 
 
-@pytest.mark.parametrize("name", _on_meta())
+@pytest.mark.parametrize("name", _models(on_meta=True))
 def test_full_configs_run_on_the_meta_device(name):
     """The published sizes the GPU benchmark uses: shapes check out without any memory."""
     from sgdiff import zoo
@@ -53,13 +54,7 @@ def _comes_with_two_blocks_at_its_real_width(name, full, kwargs):
         assert kwargs["hidden_states"].shape == kwargs2["hidden_states"].shape, name
 
 
-def _not_on_meta():
-    from sgdiff import zoo
-
-    return [name for name, case in zoo.MODELS.items() if not case.meta]
-
-
-@pytest.mark.parametrize("name", _not_on_meta())
+@pytest.mark.parametrize("name", _models(on_meta=False))
 def test_every_model_comes_with_two_blocks_at_its_real_width(name):
     """Those run on the meta device check it there (test_full_configs_run_on_the_meta_device)."""
     from sgdiff import zoo
