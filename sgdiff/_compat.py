@@ -226,6 +226,17 @@ def cudnn_enabled() -> bool:
     return torch._C._get_cudnn_enabled()
 
 
+def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale) -> Optional[str]:
+    """The fused kernel ``F.scaled_dot_product_attention`` picks for these operands (no mask, no
+    dropout): ``"flash"``, ``"efficient"``, ``"cudnn"``, or None (the math path, or a selector this
+    torch does not expose)."""
+    try:
+        choice = int(torch._fused_sdp_choice(q, k, v, None, 0.0, is_causal, scale=scale))
+    except Exception:  # a torch without the selector, or operands it refuses
+        return None
+    return {1: "flash", 2: "efficient", 3: "cudnn"}.get(choice)
+
+
 def convolution_on_cudnn(x, weight, bias, stride, padding, dilation, groups) -> bool:
     """Whether ATen runs this (non-transposed) convolution on cuDNN."""
     backend = torch._C._select_conv_backend(x, weight, bias, list(stride), list(padding), list(dilation), False,

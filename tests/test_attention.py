@@ -166,3 +166,27 @@ def test_flux_at_extra_high_and_high():
         extra, high = (sgdiff.explain(model, quality=q, **kw) for q in ("extra-high", "high"))
     assert (extra.counts["attention"], extra.counts["int8_attention"]) == (6, 0)
     assert (high.counts["attention"], high.counts["int8_attention"]) == (0, 6)
+
+
+@pytest.mark.parametrize("eager", ["cudnn", "flash", "efficient", None])
+def test_the_close_op_times_eagers_own_kernel_first(monkeypatch, eager):
+    """First sight keeps its first candidate unless another is faster by the margin: that one is the
+    kernel eager's selector picks for the operands (cuDNN's on Hopper with torch 2.11), so a tie
+    keeps eager's bits; where the selector names none of them the order stays as it is."""
+    from sgdiff import _compat
+    from sgdiff.kernels import sdpa
+
+    monkeypatch.setattr(_compat, "sdpa_backend", lambda *args: eager)
+    q, k, v = (_heads(t) for t in _qkv())
+    order = [label for label, _ in sdpa.eager_first(q, k, v, False, None)]
+    assert sorted(order) == sorted(label for label, _ in sdpa.CANDIDATES)
+    assert order[0] == (eager or sdpa.CANDIDATES[0][0])
+    assert order[1:] == [label for label, _ in sdpa.CANDIDATES if label != order[0]]
+
+
+def test_eagers_selector_names_a_fused_kernel_or_none():
+    from sgdiff import _compat
+
+    q, k, v = (_heads(t) for t in _qkv())
+    assert _compat.sdpa_backend(q, k, v, False, None) in ("flash", "efficient", "cudnn", None)
+    assert _compat.sdpa_backend(q, k[..., :32], v, False, None) is None  # operands it refuses

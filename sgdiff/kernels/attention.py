@@ -2,15 +2,16 @@
 fastest for the signature (the ``extra-high`` tier).
 
 Eager chain it replaces (``F.scaled_dot_product_attention`` without a mask or dropout, as ATen
-traces it on CUDA: the kernel torch's selector picked, usually FlashAttention-2)::
+traces it on CUDA: the kernel torch's selector picked; cuDNN's on Hopper with torch 2.11)::
 
     out = softmax(q @ k.transpose(-2, -1) * scale) @ v        # q, k, v: [B, H, S, D]
 
 This op computes the same attention with the same operand precision (16-bit q, k, v and P, fp32
 accumulation and softmax), by the fastest of the fused kernels torch has for the signature:
 cuDNN's (a Hopper kernel of its own), FlashAttention-2 and the memory-efficient one, timed
-against each other at first sight. They differ from eager's kernel only in accumulation order
-and where P is rounded, hence contract ``close``. Its output is in ``[B, S, H, D]`` memory
+against each other at first sight, eager's own first (kept unless another is faster by the
+margin: then the bits are eager's). The others differ from eager's kernel only in accumulation
+order and where P is rounded, hence contract ``close``. Its output is in ``[B, S, H, D]`` memory
 order (a ``[B, H, S, D]`` view), as FlashAttention's is. The reference is
 ``F.scaled_dot_product_attention`` (on the CPU: ATen's own kernel).
 """

@@ -4,8 +4,11 @@ Each candidate is an ATen op called directly (no backend selector): cuDNN's
 ``_scaled_dot_product_cudnn_attention``, ``_scaled_dot_product_flash_attention`` and
 ``_scaled_dot_product_efficient_attention``. At first sight of a signature (outside a CUDA-graph
 capture) every candidate that runs on it is timed against the others
-(:class:`sgdiff.kernels.tuning.FirstSight`, FlashAttention first: eager's usual kernel is kept
-unless another beats it by the margin); during a capture, FlashAttention runs, unsettled. The output is
+(:class:`sgdiff.kernels.tuning.FirstSight`), the kernel eager's selector picks for the operands
+first (:func:`eager_first`: it is kept unless another beats it by the margin, so a tie keeps
+eager's bits; torch 2.11 on Hopper picks cuDNN's at DiT shapes, where FlashAttention-2 took
+1.6-2x its time: bench/results/runs/attention-16-probe-h100-d2b5d7b.json); during a capture,
+that kernel runs, unsettled. The output is
 put in ``[B, S, H, D]`` memory order (a copy only where a kernel wrote another).
 """
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
+from sgdiff import _compat
 from sgdiff.kernels import tuning
 from sgdiff.kernels.attention import heads_last
 from sgdiff.kernels.registry import Impl
@@ -39,10 +43,17 @@ CANDIDATES: Tuple[Tuple[str, Callable], ...] = (("flash", _flash), ("cudnn", _cu
 FIRST_SIGHT = tuning.FirstSight("attention")
 
 
+def eager_first(q, k, v, is_causal, scale) -> Tuple[Tuple[str, Callable], ...]:
+    """:data:`CANDIDATES` with the one eager's selector picks for these operands first (as they
+    are where it names none of them)."""
+    eager = _compat.sdpa_backend(q, k, v, is_causal, scale)
+    return tuple(sorted(CANDIDATES, key=lambda candidate: candidate[0] != eager))
+
+
 def choose(q, k, v, is_causal, scale) -> Tuple[str, Callable]:
     """The fastest candidate for this signature, chosen once (``(name, fn)``)."""
     key = (tuple(q.shape), q.device, q.dtype, is_causal, scale, *[(t.shape, t.stride()) for t in (q, k, v)])
-    return FIRST_SIGHT.choose(key, CANDIDATES, (q, k, v, is_causal, scale))
+    return FIRST_SIGHT.choose(key, eager_first(q, k, v, is_causal, scale), (q, k, v, is_causal, scale))
 
 
 def choices() -> list:
