@@ -548,3 +548,25 @@ def test_profile_bench_runs_end_to_end_on_the_cpu(tmp_path):
         assert all(k["category"] == profile.category(k["name"]) for k in c["kernels"])
     report = (tmp_path / "profile.md").read_text()
     assert "## flux (tiny), high:" in report and "| category | ms |" in report
+
+
+def test_rivals_bench_on_a_tiny_flux(tmp_path, monkeypatch):
+    """bench/rivals.py end to end (CPU, tiny; the two Inductor variants stood in for by the capture
+    alone, whose C++ compiles would take minutes): every variant's steps, sgdiff's ratio per round
+    to each rival within the range the rounds give, and its output equal to eager's."""
+    from bench import rivals
+
+    variants = dict(rivals.VARIANTS, inductor=dict(backend="aot_eager"),
+                    inductor_reduce_overhead=dict(backend="aot_eager"))
+    monkeypatch.setattr(rivals, "VARIANTS", variants)
+    assert rivals.main(["--models", "flux", "--size", "tiny", "--device", "cpu", "--dtype", "float32",
+                        "--rounds", "3", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    case = json.loads((tmp_path / "rivals.json").read_text())["cases"][0]
+    assert case["equal"] and case["rounds"] == 3 and case["inductor_best"] in ("inductor", "inductor_reduce_overhead")
+    assert set(case["steps"]) == {"eager", "inductor", "inductor_reduce_overhead", "sgdiff_default"}
+    for rival, by_key in case["ratios"].items():
+        for key, (mid, low, high) in by_key.items():
+            assert 0 < low <= mid <= high
+            assert key in ("ms", "pipelined_ms") and case["steps"][rival][key] > 0
+    report = (tmp_path / "rivals.md").read_text()
+    assert "| flux (tiny) | synchronized |" in report and "| flux (tiny) | pipelined |" in report

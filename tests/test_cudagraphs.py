@@ -192,7 +192,41 @@ def test_the_key_holds_the_shapes_of_symbolic_inputs_only():
     gm = torch.fx.GraphModule({}, graph)
     assert cudagraphs._symbolic_positions(gm) == (0,)
     runner = CudaGraphRunner(lambda x, w: [x @ w], gm)
-    assert runner._key((torch.randn(5, 4), torch.randn(4, 4))) == (torch.Size([5, 4]),)
+    runner(torch.randn(5, 4), torch.randn(4, 4))
+    assert list(runner.shapes) == [(torch.Size([5, 4]),)]
+
+
+def test_the_inputs_kinds_are_checked_on_the_first_call_only(monkeypatch):
+    """The compile's guards hold each input's type and device from then on: a replay's host time
+    goes to no check of them (Sana's step has 400 inputs)."""
+    checked = []
+    monkeypatch.setattr(cudagraphs, "_unsupported", lambda args: checked.append(len(args)) or (None, False))
+    w, b = torch.randn(4, 8), torch.randn(8)
+    runner, fn = captured(torch.randn(4, 8), w, b)
+    for _ in range(3):
+        runner(torch.randn(4, 8), w, b)
+    assert checked == [3] and FakeGraph.replays == 4 and runner.scalars == ()
+
+
+def test_numbers_among_the_inputs_key_their_own_graph():
+    fn = Counted()
+    runner = CudaGraphRunner(lambda x, w, n: fn(x, w, n))
+    w = torch.randn(4, 8)
+    for n in (1.0, 2.0, 1.0):
+        runner(torch.randn(4, 8), w, n)
+    assert runner.scalars == (2,) and sorted(k[0] for k in runner.shapes) == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("moved", [False, True])
+def test_the_address_check_agrees_with_each_address(moved):
+    from sgdiff import _compat
+
+    tensors = [torch.randn(3), 2, torch.randn(4), torch.randn(5)]
+    addresses = [t.data_ptr() if isinstance(t, torch.Tensor) else None for t in tensors]
+    if moved:
+        addresses[3] += 2
+    assert _compat.addresses_equal(tensors, addresses, [0, 3]) is (not moved)
+    assert _compat.addresses_equal(tensors, addresses, [0, 2])
 
 
 def test_a_moving_input_of_another_shape_starts_a_graph_of_its_own():

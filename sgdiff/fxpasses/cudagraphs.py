@@ -100,14 +100,20 @@ class CudaGraphRunner:
         self.watch_versions = gm is not None and any(
             registry.op_def(op).caches_inputs for op in gm.meta.get("sgdiff_ops", ()))
         self._said_full = False
+        # set on the first call: the inputs' kinds and devices, which the compile's guards then hold
+        # (each input's type, device, dtype and shape), so that a call checks them no more
+        self.scalars: Optional[Tuple[int, ...]] = None
         if self.reason:
             log.info("sgdiff: CUDA graphs off for a graph: %s", self.reason)
 
     def __call__(self, *args: Any):
-        if self.reason is None:
+        if self.scalars is None and self.reason is None:
             self.reason, quiet = _unsupported(args)
             if self.reason and not quiet:
                 log.info("sgdiff: CUDA graphs off for a graph: %s", self.reason)
+            self.scalars = tuple(i for i, a in enumerate(args) if not isinstance(a, torch.Tensor))
+            if self.sized is None:
+                self.sized = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
         if self.reason is not None:
             return self.fn(*args)
         key = self._key(args)
@@ -119,10 +125,9 @@ class CudaGraphRunner:
         return shape(args)
 
     def _key(self, args) -> Tuple:
-        sizes = tuple(a for a in args if not isinstance(a, torch.Tensor))
-        if self.sized is None:
-            return sizes + tuple(a.shape for a in args if isinstance(a, torch.Tensor))
-        return sizes + tuple(args[i].shape for i in self.sized)
+        """The numbers among the inputs and the shapes of those whose shape may change (every
+        tensor's, where the graph does not say which are symbolic)."""
+        return tuple(args[i] for i in self.scalars) + tuple(args[i].shape for i in self.sized)
 
     def _full(self, args):
         if not self._said_full:
@@ -186,6 +191,7 @@ class _ShapeGraph:
                                                device=args[i].device) for i in moving}
         self.fixed = [i for i in tensors if i not in self.buffers]
         self.fixed_addresses = [self.addresses[i] for i in self.fixed]
+        self.addresses_by_position = [self.addresses[i] if i in self.fixed else None for i in range(len(args))]
         self.fixed_versions = self._versions(args)
         static = [self.buffers.get(i, a) for i, a in enumerate(args)]
         for i, buf in self.buffers.items():
@@ -232,9 +238,9 @@ class _ShapeGraph:
         # (hundreds of inputs) need only their address checked; the moving inputs, copied into
         # the graph's buffers, are checked in full. A step's host time before the GPU starts
         # is this check.
-        addresses = [args[i].data_ptr() for i in self.fixed]
-        if addresses != self.fixed_addresses:
-            moved = [i for i, now, then in zip(self.fixed, addresses, self.fixed_addresses) if now != then]
+        args = list(args)
+        if not _compat.addresses_equal(args, self.addresses_by_position, self.fixed):
+            moved = [i for i, then in zip(self.fixed, self.fixed_addresses) if args[i].data_ptr() != then]
             static = self.runner.static
             activations = [i for i in moved if static is not None and i not in static]
             if activations:
@@ -249,11 +255,11 @@ class _ShapeGraph:
             log.info("sgdiff: a weight or buffer changed in place since the capture, and the graph keeps a copy "
                      "derived from it; capturing the graph again")
             return self._recapture(args)
-        for i, buf in self.buffers.items():
+        for i in self.buffers:
             if _meta(args[i]) != self.meta[i]:
                 log.info("sgdiff: input %d differs from the captured one; running without the CUDA graph", i)
                 return self.runner.fn(*args)
-            buf.copy_(args[i])
+        _compat.copy_all(list(self.buffers.values()), [args[i] for i in self.buffers])
         self.graph.replay()
         return [o.clone() if isinstance(o, torch.Tensor) else o for o in self.outputs]
 

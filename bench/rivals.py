@@ -1,0 +1,116 @@
+"""Rivals bench: sgdiff's default call against Inductor's, in one process, their steps alternating.
+
+    python -m bench.rivals [--models flux,sana,wan] [--size full] [--rounds 6] [--repeats 5]
+
+bench/models.py times each variant in a process of its own; a ratio of two such figures carries
+the two processes' difference in GPU clocks and host speed (on one H100, lossless sgdiff's Sana
+step read 15.30 ms against Inductor reduce-overhead's 15.18 in two processes, and 14.70 against
+15.52 in one). Here the model is built once; eager, ``torch.compile`` default (Inductor), with
+``mode="reduce-overhead"`` (Inductor's CUDA graphs) and ``backend="sgdiff"`` (no option:
+lossless, CUDA graphs) are compiled and warmed; then ``--rounds`` rounds each time ``--repeats``
+steps of every variant in turn, the order reversed every other round (a drift of the clocks
+weighs on all alike). A step is timed two ways (bench/models.py's ``step_times``): synchronized
+(``ms``: from an idle GPU to the step's last kernel) and pipelined (calls issued back to back, as
+a denoising loop issues them). Each round gives sgdiff's ratio to each rival; the report gives
+the median ratio over the rounds and its range, and each variant's median step. sgdiff's output
+must be ``torch.equal`` to eager's. Writes rivals.json and rivals.md: ``{gpu, torch, triton,
+commit, cases: [{model, size, steps: {variant: {ms, pipelined_ms, host_ms}}, ratios: {rival:
+{ms: [median, low, high], pipelined_ms: [...]}}, inductor_best, equal}]}``.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import pathlib
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from bench.kernels import _write_json  # noqa: E402
+from bench.models import VARIANTS, step_times  # noqa: E402
+from bench.tiers import each_model  # noqa: E402
+
+RIVALS = ("eager", "inductor", "inductor_reduce_overhead")
+OURS = "sgdiff_default"
+KEYS = ("ms", "pipelined_ms")
+
+
+def run_model(name: str, size: str, device: torch.device, dtype, rounds: int, repeats: int) -> list:
+    from sgdiff import zoo
+
+    model, kwargs = zoo.build(name, size, dtype=dtype, device=device)
+    with torch.no_grad():
+        want = model(**kwargs)[0].clone()
+        fns = {}
+        for variant in (*RIVALS, OURS):
+            spec = VARIANTS[variant]
+            fns[variant] = model if spec is None else torch.compile(model, **spec)
+            t0 = time.perf_counter()
+            outs = [fns[variant](**kwargs)[0].clone() for _ in range(4)]  # past warm-up and capture
+            print(f"bench.rivals: {name} {variant} compiled and warm in {time.perf_counter() - t0:.1f} s",
+                  file=sys.stderr, flush=True)
+            if variant == OURS:
+                equal = all(torch.equal(o, want) for o in outs)
+        gc.collect()
+        gc.freeze()  # the compiles' objects must not slow the host through the collector's passes
+        per_round = {variant: [] for variant in fns}
+        order = list(fns)
+        for r in range(rounds):
+            for variant in (order if r % 2 == 0 else order[::-1]):
+                per_round[variant].append(step_times(lambda: fns[variant](**kwargs), device, repeats))
+        gc.unfreeze()
+    steps = {v: {k: statistics.median(t[k] for t in times) for k in ("ms", "pipelined_ms", "host_ms")}
+             for v, times in per_round.items()}
+    ratios = {}
+    for rival in RIVALS:
+        ratios[rival] = {}
+        for key in KEYS:
+            each = [o[key] / t[key] for o, t in zip(per_round[OURS], per_round[rival])]
+            ratios[rival][key] = [statistics.median(each), min(each), max(each)]
+    inductor = ("inductor", "inductor_reduce_overhead")
+    best = min(inductor, key=lambda v: steps[v]["ms"])
+    case = dict(model=name, size=size, rounds=rounds, repeats=repeats, steps=steps, ratios=ratios,
+                inductor_best=best, equal=equal)
+    print(f"bench.rivals: {case}", file=sys.stderr, flush=True)
+    return [case]
+
+
+def write_report(result: dict, out: pathlib.Path) -> None:
+    versions = _write_json(result, out, "rivals")
+    lines = [f"# sgdiff's default call against Inductor's, in one process ({result['gpu']})",
+             f"{versions} Median step in ms over the rounds (synchronized: from an idle GPU to the step's last "
+             "kernel; pipelined: calls back to back); sgdiff's ratio to each rival, the median of the rounds' "
+             "ratios and their range.", "",
+             "| model | timing | eager | Inductor | Inductor reduce-overhead | sgdiff | / Inductor best (range) | "
+             "/ eager | equal |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for c in result["cases"]:
+        s, r = c["steps"], c["ratios"]
+        for key, label in (("ms", "synchronized"), ("pipelined_ms", "pipelined")):
+            best = min(("inductor", "inductor_reduce_overhead"), key=lambda v: s[v][key])
+            mid, low, high = r[best][key]
+            lines.append(f"| {c['model']} ({c['size']}) | {label} | {s['eager'][key]:.2f} | {s['inductor'][key]:.2f} | "
+                         f"{s['inductor_reduce_overhead'][key]:.2f} | {s[OURS][key]:.2f} | **{mid:.3f}** "
+                         f"({low:.3f}-{high:.3f}) | {r['eager'][key][0]:.3f} | {'yes' if c['equal'] else 'NO'} |")
+    (out / "rivals.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="flux,sana,wan")
+    parser.add_argument("--size", default="full")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", default="bench/results")
+    args = parser.parse_args(argv)
+    return each_model(args, lambda name: run_model(name, args.size, torch.device(args.device),
+                                                   getattr(torch, args.dtype), args.rounds, args.repeats),
+                      write_report)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
