@@ -270,8 +270,8 @@ _ADDRESSES_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None
 
 def addresses_equal(tensors: list, addresses: list, positions: list) -> bool:
     """Whether ``tensors[i].data_ptr() == addresses[i]`` at every ``i`` of ``positions`` (the check
-    of a CUDA graph's fixed inputs before each replay: in C++ where torch has it, the check
-    Inductor's CUDA graphs make; 400 weights in a few µs where Python's loop takes ~40)."""
+    of a CUDA graph's fixed inputs before each replay): one C++ call where torch has it (CUDA
+    builds; the check Inductor's CUDA graphs make), else a Python loop (~40 µs for 400 weights)."""
     if _ADDRESSES_EQUAL is not None:
         return _ADDRESSES_EQUAL(tensors, addresses, positions)
     return all(tensors[i].data_ptr() == addresses[i] for i in positions)

@@ -191,7 +191,8 @@ class _ShapeGraph:
                                                device=args[i].device) for i in moving}
         self.fixed = [i for i in tensors if i not in self.buffers]
         self.fixed_addresses = [self.addresses[i] for i in self.fixed]
-        self.addresses_by_position = [self.addresses[i] if i in self.fixed else None for i in range(len(args))]
+        fixed = set(self.fixed)
+        self.addresses_by_position = [self.addresses[i] if i in fixed else None for i in range(len(args))]
         self.fixed_versions = self._versions(args)
         static = [self.buffers.get(i, a) for i, a in enumerate(args)]
         for i, buf in self.buffers.items():
