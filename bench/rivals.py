@@ -1,6 +1,7 @@
 """Rivals bench: sgdiff's default call against Inductor's, in one process, their steps alternating.
 
     python -m bench.rivals [--models flux,sana,wan] [--size full] [--rounds 6] [--repeats 5]
+                           [--ours sgdiff_default,sgdiff_cudagraph_gemm]
 
 bench/models.py times each variant in a process of its own; a ratio of two such figures carries
 the two processes' difference in GPU clocks and host speed (on one H100, lossless sgdiff's Sana
@@ -13,9 +14,11 @@ weighs on all alike). A step is timed two ways (bench/models.py's ``step_times``
 (``ms``: from an idle GPU to the step's last kernel) and pipelined (calls issued back to back, as
 a denoising loop issues them). Each round gives sgdiff's ratio to each rival; the report gives
 the median ratio over the rounds and its range, and each variant's median step. sgdiff's output
-must be ``torch.equal`` to eager's. Writes rivals.json and rivals.md: ``{gpu, torch, triton,
-commit, cases: [{model, size, steps: {variant: {ms, pipelined_ms, host_ms}}, ratios: {rival:
-{ms: [median, low, high], pipelined_ms: [...]}}, inductor_best, equal}]}``.
+must be ``torch.equal`` to eager's. ``--ours`` names the sgdiff variants (bench/models.py's
+names; by default the plain call), each timed and compared the same way. Writes rivals.json and
+rivals.md: ``{gpu, torch, triton, commit, cases: [{model, size, steps: {variant: {ms,
+pipelined_ms, host_ms}}, ratios: {ours: {rival: {ms: [median, low, high], pipelined_ms: [...]}}},
+inductor_best, equal: {ours: bool}}]}``.
 """
 from __future__ import annotations
 
@@ -34,26 +37,26 @@ from bench.models import VARIANTS, step_times  # noqa: E402
 from bench.tiers import each_model  # noqa: E402
 
 RIVALS = ("eager", "inductor", "inductor_reduce_overhead")
-OURS = "sgdiff_default"
+OURS = ("sgdiff_default",)
 KEYS = ("ms", "pipelined_ms")
 
 
-def run_model(name: str, size: str, device: torch.device, dtype, rounds: int, repeats: int) -> list:
+def run_model(name: str, size: str, device: torch.device, dtype, rounds: int, repeats: int, ours=OURS) -> list:
     from sgdiff import zoo
 
     model, kwargs = zoo.build(name, size, dtype=dtype, device=device)
     with torch.no_grad():
         want = model(**kwargs)[0].clone()
-        fns = {}
-        for variant in (*RIVALS, OURS):
+        fns, equal = {}, {}
+        for variant in (*RIVALS, *ours):
             spec = VARIANTS[variant]
             fns[variant] = model if spec is None else torch.compile(model, **spec)
             t0 = time.perf_counter()
             outs = [fns[variant](**kwargs)[0].clone() for _ in range(4)]  # past warm-up and capture
             print(f"bench.rivals: {name} {variant} compiled and warm in {time.perf_counter() - t0:.1f} s",
                   file=sys.stderr, flush=True)
-            if variant == OURS:
-                equal = all(torch.equal(o, want) for o in outs)
+            if variant in ours:
+                equal[variant] = all(torch.equal(o, want) for o in outs)
         gc.collect()
         gc.freeze()  # the compiles' objects must not slow the host through the collector's passes
         per_round = {variant: [] for variant in fns}
@@ -65,11 +68,13 @@ def run_model(name: str, size: str, device: torch.device, dtype, rounds: int, re
     steps = {v: {k: statistics.median(t[k] for t in times) for k in ("ms", "pipelined_ms", "host_ms")}
              for v, times in per_round.items()}
     ratios = {}
-    for rival in RIVALS:
-        ratios[rival] = {}
-        for key in KEYS:
-            each = [o[key] / t[key] for o, t in zip(per_round[OURS], per_round[rival])]
-            ratios[rival][key] = [statistics.median(each), min(each), max(each)]
+    for variant in ours:
+        ratios[variant] = {}
+        for rival in RIVALS:
+            ratios[variant][rival] = {}
+            for key in KEYS:
+                each = [o[key] / t[key] for o, t in zip(per_round[variant], per_round[rival])]
+                ratios[variant][rival][key] = [statistics.median(each), min(each), max(each)]
     inductor = ("inductor", "inductor_reduce_overhead")
     best = min(inductor, key=lambda v: steps[v]["ms"])
     case = dict(model=name, size=size, rounds=rounds, repeats=repeats, steps=steps, ratios=ratios,
@@ -80,20 +85,22 @@ def run_model(name: str, size: str, device: torch.device, dtype, rounds: int, re
 
 def write_report(result: dict, out: pathlib.Path) -> None:
     versions = _write_json(result, out, "rivals")
-    lines = [f"# sgdiff's default call against Inductor's, in one process ({result['gpu']})",
+    lines = [f"# sgdiff against Inductor, in one process ({result['gpu']})",
              f"{versions} Median step in ms over the rounds (synchronized: from an idle GPU to the step's last "
-             "kernel; pipelined: calls back to back); sgdiff's ratio to each rival, the median of the rounds' "
-             "ratios and their range.", "",
-             "| model | timing | eager | Inductor | Inductor reduce-overhead | sgdiff | / Inductor best (range) | "
-             "/ eager | equal |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "kernel; pipelined: calls back to back); each sgdiff variant's ratio to each rival, the median of the "
+             "rounds' ratios and their range. `sgdiff_default` is the plain call (lossless, CUDA graphs).", "",
+             "| model | sgdiff variant | timing | eager | Inductor | Inductor reduce-overhead | sgdiff | "
+             "/ Inductor best (range) | / eager | equal |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in result["cases"]:
-        s, r = c["steps"], c["ratios"]
-        for key, label in (("ms", "synchronized"), ("pipelined_ms", "pipelined")):
-            best = min(("inductor", "inductor_reduce_overhead"), key=lambda v: s[v][key])
-            mid, low, high = r[best][key]
-            lines.append(f"| {c['model']} ({c['size']}) | {label} | {s['eager'][key]:.2f} | {s['inductor'][key]:.2f} | "
-                         f"{s['inductor_reduce_overhead'][key]:.2f} | {s[OURS][key]:.2f} | **{mid:.3f}** "
-                         f"({low:.3f}-{high:.3f}) | {r['eager'][key][0]:.3f} | {'yes' if c['equal'] else 'NO'} |")
+        s = c["steps"]
+        for variant, r in c["ratios"].items():
+            for key, label in (("ms", "synchronized"), ("pipelined_ms", "pipelined")):
+                best = min(("inductor", "inductor_reduce_overhead"), key=lambda v: s[v][key])
+                mid, low, high = r[best][key]
+                lines.append(f"| {c['model']} ({c['size']}) | {variant} | {label} | {s['eager'][key]:.2f} | "
+                             f"{s['inductor'][key]:.2f} | {s['inductor_reduce_overhead'][key]:.2f} | "
+                             f"{s[variant][key]:.2f} | **{mid:.3f}** ({low:.3f}-{high:.3f}) | {r['eager'][key][0]:.3f} | "
+                             f"{'yes' if c['equal'][variant] else 'NO'} |")
     (out / "rivals.md").write_text("\n".join(lines) + "\n")
 
 
@@ -105,10 +112,15 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--ours", default=",".join(OURS), help="the sgdiff variants timed (bench/models.py's names)")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args(argv)
+    ours = tuple(args.ours.split(","))
+    unknown = [v for v in ours if v not in VARIANTS or not v.startswith("sgdiff")]
+    if unknown:
+        parser.error(f"not sgdiff variants of bench/models.py: {', '.join(unknown)}")
     return each_model(args, lambda name: run_model(name, args.size, torch.device(args.device),
-                                                   getattr(torch, args.dtype), args.rounds, args.repeats),
+                                                   getattr(torch, args.dtype), args.rounds, args.repeats, ours),
                       write_report)
 
 

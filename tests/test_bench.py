@@ -560,13 +560,20 @@ def test_rivals_bench_on_a_tiny_flux(tmp_path, monkeypatch):
                     inductor_reduce_overhead=dict(backend="aot_eager"))
     monkeypatch.setattr(rivals, "VARIANTS", variants)
     assert rivals.main(["--models", "flux", "--size", "tiny", "--device", "cpu", "--dtype", "float32",
-                        "--rounds", "3", "--repeats", "1", "--out", str(tmp_path)]) == 0
+                        "--rounds", "3", "--repeats", "1", "--ours", "sgdiff_default,sgdiff_cudagraph_gemm",
+                        "--out", str(tmp_path)]) == 0
     case = json.loads((tmp_path / "rivals.json").read_text())["cases"][0]
-    assert case["equal"] and case["rounds"] == 3 and case["inductor_best"] in ("inductor", "inductor_reduce_overhead")
-    assert set(case["steps"]) == {"eager", "inductor", "inductor_reduce_overhead", "sgdiff_default"}
-    for rival, by_key in case["ratios"].items():
-        for key, (mid, low, high) in by_key.items():
-            assert 0 < low <= mid <= high
-            assert key in ("ms", "pipelined_ms") and case["steps"][rival][key] > 0
+    ours = {"sgdiff_default", "sgdiff_cudagraph_gemm"}
+    assert case["equal"] == dict.fromkeys(ours, True) and case["rounds"] == 3
+    assert case["inductor_best"] in ("inductor", "inductor_reduce_overhead")
+    assert set(case["steps"]) == {"eager", "inductor", "inductor_reduce_overhead"} | ours and set(case["ratios"]) == ours
+    for variant, by_rival in case["ratios"].items():
+        for rival, by_key in by_rival.items():
+            for key, (mid, low, high) in by_key.items():
+                assert 0 < low <= mid <= high
+                assert key in ("ms", "pipelined_ms") and case["steps"][rival][key] > 0
     report = (tmp_path / "rivals.md").read_text()
-    assert "| flux (tiny) | synchronized |" in report and "| flux (tiny) | pipelined |" in report
+    assert "| flux (tiny) | sgdiff_default | synchronized |" in report
+    assert "| flux (tiny) | sgdiff_cudagraph_gemm | pipelined |" in report
+    with pytest.raises(SystemExit):
+        rivals.main(["--ours", "inductor"])  # not an sgdiff variant
