@@ -36,7 +36,8 @@ from bench.kernels import _write_json  # noqa: E402
 from bench.models import VARIANTS, step_times  # noqa: E402
 from bench.tiers import each_model  # noqa: E402
 
-RIVALS = ("eager", "inductor", "inductor_reduce_overhead")
+INDUCTOR = ("inductor", "inductor_reduce_overhead")
+RIVALS = ("eager", *INDUCTOR)
 OURS = ("sgdiff_default",)
 KEYS = ("ms", "pipelined_ms")
 
@@ -75,8 +76,7 @@ def run_model(name: str, size: str, device: torch.device, dtype, rounds: int, re
             for key in KEYS:
                 each = [o[key] / t[key] for o, t in zip(per_round[variant], per_round[rival])]
                 ratios[variant][rival][key] = [statistics.median(each), min(each), max(each)]
-    inductor = ("inductor", "inductor_reduce_overhead")
-    best = min(inductor, key=lambda v: steps[v]["ms"])
+    best = min(INDUCTOR, key=lambda v: steps[v]["ms"])
     case = dict(model=name, size=size, rounds=rounds, repeats=repeats, steps=steps, ratios=ratios,
                 inductor_best=best, equal=equal)
     print(f"bench.rivals: {case}", file=sys.stderr, flush=True)
@@ -95,7 +95,7 @@ def write_report(result: dict, out: pathlib.Path) -> None:
         s = c["steps"]
         for variant, r in c["ratios"].items():
             for key, label in (("ms", "synchronized"), ("pipelined_ms", "pipelined")):
-                best = min(("inductor", "inductor_reduce_overhead"), key=lambda v: s[v][key])
+                best = min(INDUCTOR, key=lambda v: s[v][key])
                 mid, low, high = r[best][key]
                 lines.append(f"| {c['model']} ({c['size']}) | {variant} | {label} | {s['eager'][key]:.2f} | "
                              f"{s['inductor'][key]:.2f} | {s['inductor_reduce_overhead'][key]:.2f} | "
