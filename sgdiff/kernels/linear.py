@@ -21,7 +21,7 @@ import torch
 
 from sgdiff.kernels import dispatch
 from sgdiff.kernels.examples import Example
-from sgdiff.kernels.registry import OpDef, triton
+from sgdiff.kernels.registry import OpDef, cute, triton
 from sgdiff.tiers import Contract
 
 aten = torch.ops.aten
@@ -55,7 +55,7 @@ def _examples():
 
 
 linear = dispatch.define_op(OpDef(
-    "linear", Contract.BITEXACT, linear_reference, impls=(triton("gemm"),), examples=tuple(_examples()),
+    "linear", Contract.BITEXACT, linear_reference, impls=(triton("gemm"), cute("gemm")), examples=tuple(_examples()),
     tuned=True,
     doc="F.linear(x, weight, bias) (of cat([x, x2], -1) with x2) at cuBLAS's bits: the faster of cuBLAS and "
         "sgdiff's GEMM per signature",

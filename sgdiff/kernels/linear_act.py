@@ -21,7 +21,7 @@ import torch
 from sgdiff.kernels import dispatch
 from sgdiff.kernels.examples import Example
 from sgdiff.kernels.linear import linear_reference
-from sgdiff.kernels.registry import OpDef, triton
+from sgdiff.kernels.registry import OpDef, cute, triton
 from sgdiff.tiers import Contract
 
 aten = torch.ops.aten
@@ -61,7 +61,7 @@ def _examples():
 
 
 linear_act = dispatch.define_op(OpDef(
-    "linear_act", Contract.BITEXACT, linear_act_reference, impls=(triton("gemm"),), examples=tuple(_examples()),
+    "linear_act", Contract.BITEXACT, linear_act_reference, impls=(triton("gemm"), cute("gemm")), examples=tuple(_examples()),
     tuned=True,
     doc="act(F.linear(x, weight, bias)) with act gelu_tanh, gelu or silu, both roundings kept: one GEMM with the "
         "activation as its epilogue, or cuBLAS and ATen's activation where that is faster",

@@ -71,6 +71,23 @@ class KernelSpec:
         return found if isinstance(found, Impl) else Impl(run=found)
 
 
+def cute(module: str, **fields) -> KernelSpec:
+    """The CuTe DSL implementation in ``sgdiff.kernels.cute.<module>`` (Hopper's instructions), for
+    an OpDef's impls: its ``Impl`` is the module's attribute named after the op in capitals."""
+    fields = {"devices": frozenset({"cuda"}), "min_capability": (9, 0), "dtypes": frozenset({"float16", "bfloat16"}),
+              "priority": 5, **fields}
+    return KernelSpec("", "cute", None, f"sgdiff.kernels.cute.{module}", **fields)
+
+
+def first_variant_impl(variants: Callable[..., list], supports: Callable[..., bool]) -> Impl:
+    """A tuned implementation whose plain ``run`` and ``bind`` take its first variant (first
+    sight of a signature verifies and times them all)."""
+    def bind(*args):
+        return variants(*args)[0][1]
+
+    return Impl(run=lambda *args: bind(*args)(*args), supports=supports, bind=bind, variants=variants)
+
+
 def triton(module: str, **fields) -> KernelSpec:
     """The Triton implementation in ``sgdiff.kernels.triton.<module>``, for an OpDef's impls:
     its ``Impl`` is the module's attribute named after the op in capitals."""

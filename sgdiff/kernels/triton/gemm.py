@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgdiff.kernels.registry import Impl
+from sgdiff.kernels.registry import first_variant_impl
 from sgdiff.kernels.triton.cuda_math import INTERPRET, dot_acc, expf, gelu_erf, libdevice_options, silu_rounded, tanhf
 from sgdiff.kernels.triton.gelu_tanh_cat import gelu_tanh
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
@@ -446,16 +446,7 @@ def linear_residual_gate_variants(x, weight, bias, residual, gate, gate_kind, ou
     return _timed(make, x, weight, bias, x2, epilogue.out_dtype.itemsize, residual.element_size())
 
 
-def _impl(variants, supports) -> Impl:
-    """An implementation whose plain ``run`` and ``bind`` take the first configuration (first
-    sight of a tuned op times them all)."""
-    def bind(*args):
-        return variants(*args)[0][1]
-
-    return Impl(run=lambda *args: bind(*args)(*args), supports=supports, bind=bind, variants=variants)
-
-
-LINEAR = _impl(linear_variants, linear_supported)
-LINEAR_ACT = _impl(linear_act_variants, linear_act_supported)
-LINEAR_GLU = _impl(linear_glu_variants, linear_glu_supported)
-LINEAR_RESIDUAL_GATE = _impl(linear_residual_gate_variants, linear_residual_gate_supported)
+LINEAR = first_variant_impl(linear_variants, linear_supported)
+LINEAR_ACT = first_variant_impl(linear_act_variants, linear_act_supported)
+LINEAR_GLU = first_variant_impl(linear_glu_variants, linear_glu_supported)
+LINEAR_RESIDUAL_GATE = first_variant_impl(linear_residual_gate_variants, linear_residual_gate_supported)

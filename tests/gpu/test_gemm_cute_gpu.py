@@ -1,0 +1,96 @@
+"""sgdiff's CuTe DSL GEMM (quack's Hopper GEMM with eager's epilogues) on a Hopper GPU: the GELU
+epilogue on every bf16 and fp16 value, every configuration at cuBLAS's and ATen's bits over shapes
+with tails, bias or not, both dtypes; first sight verifies and times it beside the Triton GEMM and
+cuBLAS; its time against cuBLAS + ATen's GELU at Wan's and Flux's feed-forward shapes (printed)."""
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+from sgdiff.kernels import dispatch
+
+pytestmark = pytest.mark.gpu
+EXAMPLES = int(os.environ.get("SGDIFF_HYPOTHESIS_EXAMPLES", "12"))
+if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+    pytest.skip("needs a Hopper GPU", allow_module_level=True)
+pytest.importorskip("quack")
+
+from sgdiff.kernels.cute import gemm  # noqa: E402
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_gelu_epilogue_is_atens_on_every_value(dtype):
+    """x @ e0 puts every 16-bit value in the accumulator exactly (a one in B's first column, zeros
+    elsewhere); the epilogue's GELU-tanh of it equals ATen's, but for -0 (the sum of products
+    is +0) and NaN's payload."""
+    values = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype).cuda()
+    x = torch.zeros(65536, 64, dtype=dtype, device="cuda")
+    x[:, 0] = values
+    w = torch.zeros(192, 64, dtype=dtype, device="cuda")
+    w[:, 0] = 1
+    want = F.gelu(values, approximate="tanh")
+    for label, config in gemm.CONFIGS.items():
+        got = gemm.launcher(config, "gelu_tanh", False, dtype)(x, w, None)
+        assert torch.equal(got, got[:, :1].expand_as(got)), label
+        kept = ~torch.isnan(want) & (values.view(torch.int16) != -32768)
+        assert torch.equal(got[:, 0][kept].view(torch.int16), want[kept].view(torch.int16)), label
+        assert torch.isnan(got[:, 0][torch.isnan(want)]).all()
+
+
+shapes = st.tuples(st.integers(64, 700), st.sampled_from([64, 200, 256, 1000, 1536]),
+                   st.sampled_from([64, 136, 384, 1000, 1152]))
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(shape=shapes, dtype=st.sampled_from([torch.bfloat16, torch.float16]), bias=st.booleans(),
+       act=st.sampled_from([None, "gelu_tanh"]), batched=st.booleans())
+def test_every_configuration_gives_eagers_bits(shape, dtype, bias, act, batched):
+    """The shapes tests/gpu/test_gemm_gpu.py checks the Triton GEMM on (cuBLAS does not split K
+    there): M with tails, K and N not multiples of the tiles."""
+    m, k, n = shape
+    x = torch.randn(*((2, m) if batched else (m,)), k, device="cuda", dtype=dtype)
+    w = torch.randn(n, k, device="cuda", dtype=dtype) / k ** 0.5
+    b = torch.randn(n, device="cuda", dtype=dtype) if bias else None
+    want = F.linear(x, w, b)
+    if act is not None:
+        want = F.gelu(want, approximate="tanh")
+    assert gemm.supported(x, w, b, act)
+    for label, config in gemm.CONFIGS.items():
+        got = gemm.launcher(config, act, bias, dtype)(x, w, b)
+        assert got.shape == want.shape and torch.equal(got, want), (label, int((got != want).sum()))
+
+
+def test_first_sight_verifies_and_times_it_beside_cublas(fresh_dispatch):
+    from sgdiff.kernels import registry
+
+    x = torch.randn(1, 4096, 1536, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(8960, 1536, device="cuda", dtype=torch.bfloat16) / 1536 ** 0.5
+    b = torch.randn(8960, device="cuda", dtype=torch.bfloat16)
+    got = registry.op_def("linear_act").load()(x, w, b, "gelu_tanh")
+    assert torch.equal(got, F.gelu(F.linear(x, w, b), approximate="tanh"))
+    (chosen, timed), = [v for (op, _), v in dispatch.tuned_choices().items() if op == "linear_act"]
+    backends = {backend for backend, _, _ in timed}
+    assert {"reference", "cute"} <= backends and not dispatch.disabled(), (chosen, timed, dispatch.disabled())
+    print("linear_act at Wan's FFN up (4096 rows):", chosen, [(bk, lb, round(t * 1e6, 1)) for bk, lb, t in timed])
+
+
+@pytest.mark.parametrize("shape", [(32760, 1536, 8960), (4096, 3072, 12288), (4608, 3072, 12288)])
+def test_times_against_cublas_and_atens_gelu(shape, capsys):
+    """GPU µs of each configuration with the GELU against cuBLAS + ATen's GELU and cuBLAS alone,
+    alternating in CUDA-graph replays (printed: run with -s)."""
+    from bench.timing import gpu_times
+
+    m, k, n = shape
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    fns = {"cuBLAS": lambda: F.linear(x, w, b),
+           "cuBLAS + GELU": lambda: F.gelu(F.linear(x, w, b), approximate="tanh")}
+    for label, config in gemm.CONFIGS.items():
+        fns[label] = lambda launch=gemm.launcher(config, "gelu_tanh", True, torch.bfloat16): launch(x, w, b)
+    times = gpu_times(fns, calls_per_graph=5, replays=10)
+    with capsys.disabled():
+        print(f"\n{shape}: " + ", ".join(f"{key} {us:.1f}" for key, us in times.items()))
+    assert min(v for key, v in times.items() if not key.startswith("cuBLAS")) > 0

@@ -1,0 +1,96 @@
+"""sgdiff's CuTe DSL GEMM (quack's Hopper GEMM with eager's epilogues) on the CPU: what it takes,
+and each epilogue and configuration compiled for sm_90a, its PTX holding eager's arithmetic.
+
+Running it needs a Hopper GPU (tests/gpu/test_gemm_cute_gpu.py checks the bits there)."""
+import os
+import re
+import tempfile
+
+import pytest
+import torch
+
+PTX_DIR = tempfile.mkdtemp(prefix="sgdiff-cute-ptx-")
+if not torch.cuda.is_available():  # read when CuTe DSL is imported: compile for Hopper without one,
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # keep the PTX, compile rather than load a
+    os.environ.setdefault("QUACK_ARCH", "90")  # cached kernel
+    os.environ.setdefault("CUTE_DSL_KEEP", "ptx")
+    os.environ.setdefault("CUTE_DSL_DUMP_DIR", PTX_DIR)
+    os.environ.setdefault("QUACK_CACHE_ENABLED", "0")
+pytest.importorskip("quack")
+
+BF16, F16 = torch.bfloat16, torch.float16
+
+
+@pytest.fixture
+def sm90_compile(monkeypatch):
+    """Compile for sm_90a without a GPU (the target named at import, above), for an H100's 132 SMs
+    (the persistent grid's size); yields the folder of the PTX."""
+    if torch.cuda.is_available():
+        pytest.skip("compiles for sm_90a where no GPU is present (the GPU tests run the kernels)")
+    import quack.gemm_runtime.host as host
+
+    monkeypatch.setattr(host, "get_max_active_clusters", lambda cluster_size, *a, **k: 132 // cluster_size)
+    yield os.environ["CUTE_DSL_DUMP_DIR"]
+
+
+def test_what_it_takes(monkeypatch):
+    from sgdiff.kernels.cute import gemm
+
+    monkeypatch.setattr(gemm, "_hopper", lambda index: True)
+    meta = dict(device="meta")
+    x, w, b = torch.empty(4, 64, 256, dtype=BF16, **meta), torch.empty(384, 256, dtype=BF16, **meta), torch.empty(384, dtype=BF16, **meta)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    monkeypatch.setattr(torch.Tensor, "data_ptr", lambda t: 0)
+    assert gemm.supported(x, w, b) and gemm.supported(x, w, None) and gemm.supported(x, w, b, "gelu_tanh")
+    assert gemm.supported(x.to(F16), w.to(F16), b.to(F16), "gelu_tanh")
+    assert not gemm.supported(x, w, b, "gelu")  # no epilogue of ATen's erf GELU yet
+    assert not gemm.supported(x, w, b.to(F16))  # mixed dtypes
+    assert not gemm.supported(x.float(), w.float(), b.float())  # fp32: not a tensor-core dtype here
+    assert not gemm.supported(x[..., :252], w[:, :252], b)  # K % 8: rows not 16-byte aligned
+    assert not gemm.supported(x, w[:380], b[:380])  # N % 8
+    assert not gemm.supported(x.transpose(0, 1), w, b)  # not contiguous
+    assert not gemm.supported(x, w, b[:192])  # a bias of another length
+    assert not gemm.linear_supported(x, w, b, x)  # the cat operand: the Triton GEMM's
+    monkeypatch.setattr(gemm, "_hopper", lambda index: False)
+    assert not gemm.supported(x, w, b)  # another architecture's kernel class sees packed pairs
+
+
+def _ptx(folder, epilogue_name):
+    found = [p for p in os.listdir(folder) if p.endswith(".ptx") and f"_{epilogue_name}_" in p]
+    assert found, os.listdir(folder)
+    return open(os.path.join(folder, found[0])).read()
+
+
+def _compile(epilogue, dtype, has_bias, config, m=1037, k=320, n=1000):
+    x, w, b = torch.randn(m, k).to(dtype), torch.randn(n, k).to(dtype), torch.randn(n).to(dtype)
+    operands = {"bias": b[None]} if has_bias else {}
+    return epilogue.gemm(x[None], w[None], torch.empty(1, m, n, dtype=dtype), None, epi_args=operands, _launch=False,
+                         **config)
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_each_epilogue_compiles_for_sm90_with_eagers_arithmetic(sm90_compile, dtype):
+    """Every epilogue compiles to sm_90a code (wgmma over TMA-loaded tiles, K unsplit); the GELU's
+    PTX is ATen's sequence (the accurate tanhf: ex2 and rcp of the flushing kind, no tanh.approx;
+    ATen's constants), the rounding of the projection before it, the bias an add.rn (no FMA)."""
+    from sgdiff.kernels.cute import gemm
+
+    first = next(iter(gemm.CONFIGS.values()))
+    for (act, has_bias, dt), epilogue in gemm.EPILOGUES.items():
+        if dt == dtype:
+            assert _compile(epilogue, dtype, has_bias, first).split_k == 1
+    gelu = _ptx(sm90_compile, "gelu_tanh_bias_" + ("bf16" if dtype == BF16 else "f16"))
+    assert "wgmma.mma_async" in gelu and "cp.async.bulk.tensor" in gelu
+    assert "tanh.approx" not in gelu and "ex2.approx.ftz.f32" in gelu and "rcp.approx.ftz.f32" in gelu
+    assert ("cvt.rn.bf16.f32" if dtype == BF16 else "cvt.rn.f16.f32") in gelu
+    assert "add.rn.f32" in gelu and "0f3D372713" in gelu and "0f3F4C422A" in gelu  # kKappa, kBeta
+    bias = _ptx(sm90_compile, "linear_bias")
+    assert re.search(r"add\.rn\.f32", bias) and "wgmma.mma_async" in bias
+
+
+def test_every_configuration_compiles(sm90_compile):
+    from sgdiff.kernels.cute import gemm
+
+    for label, config in gemm.CONFIGS.items():
+        plan = _compile(gemm.gelu_tanh_bias_bf16, BF16, True, config)
+        assert (plan.tile_M, plan.tile_N, plan.split_k) == (config["tile_M"], config["tile_N"], 1), label
