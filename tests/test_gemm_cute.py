@@ -88,6 +88,48 @@ def test_each_epilogue_compiles_for_sm90_with_eagers_arithmetic(sm90_compile, dt
     assert re.search(r"add\.rn\.f32", bias) and "wgmma.mma_async" in bias
 
 
+@pytest.mark.parametrize("case", ["flux", "wan"])
+def test_the_gated_residual_compiles_in_eagers_dtypes(sm90_compile, case):
+    """Flux: bf16 throughout, the product rounded to bf16 before the sum; Wan: an fp32 gate, the
+    product and sum in fp32, cast back to bf16 once (the store)."""
+    from sgdiff.kernels.cute import gemm
+
+    m, k, n = 1037, 320, 1000
+    x, w, b = torch.randn(1, m, k).to(BF16), torch.randn(n, k).to(BF16), torch.randn(n).to(BF16)
+    residual = torch.randn(1, m, n).to(BF16)
+    gate = torch.randn(1, 1, n).to(BF16 if case == "flux" else torch.float32)
+    out_dtype = None if case == "flux" else BF16
+    product, total, out = gemm._residual_dtypes(x, residual, gate, out_dtype)
+    assert (product, total, out) == ((BF16, BF16, BF16) if case == "flux" else (torch.float32,) * 2 + (BF16,))
+    epilogue = gemm.residual_epilogue(True, BF16, product)
+    plan = epilogue.gemm(x, w[None], torch.empty(1, m, n, dtype=out), None, _launch=False,
+                         epi_args={"bias": b[None], "residual": residual, "gate": gate.reshape(1, n)},
+                         **next(iter(gemm.CONFIGS.values())))
+    assert plan.split_k == 1
+    ptx = _ptx(sm90_compile, "gated_residual_bias_bf16_" + ("bf16" if case == "flux" else "f32"))
+    assert "mul.rn.f32" in ptx and "add.rn.f32" in ptx and "wgmma.mma_async" in ptx
+    assert ptx.count("cvt.rn.bf16.f32") >= (2 if case == "flux" else 1)
+
+
+def test_what_the_gated_residual_takes(monkeypatch):
+    from sgdiff.kernels.cute import gemm
+
+    monkeypatch.setattr(gemm, "_hopper", lambda index: True)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    monkeypatch.setattr(torch.Tensor, "data_ptr", lambda t: 0)
+    e = dict(device="meta")
+    x, w, b = torch.empty(1, 64, 256, dtype=BF16, **e), torch.empty(384, 256, dtype=BF16, **e), torch.empty(384, dtype=BF16, **e)
+    r, g = torch.empty(1, 64, 384, dtype=BF16, **e), torch.empty(1, 1, 384, dtype=BF16, **e)
+    takes = gemm.linear_residual_gate_supported
+    assert takes(x, w, b, r, g, "plain") and takes(x, w, None, r, g.float(), "plain", BF16)
+    assert takes(x, w, b, r.float(), g.float(), "plain")  # Wan's fp32 stream kept in fp32
+    assert not takes(x, w, b, r, g, "tanh")  # another gate function: the Triton GEMM's
+    assert not takes(x, w, b, r, g, "plain", torch.float32)  # eager rounds the bf16 sum before this cast
+    assert not takes(x.expand(2, 64, 256), w, b, r.expand(2, 64, 384), g.expand(2, 1, 384), "plain")  # batch of two
+    assert not takes(x, w, b, r, torch.empty(1, 64, 384, dtype=BF16, **e), "plain")  # per-token gate
+    assert not takes(x, w, b, r, g, "plain", None, x)  # the cat operand
+
+
 def test_every_configuration_compiles(sm90_compile):
     from sgdiff.kernels.cute import gemm
 

@@ -21,7 +21,7 @@ import torch
 from sgdiff.kernels import dispatch
 from sgdiff.kernels.examples import Example
 from sgdiff.kernels.linear import linear_reference
-from sgdiff.kernels.registry import Impl, KernelSpec, OpDef, triton
+from sgdiff.kernels.registry import Impl, KernelSpec, OpDef, cute, triton
 from sgdiff.kernels.residual_gate import residual_gate_reference
 from sgdiff.tiers import Contract
 
@@ -75,7 +75,7 @@ def _examples():
 
 linear_residual_gate = dispatch.define_op(OpDef(
     "linear_residual_gate", Contract.BITEXACT, linear_residual_gate_reference,
-    impls=(triton("gemm"),
+    impls=(triton("gemm"), cute("gemm"),
            KernelSpec("", "unfused", None, "sgdiff.kernels.linear_residual_gate:UNFUSED", devices=frozenset({"cuda"}),
                       priority=5)),
     examples=tuple(_examples()), tuned=True,

@@ -19,6 +19,12 @@ def add_rn(a, b, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def mul_rn(a, b, *, loc=None, ip=None):
+    """a * b, rounded to fp32 (never contracted into a later add)."""
+    return inline_ptx_f32("mul.rn.f32 $0, $1, $2;", "=f,f,f", (a, b), loc=loc, ip=ip)
+
+
+@dsl_user_op
 def round_bf16(a, *, loc=None, ip=None):
     """fp32 -> bf16 (nearest even) -> fp32."""
     return inline_ptx_f32("{ .reg .b16 h; cvt.rn.bf16.f32 h, $1; cvt.f32.bf16 $0, h; }", "=f,f", (a,), loc=loc, ip=ip)

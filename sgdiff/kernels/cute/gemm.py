@@ -17,7 +17,9 @@ projection of one or two rows) differs, so cuBLAS keeps it.
 
 Taken for contiguous bf16/fp16 operands on a compute capability 9.x GPU (quack mints another
 kernel class on Blackwell, whose epilogue sees packed pairs), K and N multiples of 8 (16-byte
-rows for TMA), a bias or none, GELU-tanh as the activation.
+rows for TMA), a bias or none, GELU-tanh as the activation; for ``linear_residual_gate``, a plain
+gate of one row (``[1, 1, N]``: a batch of one, Flux's and Wan's) in the dtypes eager promotes to
+(Wan's fp32 gate and sum, cast back), the residual read as a tile beside the accumulator.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import torch
 from quack.epilogue.frontend import gemm_epilogue
 from quack.epilogue.ops import RowVecLoad
 
-from sgdiff.kernels.cute.exact import add_rn, gelu_tanh_aten, round_bf16, round_f16
+from sgdiff.kernels.cute.exact import add_rn, gelu_tanh_aten, mul_rn, round_bf16, round_f16
 from sgdiff.kernels.registry import first_variant_impl
 
 #: tile configurations first sight times (quack's SM90 space: pingpong 128 x 128..208,
@@ -80,6 +82,34 @@ EPILOGUES = {
     ("gelu_tanh", False, torch.bfloat16): gelu_tanh_bf16, ("gelu_tanh", True, torch.bfloat16): gelu_tanh_bias_bf16,
     ("gelu_tanh", False, torch.float16): gelu_tanh_f16, ("gelu_tanh", True, torch.float16): gelu_tanh_bias_f16,
 }
+
+
+ROUNDINGS = {torch.bfloat16: round_bf16, torch.float16: round_f16}  # fp32 -> a 16-bit dtype -> fp32
+
+
+@functools.lru_cache(maxsize=None)
+def residual_epilogue(has_bias: bool, dtype: torch.dtype, product_dtype: torch.dtype):
+    """``residual + gate * F.linear(x, weight, bias)`` as eager computes it: the projection rounded
+    to x's dtype, the product in fp32 and rounded to ``product_dtype`` unless that is fp32, the sum
+    in fp32 (rounded once, to the output's dtype, by the store)."""
+    update = ROUNDINGS[dtype]
+    product = ROUNDINGS.get(product_dtype)
+    ops = {"gate": RowVecLoad("gate"), **(BIAS if has_bias else {})}
+    if has_bias and product is None:
+        def fn(acc, bias, residual, gate):
+            return {"D": add_rn(residual, mul_rn(gate, update(add_rn(acc, bias))))}
+    elif has_bias:
+        def fn(acc, bias, residual, gate):
+            return {"D": add_rn(residual, product(mul_rn(gate, update(add_rn(acc, bias)))))}
+    elif product is None:
+        def fn(acc, residual, gate):
+            return {"D": add_rn(residual, mul_rn(gate, update(acc)))}
+    else:
+        def fn(acc, residual, gate):
+            return {"D": add_rn(residual, product(mul_rn(gate, update(acc))))}
+    short = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+    fn.__name__ = fn.__qualname__ = f"gated_residual_{'bias_' if has_bias else ''}{short[dtype]}_{short[product_dtype]}"
+    return gemm_epilogue(ops=ops)(fn)
 
 
 @functools.lru_cache(maxsize=None)
@@ -138,5 +168,49 @@ def linear_act_variants(x, weight, bias, act):
     return [(label, variant(config)) for label, config in CONFIGS.items()]
 
 
+def _residual_dtypes(x, residual, gate, out_dtype):
+    """(product dtype, sum dtype, output dtype) as eager promotes them."""
+    product = torch.promote_types(gate.dtype, x.dtype)
+    total = torch.promote_types(residual.dtype, product)
+    return product, total, out_dtype or total
+
+
+def linear_residual_gate_supported(x, weight, bias, residual, gate, gate_kind, out_dtype=None, x2=None) -> bool:
+    if gate_kind != "plain" or x2 is not None or not supported(x, weight, bias):
+        return False
+    n = weight.shape[0]
+    out_shape = (*x.shape[:-1], n)
+    if tuple(residual.shape) != out_shape or not residual.is_contiguous() or residual.data_ptr() % 16:
+        return False
+    if x.numel() // x.shape[-1] != x.shape[-2] or gate.numel() != n or gate.shape[-1] != n or gate.dim() > len(out_shape):
+        return False  # a batch of one, a gate of one row
+    if not (gate.is_contiguous() and gate.device == x.device and residual.device == x.device):
+        return False
+    product, total, out = _residual_dtypes(x, residual, gate, out_dtype)
+    allowed = (torch.bfloat16, torch.float16, torch.float32)
+    if any(t not in allowed for t in (residual.dtype, gate.dtype, out)) or product not in allowed:
+        return False
+    return out == total or total == torch.float32  # one rounding of the fp32 sum, as eager's cast
+
+
+def linear_residual_gate_variants(x, weight, bias, residual, gate, gate_kind, out_dtype=None, x2=None):
+    product, _, out = _residual_dtypes(x, residual, gate, out_dtype)
+    epilogue = residual_epilogue(bias is not None, x.dtype, product)
+
+    def variant(config):
+        def run(x, weight, bias, residual, gate, gate_kind, out_dtype=None, x2=None):
+            n = weight.shape[0]
+            y = torch.empty(residual.shape, dtype=out, device=x.device)
+            operands = {"residual": residual.view(1, -1, n), "gate": gate.reshape(1, n)}
+            if bias is not None:
+                operands["bias"] = bias[None]
+            epilogue.gemm(x.reshape(1, -1, x.shape[-1]), weight[None], y.view(1, -1, n), None, epi_args=operands,
+                          **config)
+            return y
+        return run
+    return [(label, variant(config)) for label, config in CONFIGS.items()]
+
+
 LINEAR = first_variant_impl(linear_variants, linear_supported)
 LINEAR_ACT = first_variant_impl(linear_act_variants, linear_act_supported)
+LINEAR_RESIDUAL_GATE = first_variant_impl(linear_residual_gate_variants, linear_residual_gate_supported)
