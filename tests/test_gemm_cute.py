@@ -76,15 +76,16 @@ def test_each_epilogue_compiles_for_sm90_with_eagers_arithmetic(sm90_compile, dt
     from sgdiff.kernels.cute import gemm
 
     first = next(iter(gemm.CONFIGS.values()))
-    for (act, has_bias, dt), epilogue in gemm.EPILOGUES.items():
-        if dt == dtype:
-            assert _compile(epilogue, dtype, has_bias, first).split_k == 1
-    gelu = _ptx(sm90_compile, "gelu_tanh_bias_" + ("bf16" if dtype == BF16 else "f16"))
+    for act in gemm.ACTS:
+        for has_bias in (False, True):
+            assert _compile(gemm.linear_epilogue(act, has_bias, dtype), dtype, has_bias, first).split_k == 1
+    short = "bf16" if dtype == BF16 else "f16"
+    gelu = _ptx(sm90_compile, "gelu_tanh_bias_" + short)
     assert "wgmma.mma_async" in gelu and "cp.async.bulk.tensor" in gelu
     assert "tanh.approx" not in gelu and "ex2.approx.ftz.f32" in gelu and "rcp.approx.ftz.f32" in gelu
     assert ("cvt.rn.bf16.f32" if dtype == BF16 else "cvt.rn.f16.f32") in gelu
     assert "add.rn.f32" in gelu and "0f3D372713" in gelu and "0f3F4C422A" in gelu  # kKappa, kBeta
-    bias = _ptx(sm90_compile, "linear_bias")
+    bias = _ptx(sm90_compile, "linear_bias_" + short)
     assert re.search(r"add\.rn\.f32", bias) and "wgmma.mma_async" in bias
 
 
@@ -134,5 +135,5 @@ def test_every_configuration_compiles(sm90_compile):
     from sgdiff.kernels.cute import gemm
 
     for label, config in gemm.CONFIGS.items():
-        plan = _compile(gemm.gelu_tanh_bias_bf16, BF16, True, config)
+        plan = _compile(gemm.linear_epilogue("gelu_tanh", True, BF16), BF16, True, config)
         assert (plan.tile_M, plan.tile_N, plan.split_k) == (config["tile_M"], config["tile_N"], 1), label

@@ -45,46 +45,32 @@ CONFIGS = {
 BIAS = {"bias": RowVecLoad("bias")}  # a row vector, also where M == N makes the shape ambiguous
 
 
-@gemm_epilogue()
-def linear_plain(acc):
-    return {"D": acc}
-
-
-@gemm_epilogue(ops=BIAS)
-def linear_bias(acc, bias):
-    return {"D": add_rn(acc, bias)}
-
-
-@gemm_epilogue()
-def gelu_tanh_bf16(acc):
-    return {"D": gelu_tanh_aten(round_bf16(acc))}
-
-
-@gemm_epilogue(ops=BIAS)
-def gelu_tanh_bias_bf16(acc, bias):
-    return {"D": gelu_tanh_aten(round_bf16(add_rn(acc, bias)))}
-
-
-@gemm_epilogue()
-def gelu_tanh_f16(acc):
-    return {"D": gelu_tanh_aten(round_f16(acc))}
-
-
-@gemm_epilogue(ops=BIAS)
-def gelu_tanh_bias_f16(acc, bias):
-    return {"D": gelu_tanh_aten(round_f16(add_rn(acc, bias)))}
-
-
-#: (activation, has a bias, dtype) -> the epilogue
-EPILOGUES = {
-    (None, False, torch.bfloat16): linear_plain, (None, True, torch.bfloat16): linear_bias,
-    (None, False, torch.float16): linear_plain, (None, True, torch.float16): linear_bias,
-    ("gelu_tanh", False, torch.bfloat16): gelu_tanh_bf16, ("gelu_tanh", True, torch.bfloat16): gelu_tanh_bias_bf16,
-    ("gelu_tanh", False, torch.float16): gelu_tanh_f16, ("gelu_tanh", True, torch.float16): gelu_tanh_bias_f16,
-}
-
-
 ROUNDINGS = {torch.bfloat16: round_bf16, torch.float16: round_f16}  # fp32 -> a 16-bit dtype -> fp32
+
+
+SHORT = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+ACTS = (None, "gelu_tanh")
+
+
+@functools.lru_cache(maxsize=None)
+def linear_epilogue(act, has_bias: bool, dtype: torch.dtype):
+    """``F.linear(x, weight, bias)`` as cuBLAS computes it (the bias added to the fp32 sum, one
+    rounding by the store), and ATen's GELU-tanh of it rounded to x's dtype where ``act`` says."""
+    update = ROUNDINGS[dtype]
+    if act is None and has_bias:
+        def fn(acc, bias):
+            return {"D": add_rn(acc, bias)}
+    elif act is None:
+        def fn(acc):
+            return {"D": acc}
+    elif has_bias:
+        def fn(acc, bias):
+            return {"D": gelu_tanh_aten(update(add_rn(acc, bias)))}
+    else:
+        def fn(acc):
+            return {"D": gelu_tanh_aten(update(acc))}
+    fn.__name__ = fn.__qualname__ = f"{act or 'linear'}_{'bias_' if has_bias else ''}{SHORT[dtype]}"
+    return gemm_epilogue(ops=BIAS if has_bias else {})(fn)
 
 
 @functools.lru_cache(maxsize=None)
@@ -107,8 +93,7 @@ def residual_epilogue(has_bias: bool, dtype: torch.dtype, product_dtype: torch.d
     else:
         def fn(acc, residual, gate):
             return {"D": add_rn(residual, product(mul_rn(gate, update(acc))))}
-    short = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
-    fn.__name__ = fn.__qualname__ = f"gated_residual_{'bias_' if has_bias else ''}{short[dtype]}_{short[product_dtype]}"
+    fn.__name__ = fn.__qualname__ = f"gated_residual_{'bias_' if has_bias else ''}{SHORT[dtype]}_{SHORT[product_dtype]}"
     return gemm_epilogue(ops=ops)(fn)
 
 
@@ -121,7 +106,7 @@ def supported(x, weight, bias, act=None) -> bool:
     """Whether these operands are ones the kernel takes (the module doc)."""
     if not (isinstance(x, torch.Tensor) and x.is_cuda and _hopper(x.device.index or 0)):
         return False
-    if (act, bias is not None, x.dtype) not in EPILOGUES or weight.dtype != x.dtype or weight.dim() != 2:
+    if act not in ACTS or x.dtype not in ROUNDINGS or weight.dtype != x.dtype or weight.dim() != 2:
         return False
     n, k = weight.shape
     if x.dim() < 2 or x.shape[-1] != k or k % 8 or n % 8 or x.numel() == 0 or n == 0:
@@ -134,7 +119,7 @@ def supported(x, weight, bias, act=None) -> bool:
 
 def launcher(config: dict, act, bias_given: bool, dtype):
     """``launch(x, weight, bias)`` of one configuration: a new ``[..., N]`` output."""
-    epilogue = EPILOGUES[(act, bias_given, dtype)]
+    epilogue = linear_epilogue(act, bias_given, dtype)
 
     def launch(x, weight, bias):
         n = weight.shape[0]
