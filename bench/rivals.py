@@ -18,7 +18,8 @@ must be ``torch.equal`` to eager's. ``--ours`` names the sgdiff variants (bench/
 names; by default the plain call), each timed and compared the same way. Writes rivals.json and
 rivals.md: ``{gpu, torch, triton, commit, cases: [{model, size, steps: {variant: {ms,
 pipelined_ms, host_ms}}, ratios: {ours: {rival: {ms: [median, low, high], pipelined_ms: [...]}}},
-inductor_best, equal: {ours: bool}}]}``.
+inductor_best, equal: {ours: bool}, commit?}]}`` (a case's own ``commit`` where it was measured on
+another tree than the file's, e.g. cases of several runs gathered in one file).
 """
 from __future__ import annotations
 
@@ -97,7 +98,8 @@ def write_report(result: dict, out: pathlib.Path) -> None:
             for key, label in (("ms", "synchronized"), ("pipelined_ms", "pipelined")):
                 best = min(INDUCTOR, key=lambda v: s[v][key])
                 mid, low, high = r[best][key]
-                lines.append(f"| {c['model']} ({c['size']}) | {variant} | {label} | {s['eager'][key]:.2f} | "
+                tree = f", {c['commit']}" if c.get("commit", result["commit"]) != result["commit"] else ""
+                lines.append(f"| {c['model']} ({c['size']}{tree}) | {variant} | {label} | {s['eager'][key]:.2f} | "
                              f"{s['inductor'][key]:.2f} | {s['inductor_reduce_overhead'][key]:.2f} | "
                              f"{s[variant][key]:.2f} | **{mid:.3f}** ({low:.3f}-{high:.3f}) | {r['eager'][key][0]:.3f} | "
                              f"{'yes' if c['equal'][variant] else 'NO'} |")

@@ -575,5 +575,10 @@ def test_rivals_bench_on_a_tiny_flux(tmp_path, monkeypatch):
     report = (tmp_path / "rivals.md").read_text()
     assert "| flux (tiny) | sgdiff_default | synchronized |" in report
     assert "| flux (tiny) | sgdiff_cudagraph_gemm | pipelined |" in report
+    gathered = json.loads((tmp_path / "rivals.json").read_text())
+    gathered["cases"].append(dict(gathered["cases"][0], model="sana", commit="0ther"))  # a case from another run
+    rivals.write_report(gathered, tmp_path)
+    report = (tmp_path / "rivals.md").read_text()
+    assert "| flux (tiny) | sgdiff_default |" in report and "| sana (tiny, 0ther) | sgdiff_default |" in report
     with pytest.raises(SystemExit):
         rivals.main(["--ours", "inductor"])  # not an sgdiff variant
