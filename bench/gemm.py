@@ -2,10 +2,11 @@
 (and Flux.2's SwiGLU feed-forward).
 
 Per case, in one process, GPU time from CUDA-graph replays alternating between (bench/timing.py):
-cuBLAS (``F.linear``), sgdiff's Triton GEMM alone (its best tile config), the fused op (GEMM
-with the epilogue), the unfused pair (cuBLAS + the chain's kernel: ATen's activation,
-sgdiff's residual_gate kernel, or its silu_mul for a SwiGLU), whether every Triton config gave
-cuBLAS's bits, and the path first-sight tuning chose. Writes bench/results/gemm.{json,md,png} (gemm-sweep.* with --sweep).
+cuBLAS (``F.linear``), sgdiff's GEMM alone (the best configuration of every implementation that
+takes the case: the Triton GEMM's, and on Hopper with ``sgdiff[gemm]`` the CuTe DSL one's), the
+fused op (GEMM with the epilogue, same candidates), the unfused pair (cuBLAS + the chain's kernel:
+ATen's activation, sgdiff's residual_gate kernel, or its silu_mul for a SwiGLU), whether every
+configuration gave eager's bits, which one was fastest, and the path first-sight tuning chose. Writes bench/results/gemm.{json,md,png} (gemm-sweep.* with --sweep).
 
     python -m bench.gemm [--out bench/results] [--models flux,sana,wan,wan14b,flux2] [--sweep] [--jobs 12]
 
@@ -83,9 +84,32 @@ def precompile(cases, sweep: bool, jobs: int) -> None:
             print(f"  compiled: {site}", flush=True)
 
 
+def implementations(op: str, args: tuple) -> list:
+    """``(label, fn)`` of every configuration of every implementation of ``op`` that takes
+    ``args`` here (labels ``"<backend> <configuration>"``); one that cannot load (CuTe's without
+    ``sgdiff[gemm]``) is left out with a line."""
+    from sgdiff.kernels import registry
+
+    x = args[0]
+    capability = torch.cuda.get_device_capability(x.device) if x.is_cuda else None
+    found = []
+    for spec in registry.kernel_specs(op):
+        if spec.backend == "reference" or not spec.supports(x.device.type, str(x.dtype).removeprefix("torch."),
+                                                            capability):
+            continue
+        try:
+            impl = spec.load()
+        except ImportError as exc:
+            print(f"  {op} {spec.backend}: not installed ({exc})", flush=True)
+            continue
+        if impl.variants is None or (impl.supports is not None and not impl.supports(*args)):
+            continue
+        found += [(f"{spec.backend} {label}", fn) for label, fn in impl.variants(*args) if not label.startswith("cublas")]
+    return found
+
+
 def run_case(model, site, M, K, N, epilogue, g, time_it: bool = True, calls: int = 20, replays: int = 20):
     from sgdiff.kernels import dispatch, registry
-    from sgdiff.kernels.triton import gemm
     x, x2, w, b, residual, gate, out_dtype = _operands(model, M, K, N, epilogue, g)
     xs = x if x2 is None else torch.cat([x, x2], -1)
     plain_args = (x, w, b, x2)
@@ -93,7 +117,7 @@ def run_case(model, site, M, K, N, epilogue, g, time_it: bool = True, calls: int
     want_plain = cublas()
     mismatched = []  # configurations whose bits differ from eager's
     configs = {}
-    for label, fn in gemm.linear_variants(*plain_args):
+    for label, fn in implementations("linear", plain_args):
         try:
             if not torch.equal(fn(*plain_args), want_plain):
                 mismatched.append(f"plain {label}")
@@ -113,12 +137,10 @@ def run_case(model, site, M, K, N, epilogue, g, time_it: bool = True, calls: int
         op, args = "linear_residual_gate", (x, w, b, residual, gate, "plain", out_dtype, x2)
         unfused = lambda: dispatch.run("residual_gate", residual, gate, F.linear(xs, w, b), "plain", True,  # noqa: E731
                                        None, None, out_dtype)
-    impl = registry.op_def(op).triton_impl()
     want = dispatch.reference(op)(*args)
     fused = {}
-    for label, fn in (impl.variants(*args) if epilogue != "none" else ()):  # none: the plain GEMM
-        if label.startswith("cublas"):  # an unfused candidate first sight also times (the SwiGLU's)
-            continue
+    # none: the plain GEMM; a cuBLAS-led variant (the SwiGLU's unfused candidate) is not a fused one
+    for label, fn in (implementations(op, args) if epilogue != "none" else ()):
         try:
             if not torch.equal(fn(*args), want):
                 mismatched.append(f"fused {label}")
@@ -131,8 +153,9 @@ def run_case(model, site, M, K, N, epilogue, g, time_it: bool = True, calls: int
         return None
     times = gpu_times({"cublas": cublas, "unfused": unfused, **{f"plain {k}": v for k, v in configs.items()},
                        **{f"fused {k}": v for k, v in fused.items()}}, calls, replays)
-    sgdiff_us = min(v for k, v in times.items() if k.startswith("plain "))
-    fused_us = min((v for k, v in times.items() if k.startswith("fused ")), default=sgdiff_us)
+    plain_best = min((k for k in times if k.startswith("plain ")), key=times.get)
+    fused_best = min((k for k in times if k.startswith("fused ")), key=times.get, default=plain_best)
+    sgdiff_us, fused_us = times[plain_best], times[fused_best]
     dispatch.reset()
     op_out = registry.op_def(op).load()(*args)  # first sight: verifies, times, settles
     if not torch.equal(op_out, want):
@@ -143,6 +166,7 @@ def run_case(model, site, M, K, N, epilogue, g, time_it: bool = True, calls: int
     row = dict(model=model, site=site, M=M, K=K, N=N, epilogue=epilogue, bitexact=bool(bitexact),
                cublas_us=round(times["cublas"], 2), sgdiff_us=round(sgdiff_us, 2), fused_us=round(fused_us, 2),
                unfused_us=round(times["unfused"], 2), chosen=chosen, mismatched=mismatched,
+               plain_best=plain_best.removeprefix("plain "), fused_best=fused_best.split(" ", 1)[1],
                cublas_tflops=round(flop / times["cublas"] / 1e6, 1), sgdiff_tflops=round(flop / sgdiff_us / 1e6, 1),
                per_config_us={k: round(v, 2) for k, v in times.items()})
     print(json.dumps(row), flush=True)
@@ -155,12 +179,15 @@ def write_md(result, out: pathlib.Path, name: str = "gemm"):
              "GPU µs per call from CUDA-graph replays, alternating in one process. plain: sgdiff's GEMM alone "
              "(best config); fused: with the epilogue; unfused: cuBLAS + the chain's kernel; chosen: what "
              "first-sight tuning of the op kept.", "",
-             "| model | site | M | K | N | epilogue | bitexact | cuBLAS | plain | fused | unfused | fused/unfused | chosen |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| model | site | M | K | N | epilogue | bitexact | cuBLAS | plain | plain/cuBLAS | fused | unfused | "
+             "fused/unfused | fastest plain; fused | chosen |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in result["cases"]:
         lines.append(f"| {c['model']} | {c['site']} | {c['M']} | {c['K']} | {c['N']} | {c['epilogue']} | "
-                     f"{'yes' if c['bitexact'] else 'NO'} | {c['cublas_us']} | {c['sgdiff_us']} | {c['fused_us']} | "
-                     f"{c['unfused_us']} | {c['fused_us'] / c['unfused_us']:.3f} | {c['chosen']} |")
+                     f"{'yes' if c['bitexact'] else 'NO'} | {c['cublas_us']} | {c['sgdiff_us']} | "
+                     f"{c['sgdiff_us'] / c['cublas_us']:.3f} | {c['fused_us']} | {c['unfused_us']} | "
+                     f"{c['fused_us'] / c['unfused_us']:.3f} | {c.get('plain_best', '?')}; {c.get('fused_best', '?')} | "
+                     f"{c['chosen']} |")
     (out / f"{name}.md").write_text("\n".join(lines) + "\n")
     write_png(result, out / f"{name}.png")
 

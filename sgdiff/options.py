@@ -27,8 +27,10 @@ class Options:
     families: Optional[Tuple[str, ...]] = None
     #: also rewrite the "gemm" family: linear layers as sgdiff's own GEMM (cuBLAS's bits) with
     #: the chain after them (activation, gated residual) as its epilogue, each site on whichever
-    #: of cuBLAS + the chain's kernel and the fused GEMM first sight times faster. Off by default:
-    #: on Flux.1-dev it has not yet measured faster than without (bench/results/models.md)
+    #: of cuBLAS + the chain's kernel and the fused GEMM first sight times faster. Off by default
+    #: for now: with the CuTe DSL GEMM (Hopper, ``sgdiff[gemm]``) Flux.1-dev's and Wan's steps
+    #: measure faster with it (bench/results/rivals.md), Sana's is not yet measured with it, and
+    #: with the Triton GEMM alone Flux.1-dev's measured slower (bench/results/README.md)
     gemm: bool = False
     #: check each accelerated kernel bitwise against its reference the first time it meets
     #: a new input signature (lossless kernels only)
