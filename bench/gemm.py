@@ -64,8 +64,14 @@ def _operands(model, M, K, N, epilogue, g):
 
 
 def _use_candidates(sweep: bool) -> None:
+    """The configurations first sight and this bench time: each GEMM's sweep, or its own choice."""
     from sgdiff.kernels.triton import gemm
     gemm.candidates.append(gemm.SWEEP if sweep else None)
+    try:
+        from sgdiff.kernels.cute import gemm as cute_gemm
+    except ImportError:  # no sgdiff[gemm] here
+        return
+    cute_gemm.candidates.append(cute_gemm.SWEEP if sweep else None)
 
 
 def _compile_case(case, sweep: bool) -> str:

@@ -137,3 +137,17 @@ def test_every_configuration_compiles(sm90_compile):
     for label, config in gemm.CONFIGS.items():
         plan = _compile(gemm.linear_epilogue("gelu_tanh", True, BF16), BF16, True, config)
         assert (plan.tile_M, plan.tile_N, plan.split_k) == (config["tile_M"], config["tile_N"], 1), label
+
+
+def test_the_sweeps_configurations_compile(sm90_compile, monkeypatch):
+    """Every configuration the GEMM bench's sweep times is one quack builds for sm_90a (no GPU
+    time spent on one it refuses); first sight takes the sweep's where the bench puts it."""
+    from sgdiff.kernels.cute import gemm
+
+    assert set(gemm.CONFIGS) <= set(gemm.SWEEP) and len(gemm.SWEEP) == 22
+    for label, config in gemm.SWEEP.items():
+        if label not in gemm.CONFIGS:
+            plan = _compile(gemm.linear_epilogue(None, True, BF16), BF16, True, config, m=520, k=128, n=512)
+            assert (plan.tile_M, plan.tile_N) == (config["tile_M"], config["tile_N"]), label
+    monkeypatch.setattr(gemm, "candidates", [None, gemm.SWEEP])
+    assert [label for label, _ in gemm.linear_variants(*[torch.empty(8, 64, dtype=BF16)] * 2)] == list(gemm.SWEEP)

@@ -32,15 +32,31 @@ from quack.epilogue.ops import RowVecLoad
 from sgdiff.kernels.cute.exact import add_rn, gelu_tanh_aten, mul_rn, round_bf16, round_f16
 from sgdiff.kernels.registry import first_variant_impl
 
+def _config(tile_m: int, tile_n: int, pingpong: bool, cluster_m: int, cluster_n: int):
+    label = f"{'pingpong' if pingpong else 'cooperative'} {tile_m}x{tile_n} cluster {cluster_m}x{cluster_n}"
+    return label, dict(tile_M=tile_m, tile_N=tile_n, pingpong=pingpong, cluster_M=cluster_m, cluster_N=cluster_n)
+
+
 #: tile configurations first sight times (quack's SM90 space: pingpong 128 x 128..208,
 #: cooperative 256 x 128..208 and 128 x 256; clusters of two CTAs along M or N)
-CONFIGS = {
-    "pingpong 128x192 cluster 2x1": dict(tile_M=128, tile_N=192, pingpong=True, cluster_M=2, cluster_N=1),
-    "pingpong 128x128 cluster 2x1": dict(tile_M=128, tile_N=128, pingpong=True, cluster_M=2, cluster_N=1),
-    "cooperative 128x256 cluster 2x1": dict(tile_M=128, tile_N=256, pingpong=False, cluster_M=2, cluster_N=1),
-    "cooperative 256x128 cluster 2x1": dict(tile_M=256, tile_N=128, pingpong=False, cluster_M=2, cluster_N=1),
-    "cooperative 256x192 cluster 1x2": dict(tile_M=256, tile_N=192, pingpong=False, cluster_M=1, cluster_N=2),
-}
+CONFIGS = dict(_config(*c) for c in [(128, 192, True, 2, 1), (128, 128, True, 2, 1), (128, 256, False, 2, 1),
+                                     (256, 128, False, 2, 1), (256, 192, False, 1, 2)])
+
+#: the GEMM bench's sweep (``bench/gemm.py --sweep``): the SM90 space quack's own autotuner
+#: searches (its ``gemm_config``), less its A/B swap
+SWEEP = dict(_config(m, n, pingpong, *cluster)
+             for m, n, pingpong in ([(128, n, True) for n in (128, 160, 192, 208)] + [(192, 128, True)]
+                                    + [(256, n, False) for n in (128, 160, 192, 208)]
+                                    + [(128, 224, False), (128, 256, False)])
+             for cluster in ((2, 1), (1, 2)))
+
+#: the configurations first sight times (None: CONFIGS); the GEMM bench's sweep sets SWEEP here
+candidates: list = [None]
+
+
+def configs() -> dict:
+    return candidates[-1] or CONFIGS
+
 
 BIAS = {"bias": RowVecLoad("bias")}  # a row vector, also where M == N makes the shape ambiguous
 
@@ -139,7 +155,7 @@ def linear_variants(x, weight, bias=None, x2=None):
     def variant(config):
         launch = launcher(config, None, bias is not None, x.dtype)
         return lambda x, weight, bias=None, x2=None: launch(x, weight, bias)
-    return [(label, variant(config)) for label, config in CONFIGS.items()]
+    return [(label, variant(config)) for label, config in configs().items()]
 
 
 def linear_act_supported(x, weight, bias, act) -> bool:
@@ -150,7 +166,7 @@ def linear_act_variants(x, weight, bias, act):
     def variant(config):
         launch = launcher(config, act, bias is not None, x.dtype)
         return lambda x, weight, bias, act: launch(x, weight, bias)
-    return [(label, variant(config)) for label, config in CONFIGS.items()]
+    return [(label, variant(config)) for label, config in configs().items()]
 
 
 def _residual_dtypes(x, residual, gate, out_dtype):
@@ -193,7 +209,7 @@ def linear_residual_gate_variants(x, weight, bias, residual, gate, gate_kind, ou
                           **config)
             return y
         return run
-    return [(label, variant(config)) for label, config in CONFIGS.items()]
+    return [(label, variant(config)) for label, config in configs().items()]
 
 
 LINEAR = first_variant_impl(linear_variants, linear_supported)
