@@ -112,6 +112,28 @@ def test_the_gated_residual_compiles_in_eagers_dtypes(sm90_compile, case):
     assert ptx.count("cvt.rn.bf16.f32") >= (2 if case == "flux" else 1)
 
 
+@pytest.mark.parametrize("layout", ["batch", "token"])
+def test_the_gated_residual_compiles_for_each_gate_layout(sm90_compile, layout):
+    """A gate row per batch (a batched launch, the weight a zero-stride view, the bias one row
+    for all) and a gate per token (read as a tile) compile with eager's arithmetic."""
+    from sgdiff.kernels.cute import gemm
+
+    bsz, m, k, n = 2, 520, 320, 1000
+    x, w, b = torch.randn(bsz, m, k).to(BF16), torch.randn(n, k).to(BF16), torch.randn(n).to(BF16)
+    residual = torch.randn(bsz, m, n).to(BF16)
+    gate = torch.randn(bsz, 6, n).to(BF16).chunk(6, dim=1)[2] if layout == "batch" else torch.randn(bsz, m, n).to(BF16)
+    assert gemm.gate_layout(x, w, gate) == layout
+    y = torch.empty(bsz, m, n, dtype=BF16)
+    a, weights, d, operands = gemm._residual_operands(x, w, b, residual, gate, y)
+    assert a.shape[0] == weights.shape[0] == d.shape[0] == (bsz if layout == "batch" else 1)
+    assert (weights.stride(0) == 0) == (layout == "batch") and operands["bias"].dim() == (1 if layout == "batch" else 2)
+    epilogue = gemm.residual_epilogue(True, BF16, BF16, layout == "token")
+    plan = epilogue.gemm(a, weights, d, None, epi_args=operands, _launch=False, **next(iter(gemm.CONFIGS.values())))
+    assert plan.split_k == 1
+    ptx = _ptx(sm90_compile, "gated_residual_" + ("token_" if layout == "token" else "") + "bias_bf16_bf16")
+    assert "mul.rn.f32" in ptx and "add.rn.f32" in ptx and "wgmma.mma_async" in ptx
+
+
 def test_what_the_gated_residual_takes(monkeypatch):
     from sgdiff.kernels.cute import gemm
 
@@ -126,8 +148,16 @@ def test_what_the_gated_residual_takes(monkeypatch):
     assert takes(x, w, b, r.float(), g.float(), "plain")  # Wan's fp32 stream kept in fp32
     assert not takes(x, w, b, r, g, "tanh")  # another gate function: the Triton GEMM's
     assert not takes(x, w, b, r, g, "plain", torch.float32)  # eager rounds the bf16 sum before this cast
-    assert not takes(x.expand(2, 64, 256), w, b, r.expand(2, 64, 384), g.expand(2, 1, 384), "plain")  # batch of two
-    assert not takes(x, w, b, r, torch.empty(1, 64, 384, dtype=BF16, **e), "plain")  # per-token gate
+    x2, r2 = torch.empty(2, 64, 256, dtype=BF16, **e), torch.empty(2, 64, 384, dtype=BF16, **e)
+    chunks = torch.empty(2, 6, 384, dtype=BF16, **e).chunk(6, dim=1)  # Sana's modulation: rows 6 x 384 apart
+    assert takes(x2, w, b, r2, g, "plain") and gemm.gate_layout(x2, w, g) == "row"  # one row for both
+    assert takes(x2, w, b, r2, chunks[2], "plain") and gemm.gate_layout(x2, w, chunks[2]) == "batch"
+    assert takes(x2, w, b, r2, r2, "plain") and gemm.gate_layout(x2, w, r2) == "token"
+    assert takes(x, w, b, r, torch.empty(1, 64, 384, dtype=BF16, **e), "plain")  # per token, a batch of one
+    odd = torch.empty(2, 3, 388, dtype=BF16, **e)[..., :384].unsqueeze(1)[:, :, 0]  # rows 3 x 388 apart: unaligned
+    assert gemm.gate_layout(x2, w, odd) == "batch" and not takes(x2, w, b, r2, odd, "plain")
+    assert not takes(x2, w, b, r2, torch.empty(2, 64, 1, dtype=BF16, **e), "plain")  # a column: not read
+    assert not takes(x2, w, b, r.expand(2, 64, 384), g, "plain")  # a residual broadcast over the batch
     assert not takes(x, w, b, r, g, "plain", None, x)  # the cat operand
 
 

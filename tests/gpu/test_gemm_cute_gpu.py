@@ -97,24 +97,33 @@ def test_times_against_cublas_and_atens_gelu(shape, capsys):
     assert min(v for key, v in times.items() if not key.startswith("cuBLAS")) > 0
 
 
-@pytest.mark.parametrize("case", ["flux", "wan", "wan fp32 stream"])
+@pytest.mark.parametrize("case", ["flux", "wan", "wan fp32 stream", "sana batch of two", "per-token gate"])
 @pytest.mark.parametrize("m", [700, 4096])
 def test_the_gated_residual_gives_eagers_bits(case, m):
     """Flux: bf16 throughout; Wan: (x.float() + ffn.float() * gate).type_as(x) with an fp32 gate;
-    and an fp32 residual stream kept in fp32."""
+    an fp32 residual stream kept in fp32; Sana's batch of a prompt and its negative, each with its
+    gate row (a chunk of the modulation); a gate per token."""
     from sgdiff.kernels.residual_gate import residual_gate_reference
 
     k, n = 1536, 1536
     bf16, f32 = torch.bfloat16, torch.float32
-    x = torch.randn(1, m, k, device="cuda", dtype=bf16)
+    batches = 2 if case in ("sana batch of two", "per-token gate") else 1
+    x = torch.randn(batches, m, k, device="cuda", dtype=bf16)
     w = torch.randn(n, k, device="cuda", dtype=bf16) / k ** 0.5
     b = torch.randn(n, device="cuda", dtype=bf16)
-    residual = torch.randn(1, m, n, device="cuda", dtype=f32 if case == "wan fp32 stream" else bf16)
-    gate = torch.randn(1, 1, n, device="cuda", dtype=bf16 if case == "flux" else f32)
+    residual = torch.randn(batches, m, n, device="cuda", dtype=f32 if case == "wan fp32 stream" else bf16)
+    if case == "sana batch of two":
+        gate = torch.randn(batches, 6, n, device="cuda", dtype=bf16).chunk(6, dim=1)[2]
+    elif case == "per-token gate":
+        gate = torch.randn(batches, m, n, device="cuda", dtype=bf16)
+    else:
+        gate = torch.randn(1, 1, n, device="cuda", dtype=bf16 if case.startswith("flux") else f32)
     out_dtype = bf16 if case == "wan" else None
     want = residual_gate_reference(residual, gate, F.linear(x, w, b), "plain", True, None, None, out_dtype)
     if case == "wan":
         assert torch.equal(want, (residual.float() + F.linear(x, w, b).float() * gate).type_as(residual))
+    if case in ("flux", "sana batch of two", "per-token gate"):
+        assert torch.equal(want, residual + gate * F.linear(x, w, b))
     args = (x, w, b, residual, gate, "plain", out_dtype)
     assert gemm.linear_residual_gate_supported(*args)
     for label, fn in gemm.linear_residual_gate_variants(*args):

@@ -18,8 +18,10 @@ projection of one or two rows) differs, so cuBLAS keeps it.
 Taken for contiguous bf16/fp16 operands on a compute capability 9.x GPU (quack mints another
 kernel class on Blackwell, whose epilogue sees packed pairs), K and N multiples of 8 (16-byte
 rows for TMA), a bias or none, GELU-tanh as the activation; for ``linear_residual_gate``, a plain
-gate of one row (``[1, 1, N]``: a batch of one, Flux's and Wan's) in the dtypes eager promotes to
-(Wan's fp32 gate and sum, cast back), the residual read as a tile beside the accumulator.
+gate in the dtypes eager promotes to (Wan's fp32 gate and sum, cast back), the residual read as a
+tile beside the accumulator. The gate is one row for every token (``[1, 1, N]``: Flux's and Wan's
+batch of one), a row per batch (``[B, 1, N]``: a batch of a prompt and its negative, each its own
+GEMM of the batched launch, the weight shared by a zero-stride view), or one per token (a tile).
 """
 from __future__ import annotations
 
@@ -90,13 +92,14 @@ def linear_epilogue(act, has_bias: bool, dtype: torch.dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def residual_epilogue(has_bias: bool, dtype: torch.dtype, product_dtype: torch.dtype):
+def residual_epilogue(has_bias: bool, dtype: torch.dtype, product_dtype: torch.dtype, per_token: bool = False):
     """``residual + gate * F.linear(x, weight, bias)`` as eager computes it: the projection rounded
     to x's dtype, the product in fp32 and rounded to ``product_dtype`` unless that is fp32, the sum
-    in fp32 (rounded once, to the output's dtype, by the store)."""
+    in fp32 (rounded once, to the output's dtype, by the store). The gate is a row of each batch,
+    or with ``per_token`` a tile (one value per output element)."""
     update = ROUNDINGS[dtype]
     product = ROUNDINGS.get(product_dtype)
-    ops = {"gate": RowVecLoad("gate"), **(BIAS if has_bias else {})}
+    ops = {**({} if per_token else {"gate": RowVecLoad("gate")}), **(BIAS if has_bias else {})}
     if has_bias and product is None:
         def fn(acc, bias, residual, gate):
             return {"D": add_rn(residual, mul_rn(gate, update(add_rn(acc, bias))))}
@@ -109,7 +112,8 @@ def residual_epilogue(has_bias: bool, dtype: torch.dtype, product_dtype: torch.d
     else:
         def fn(acc, residual, gate):
             return {"D": add_rn(residual, product(mul_rn(gate, update(acc))))}
-    fn.__name__ = fn.__qualname__ = f"gated_residual_{'bias_' if has_bias else ''}{SHORT[dtype]}_{SHORT[product_dtype]}"
+    fn.__name__ = fn.__qualname__ = (f"gated_residual_{'token_' if per_token else ''}{'bias_' if has_bias else ''}"
+                                     f"{SHORT[dtype]}_{SHORT[product_dtype]}")
     return gemm_epilogue(ops=ops)(fn)
 
 
@@ -176,16 +180,36 @@ def _residual_dtypes(x, residual, gate, out_dtype):
     return product, total, out_dtype or total
 
 
+def gate_layout(x, weight, gate):
+    """How the gate spans the output ``[..., M, N]``: ``"row"`` (one row for every token),
+    ``"batch"`` (a row per batch of a 3-D input: ``[B, 1, N]``), ``"token"`` (the output's
+    shape), or None (a layout the kernel does not read)."""
+    n = weight.shape[0]
+    out_shape = (*x.shape[:-1], n)
+    if gate.numel() == n and gate.shape[-1] == n and gate.dim() <= len(out_shape):
+        return "row"
+    if x.dim() == 3 and tuple(gate.shape) == (x.shape[0], 1, n):
+        return "batch"
+    if tuple(gate.shape) == out_shape:
+        return "token"
+    return None
+
+
 def linear_residual_gate_supported(x, weight, bias, residual, gate, gate_kind, out_dtype=None, x2=None) -> bool:
     if gate_kind != "plain" or x2 is not None or not supported(x, weight, bias):
         return False
     n = weight.shape[0]
-    out_shape = (*x.shape[:-1], n)
-    if tuple(residual.shape) != out_shape or not residual.is_contiguous() or residual.data_ptr() % 16:
+    if tuple(residual.shape) != (*x.shape[:-1], n) or not residual.is_contiguous() or residual.data_ptr() % 16:
         return False
-    if x.numel() // x.shape[-1] != x.shape[-2] or gate.numel() != n or gate.shape[-1] != n or gate.dim() > len(out_shape):
-        return False  # a batch of one, a gate of one row
-    if not (gate.is_contiguous() and gate.device == x.device and residual.device == x.device):
+    layout = gate_layout(x, weight, gate)
+    if layout is None or gate.data_ptr() % 16:
+        return False
+    if layout == "batch":  # rows of a chunk of the modulation (Sana's [B, 6, N] in six): each row 16-byte aligned
+        if gate.stride(-1) != 1 or gate.stride(0) * gate.element_size() % 16:
+            return False
+    elif not gate.is_contiguous():
+        return False
+    if gate.device != x.device or residual.device != x.device:
         return False
     product, total, out = _residual_dtypes(x, residual, gate, out_dtype)
     allowed = (torch.bfloat16, torch.float16, torch.float32)
@@ -194,19 +218,33 @@ def linear_residual_gate_supported(x, weight, bias, residual, gate, gate_kind, o
     return out == total or total == torch.float32  # one rounding of the fp32 sum, as eager's cast
 
 
+def _residual_operands(x, weight, bias, residual, gate, y):
+    """The launch's (A, B, D, epilogue operands): the tokens as the rows of one GEMM, or with a
+    gate row per batch one GEMM per batch (B, the weight, a zero-stride view of it)."""
+    n, k = weight.shape
+    layout = gate_layout(x, weight, gate)
+    batches = x.shape[0] if layout == "batch" else 1
+    if layout == "token":
+        rows = gate.view(1, -1, n)  # a tile
+    elif layout == "batch":
+        rows = gate[:, 0]  # [B, N], its rows where the modulation holds them
+    else:
+        rows = gate.reshape(1, n)
+    operands = {"residual": residual.view(batches, -1, n), "gate": rows}
+    if bias is not None:
+        operands["bias"] = bias if batches > 1 else bias[None]  # rank 1: one row shared by the batches
+    return (x.reshape(batches, -1, k), weight[None].expand(batches, n, k), y.view(batches, -1, n), operands)
+
+
 def linear_residual_gate_variants(x, weight, bias, residual, gate, gate_kind, out_dtype=None, x2=None):
     product, _, out = _residual_dtypes(x, residual, gate, out_dtype)
-    epilogue = residual_epilogue(bias is not None, x.dtype, product)
+    epilogue = residual_epilogue(bias is not None, x.dtype, product, gate_layout(x, weight, gate) == "token")
 
     def variant(config):
         def run(x, weight, bias, residual, gate, gate_kind, out_dtype=None, x2=None):
-            n = weight.shape[0]
             y = torch.empty(residual.shape, dtype=out, device=x.device)
-            operands = {"residual": residual.view(1, -1, n), "gate": gate.reshape(1, n)}
-            if bias is not None:
-                operands["bias"] = bias[None]
-            epilogue.gemm(x.reshape(1, -1, x.shape[-1]), weight[None], y.view(1, -1, n), None, epi_args=operands,
-                          **config)
+            a, b, d, operands = _residual_operands(x, weight, bias, residual, gate, y)
+            epilogue.gemm(a, b, d, None, epi_args=operands, **config)
             return y
         return run
     return [(label, variant(config)) for label, config in configs().items()]
