@@ -46,12 +46,13 @@ VARIANTS = {
     "sgdiff_default": dict(backend="sgdiff"),  # the plain call: lossless, CUDA graphs (the default)
     "sgdiff": dict(backend="sgdiff", options={"cudagraphs": False}),  # lossless, no CUDA graphs
     "sgdiff_cudagraph": dict(backend="sgdiff", options={"cudagraphs": True}),
-    # with the gemm family (off by default): what sgdiff's GEMMs and their epilogues add
+    # the gemm family everywhere, and nowhere (by default it runs where the CuTe DSL GEMM does)
     "sgdiff_cudagraph_gemm": dict(backend="sgdiff", options={"cudagraphs": True, "gemm": True}),
+    "sgdiff_cudagraph_nogemm": dict(backend="sgdiff", options={"cudagraphs": True, "gemm": False}),
     "sgdiff_extra_high": dict(backend="sgdiff", options={"quality": "extra-high", "cudagraphs": False}),
     "sgdiff_extra_high_cudagraph": dict(backend="sgdiff", options={"quality": "extra-high", "cudagraphs": True}),
 }
-SGDIFF_LOSSLESS = ("sgdiff_default", "sgdiff", "sgdiff_cudagraph", "sgdiff_cudagraph_gemm")
+SGDIFF_LOSSLESS = ("sgdiff_default", "sgdiff", "sgdiff_cudagraph", "sgdiff_cudagraph_gemm", "sgdiff_cudagraph_nogemm")
 LOSSLESS = ("eager", "aot_eager", *SGDIFF_LOSSLESS)
 PROFILED = ("eager", "inductor", "sgdiff")  # where the GPU time of a step goes
 PAIRED = ("aot_eager", "sgdiff")  # also timed with eager's steps interleaved, in one process

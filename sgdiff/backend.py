@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
+import torch
 from torch import fx
 
 from sgdiff import _compat
@@ -74,7 +75,7 @@ class TieredGraph:
     def _build(self, tier: Tier, gm: fx.GraphModule) -> Callable:
         try:
             fold_constants(gm)
-            result = PassManager(tier, families=self.options.chosen_families()).apply(gm)
+            result = PassManager(tier, families=self.options.chosen_families(graph_device(gm))).apply(gm)
         except Exception:  # never break a user's model: run the captured graph as it is
             log.exception("sgdiff: passes failed on a graph; running it unchanged")
             gm = _copy(self._pristine)
@@ -89,6 +90,14 @@ class TieredGraph:
             fn = CudaGraphRunner(fn, gm, static_inputs=self.static_inputs)
         self._variants[tier] = fn
         return fn
+
+
+def graph_device(gm: fx.GraphModule) -> Optional[torch.device]:
+    """The device of the graph's first tensor input on a GPU, else of its first tensor input
+    (None: no tensor input)."""
+    devices = [node.meta["val"].device for node in gm.graph.nodes
+               if node.op == "placeholder" and isinstance(node.meta.get("val"), torch.Tensor)]
+    return next((d for d in devices if d.type == "cuda"), devices[0] if devices else None)
 
 
 def _copy(gm: fx.GraphModule) -> fx.GraphModule:

@@ -9,7 +9,7 @@ from sgdiff.tiers import DEFAULT_TIER, Tier
 #: torch.compile's mode names, as sgdiff reads them. sgdiff runs its graphs under CUDA graphs by
 #: default (no mode, "default", "reduce-overhead", "max-autotune"); "max-autotune-no-cudagraphs"
 #: turns them off, as ``options={"cudagraphs": False}`` does (an explicit option wins). (sgdiff's
-#: own GEMMs, ``gemm=True``, are tuned at first sight of each signature whatever the mode.)
+#: own GEMMs, the gemm family, are tuned at first sight of each signature whatever the mode.)
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 NO_CUDAGRAPH_MODES = ("max-autotune-no-cudagraphs",)
 
@@ -25,13 +25,13 @@ class Options:
     #: rewrite only these chain families (None: every family on by default, all but "gemm");
     #: e.g. ("modulate",)
     families: Optional[Tuple[str, ...]] = None
-    #: also rewrite the "gemm" family: linear layers as sgdiff's own GEMM (cuBLAS's bits) with
-    #: the chain after them (activation, gated residual) as its epilogue, each site on whichever
-    #: of cuBLAS + the chain's kernel and the fused GEMM first sight times faster. Off by default
-    #: for now: with the CuTe DSL GEMM (Hopper, ``sgdiff[gemm]``) Flux.1-dev's and Wan's steps
-    #: measure faster with it (bench/results/rivals.md), Sana's is not yet measured with it, and
-    #: with the Triton GEMM alone Flux.1-dev's measured slower (bench/results/README.md)
-    gemm: bool = False
+    #: the "gemm" family: linear layers as sgdiff's own GEMM (cuBLAS's bits) with the chain after
+    #: them (activation, gated residual) as its epilogue, each site on whichever of cuBLAS + the
+    #: chain's kernel and the fused GEMM first sight times faster. True: everywhere; False:
+    #: nowhere; None (the default): where it measures faster, a compute capability 9.x GPU with
+    #: the CuTe DSL GEMM installed (``pip install "sgdiff[gemm]"``; bench/results/rivals.md). With
+    #: the Triton GEMM alone Flux.1-dev's step measured slower (bench/results/README.md)
+    gemm: Optional[bool] = None
     #: check each accelerated kernel bitwise against its reference the first time it meets
     #: a new input signature (lossless kernels only)
     verify: bool = True
@@ -51,19 +51,27 @@ class Options:
         if options.get("families") is not None:
             options["families"] = _families(options["families"])
         for flag in ("cudagraphs", "verify", "gemm"):
-            if flag in options and not isinstance(options[flag], bool):
+            if flag in options and not isinstance(options[flag], bool) and not (flag == "gemm" and options[flag] is None):
                 raise ValueError(f"sgdiff option {flag!r} must be True or False, got {options[flag]!r}")
         if mode in NO_CUDAGRAPH_MODES:
             options.setdefault("cudagraphs", False)
         return cls(**options)
 
-    def chosen_families(self) -> Tuple[str, ...]:
-        """The families the passes rewrite: ``families``, or the default ones; with ``gemm``,
-        "gemm" too."""
+    def chosen_families(self, device=None) -> Tuple[str, ...]:
+        """The families the passes rewrite for a graph on ``device``: ``families``, or the default
+        ones; "gemm" too where ``gemm`` says so (None: where the CuTe DSL GEMM runs on ``device``)."""
         from sgdiff import patterns
 
         names = self.families if self.families is not None else tuple(patterns.default_families())
-        return names + (("gemm",) if self.gemm and "gemm" not in names else ())
+        return names + (("gemm",) if self.gemm_on(device) and "gemm" not in names else ())
+
+    def gemm_on(self, device=None) -> bool:
+        """Whether the gemm family runs on a graph on ``device`` (None: no device known)."""
+        if self.gemm is not None:
+            return self.gemm
+        from sgdiff.kernels import cute
+
+        return device is not None and cute.runs_on(device)
 
 
 def _families(value) -> Tuple[str, ...]:

@@ -125,12 +125,50 @@ def test_gated_residual_after_a_projection(contiguous):
     assert torch.equal(run(*args), block(*args))
 
 
+def test_the_family_runs_where_the_cute_gemm_does_unless_told(monkeypatch):
+    """By default the family runs on a graph whose device runs the CuTe DSL GEMM (a Hopper GPU
+    with sgdiff[gemm]), nowhere else; ``gemm`` True or False says so everywhere. The backend asks
+    with the graph's device."""
+    from sgdiff import backend
+    from sgdiff.kernels import cute
+    from sgdiff.options import Options
+
+    asked = []
+    monkeypatch.setattr(cute, "runs_on", lambda device: asked.append(device) or device.type == "cuda")
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert Options.parse({}).gemm is None and Options.parse({"gemm": None}).gemm is None
+    assert "gemm" in Options.parse({}).chosen_families(cuda) and "gemm" not in Options.parse({}).chosen_families(cpu)
+    assert "gemm" not in Options.parse({}).chosen_families()  # no device known
+    assert "gemm" not in Options.parse({"gemm": False}).chosen_families(cuda)
+    assert "gemm" in Options.parse({"gemm": True}).chosen_families(cpu)
+    assert asked == [cuda, cpu]
+    x, w = torch.randn(1, 128, 64), torch.randn(256, 64)
+    gm = torch.fx.symbolic_trace(lambda x, w: F.linear(x, w))
+    for node, value in zip(gm.graph.find_nodes(op="placeholder"), (x, w)):
+        node.meta["val"] = value
+    assert backend.graph_device(gm) == cpu
+    gm.graph.find_nodes(op="placeholder")[1].meta["val"] = torch.empty(256, 64, device="meta")
+    assert backend.graph_device(gm) == cpu  # the first tensor's device where none is on a GPU
+
+
+def test_the_cute_gemm_runs_only_on_hopper_with_its_packages(monkeypatch):
+    from sgdiff.kernels import cute
+
+    assert not cute.runs_on("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for capability, loads, want in (((9, 0), True, True), ((8, 0), True, False), ((10, 0), True, False),
+                                    ((9, 0), False, False)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        monkeypatch.setattr(cute, "_loads", lambda loads=loads: loads)
+        assert cute.runs_on("cuda") is want, capability
+
+
 def test_the_family_is_off_unless_asked_for():
     from sgdiff.options import Options
     from sgdiff import patterns
 
     assert "gemm" in patterns.families() and "gemm" not in patterns.default_families()
-    assert "gemm" not in Options.parse({}).chosen_families()
+    assert "gemm" not in Options.parse({}).chosen_families(torch.device("cpu"))
     assert Options.parse({"gemm": True}).chosen_families()[-1] == "gemm"
     assert Options.parse({"families": ["gemm"]}).chosen_families() == ("gemm",)
     assert Options.parse({"families": ["modulate"], "gemm": True}).chosen_families() == ("modulate", "gemm")

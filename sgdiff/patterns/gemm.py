@@ -18,7 +18,8 @@ keeps cuBLAS unless one is faster by more than 2%. GEMMs with fewer than :data:`
 (adaLN projections, GEMVs that cuBLAS runs as split-K) and plain GEMMs under
 :data:`MIN_PLAIN_FLOP` are not sites (nor reported as skipped).
 
-Off by default (``Options.gemm``). With the Triton GEMM alone a Flux.1-dev 1024² step took
+On by default where the CuTe DSL GEMM runs (``Options.gemm``: a Hopper GPU with
+``sgdiff[gemm]``), off elsewhere. With the Triton GEMM alone a Flux.1-dev 1024² step took
 131.5 ms with the family against 127.1 without (H200, bench/results/models.md; first sight then
 timed the host's launches too, and the family took the single blocks' GELU before the activation
 family could write it into the cat: both since changed). With the CuTe DSL GEMM too (Hopper,
@@ -37,7 +38,7 @@ from sgdiff.patterns.matcher import AnyOf, Arg, Items, Lit, Match, Op, Views, Wh
 
 # after the activation family: where Flux single blocks' GELU feeds the cat before proj_out,
 # gelu_tanh_cat writes it there in one pass (a GEMM epilogue would still leave the cat to make);
-# off by default (Options.gemm)
+# on by default only where the CuTe DSL GEMM runs (Options.gemm)
 FAMILY = Family("gemm", after=("residual_gate", "activation", "fp8_gemm"), default=False)
 
 aten = torch.ops.aten
