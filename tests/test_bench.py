@@ -606,13 +606,21 @@ def test_rivals_bench_on_a_tiny_flux(tmp_path, monkeypatch):
             for key, (mid, low, high) in by_key.items():
                 assert 0 < low <= mid <= high
                 assert key in ("ms", "pipelined_ms") and case["steps"][rival][key] > 0
+    assert set(case["first_sight"]) == ours and all(isinstance(s, list) for s in case["first_sight"].values())
     report = (tmp_path / "rivals.md").read_text()
     assert "| flux (tiny) | sgdiff_default | synchronized |" in report
     assert "| flux (tiny) | sgdiff_cudagraph_gemm | pipelined |" in report
     gathered = json.loads((tmp_path / "rivals.json").read_text())
-    gathered["cases"].append(dict(gathered["cases"][0], model="sana", commit="0ther"))  # a case from another run
+    sites = [dict(op="linear_act", shapes=[], chosen="cute pingpong 128x192 cluster 2x1", us={}),
+             dict(op="linear_act", shapes=[], chosen="reference", us={}),
+             dict(op="linear_act", shapes=[], chosen="cute pingpong 128x128 cluster 2x1", us={}),
+             dict(op="linear", shapes=[], chosen="triton 128x256x64 s3 w8 sub", us={})]
+    gathered["cases"].append(dict(gathered["cases"][0], model="sana", commit="0ther",  # a case from another run
+                                  first_sight=dict(sgdiff_default=[], sgdiff_cudagraph_gemm=sites)))
     rivals.write_report(gathered, tmp_path)
     report = (tmp_path / "rivals.md").read_text()
     assert "| flux (tiny) | sgdiff_default |" in report and "| sana (tiny, 0ther) | sgdiff_default |" in report
+    assert ("- sana (tiny), sgdiff_cudagraph_gemm: linear triton 128x256x64 1; linear_act cute pingpong 2, "
+            "reference 1") in report and "flux (tiny), sgdiff_cudagraph_gemm:" not in report  # none met: no line
     with pytest.raises(SystemExit):
         rivals.main(["--ours", "inductor"])  # not an sgdiff variant
