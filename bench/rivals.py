@@ -18,8 +18,10 @@ must be ``torch.equal`` to eager's. ``--ours`` names the sgdiff variants (bench/
 names; by default the plain call), each timed and compared the same way. Writes rivals.json and
 rivals.md: ``{gpu, torch, triton, commit, cases: [{model, size, steps: {variant: {ms,
 pipelined_ms, host_ms}}, ratios: {ours: {rival: {ms: [median, low, high], pipelined_ms: [...]}}},
-inductor_best, equal: {ours: bool}, commit?}]}`` (a case's own ``commit`` where it was measured on
-another tree than the file's, e.g. cases of several runs gathered in one file).
+inductor_best, equal: {ours: bool}, first_sight: {ours: [{op, shapes, chosen, us}]}, commit?}]}``:
+first_sight, what each sgdiff variant's first calls chose at the signatures of tuned ops it met
+first (a GEMM's implementation and tile, each candidate's µs); a case's own ``commit`` where it was
+measured on another tree than the file's (cases of several runs gathered in one file).
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from bench.kernels import _write_json  # noqa: E402
 from bench.models import VARIANTS, step_times  # noqa: E402
 from bench.tiers import each_model  # noqa: E402
+from sgdiff.kernels import dispatch  # noqa: E402
 
 INDUCTOR = ("inductor", "inductor_reduce_overhead")
 RIVALS = ("eager", *INDUCTOR)
@@ -49,16 +52,19 @@ def run_model(name: str, size: str, device: torch.device, dtype, rounds: int, re
     model, kwargs = zoo.build(name, size, dtype=dtype, device=device)
     with torch.no_grad():
         want = model(**kwargs)[0].clone()
-        fns, equal = {}, {}
+        fns, equal, first_sight = {}, {}, {}
         for variant in (*RIVALS, *ours):
             spec = VARIANTS[variant]
             fns[variant] = model if spec is None else torch.compile(model, **spec)
+            before = set(dispatch.tuned_choices())
             t0 = time.perf_counter()
             outs = [fns[variant](**kwargs)[0].clone() for _ in range(4)]  # past warm-up and capture
             print(f"bench.rivals: {name} {variant} compiled and warm in {time.perf_counter() - t0:.1f} s",
                   file=sys.stderr, flush=True)
             if variant in ours:
                 equal[variant] = all(torch.equal(o, want) for o in outs)
+                first_sight[variant] = [dict(op=op, shapes=shapes, chosen=chosen, us=us)
+                                        for op, shapes, chosen, us in dispatch.first_sight_report(exclude=before)]
         gc.collect()
         gc.freeze()  # the compiles' objects must not slow the host through the collector's passes
         per_round = {variant: [] for variant in fns}
@@ -79,7 +85,7 @@ def run_model(name: str, size: str, device: torch.device, dtype, rounds: int, re
                 ratios[variant][rival][key] = [statistics.median(each), min(each), max(each)]
     best = min(INDUCTOR, key=lambda v: steps[v]["ms"])
     case = dict(model=name, size=size, rounds=rounds, repeats=repeats, steps=steps, ratios=ratios,
-                inductor_best=best, equal=equal)
+                inductor_best=best, equal=equal, first_sight=first_sight)
     print(f"bench.rivals: {case}", file=sys.stderr, flush=True)
     return [case]
 
@@ -103,7 +109,24 @@ def write_report(result: dict, out: pathlib.Path) -> None:
                              f"{s['inductor'][key]:.2f} | {s['inductor_reduce_overhead'][key]:.2f} | "
                              f"{s[variant][key]:.2f} | **{mid:.3f}** ({low:.3f}-{high:.3f}) | {r['eager'][key][0]:.3f} | "
                              f"{'yes' if c['equal'][variant] else 'NO'} |")
+    chosen = [f"- {c['model']} ({c['size']}), {variant}: " + "; ".join(
+                  f"{op} " + ", ".join(f"{label} {n}" for label, n in sorted(by_label.items()))
+                  for op, by_label in sorted(_chosen_by_op(sites).items()))
+              for c in result["cases"] for variant, sites in c.get("first_sight", {}).items() if sites]
+    if chosen:
+        lines += ["", "What first sight chose at the signatures each sgdiff variant met first (sites of one "
+                  "signature count once; `reference`: the eager chain, a GEMM's on cuBLAS):", "", *chosen]
     (out / "rivals.md").write_text("\n".join(lines) + "\n")
+
+
+def _chosen_by_op(sites: list) -> dict:
+    """``{op: {chosen implementation (backend and, for a GEMM, its tile's kind): signatures}}``."""
+    found: dict = {}
+    for site in sites:
+        label = " ".join(site["chosen"].split()[:2]) if site["chosen"] else "reference"
+        found.setdefault(site["op"], {}).setdefault(label, 0)
+        found[site["op"]][label] += 1
+    return found
 
 
 def main(argv=None) -> int:

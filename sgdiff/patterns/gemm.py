@@ -18,12 +18,12 @@ keeps cuBLAS unless one is faster by more than 2%. GEMMs with fewer than :data:`
 (adaLN projections, GEMVs that cuBLAS runs as split-K) and plain GEMMs under
 :data:`MIN_PLAIN_FLOP` are not sites (nor reported as skipped).
 
-Off by default (``Options.gemm``): on Flux.1-dev 1024² with CUDA graphs a step took 131.5 ms
-with the family against 127.1 without (H200, bench/results/models.md), where first sight
-timed the candidates with the host's launch time in (it chose Triton GEMMs for the text
-stream's 512-row GEMMs, slower than cuBLAS's) and the family took the single blocks' GELU
-before the activation family could write it into the cat (both since changed, not yet
-measured on the GPU).
+Off by default (``Options.gemm``). With the Triton GEMM alone a Flux.1-dev 1024² step took
+131.5 ms with the family against 127.1 without (H200, bench/results/models.md; first sight then
+timed the host's launches too, and the family took the single blocks' GELU before the activation
+family could write it into the cat: both since changed). With the CuTe DSL GEMM too (Hopper,
+``sgdiff[gemm]``), Flux.1-dev's step is 130.2 ms against 133.2 without and Wan 2.1's 511.2
+against 522.8 (an H100, bench/results/rivals.md); Sana's is not yet measured with it.
 """
 from __future__ import annotations
 
