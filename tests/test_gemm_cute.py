@@ -8,6 +8,7 @@ import tempfile
 
 import pytest
 import torch
+from hypothesis import assume, given, settings, strategies as st
 
 PTX_DIR = tempfile.mkdtemp(prefix="sgdiff-cute-ptx-")
 if not torch.cuda.is_available():  # read when CuTe DSL is imported: compile for Hopper without one,
@@ -132,6 +133,45 @@ def test_the_gated_residual_compiles_for_each_gate_layout(sm90_compile, layout):
     assert plan.split_k == 1
     ptx = _ptx(sm90_compile, "gated_residual_" + ("token_" if layout == "token" else "") + "bias_bf16_bf16")
     assert "mul.rn.f32" in ptx and "add.rn.f32" in ptx and "wgmma.mma_async" in ptx
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches=st.integers(1, 3), m=st.integers(1, 300), k=st.sampled_from([64, 256, 1536]),
+       n=st.sampled_from([128, 192, 1000, 1536]), layout=st.sampled_from(["row", "batch", "token"]),
+       gate_dtype=st.sampled_from([BF16, torch.float32]), bias=st.booleans(), two_d=st.booleans())
+def test_the_gated_residuals_launch_reads_its_operands_in_place(batches, m, k, n, layout, gate_dtype, bias, two_d):
+    """Whatever the batch, rows and gate layout it takes, the launch's operands are views of the
+    op's (no copy): A, D and the residual as (L, rows, ·) with L the batches only where the gate has
+    a row per batch, the weight shared over L by a zero stride, the gate's rows where they lie."""
+    from sgdiff.kernels.cute import gemm
+
+    e = dict(device="meta")
+    assume(not (two_d and layout == "batch"))  # a row per batch needs the batch dim
+    lead = (m,) if two_d and batches == 1 else (batches, m)
+    x, w = torch.empty(*lead, k, dtype=BF16, **e), torch.empty(n, k, dtype=BF16, **e)
+    b = torch.empty(n, dtype=BF16, **e) if bias else None
+    residual, y = torch.empty(*lead, n, dtype=BF16, **e), torch.empty(*lead, n, dtype=BF16, **e)
+    if layout == "row":
+        gate = torch.empty(1, 1, n, dtype=gate_dtype, **e)[0] if two_d else torch.empty(1, 1, n, dtype=gate_dtype, **e)
+    elif layout == "batch":
+        gate = torch.empty(batches, 6, n, dtype=gate_dtype, **e).chunk(6, dim=1)[3]
+    else:
+        gate = torch.empty(*lead, n, dtype=gate_dtype, **e)
+    found = gemm.gate_layout(x, w, gate)
+    assert found == ("row" if gate.numel() == n else layout)  # one row, however it is spelled, is "row"
+    a, weights, d, ops = gemm._residual_operands(x, w, b, residual, gate, y)
+    rows = batches if found == "batch" else 1
+    assert a.shape == (rows, x.numel() // k // rows, k) and d.shape == (rows, a.shape[1], n)
+    assert weights.shape == (rows, n, k) and (rows == 1 or weights.stride(0) == 0)
+    assert ops["residual"].shape == d.shape
+    views = [(a, x), (d, y), (ops["residual"], residual), (ops["gate"], gate)] + ([(ops["bias"], b)] if bias else [])
+    assert all(v.untyped_storage() is t.untyped_storage() for v, t in views)  # read in place: no copy
+    if found == "token":
+        assert ops["gate"].shape == d.shape
+    else:
+        assert ops["gate"].shape == (rows, n) and ops["gate"].stride(-1) == 1
+        assert found != "batch" or ops["gate"].stride(0) == 6 * n  # each batch's row where the chunk holds it
+    assert not bias or ops["bias"].shape == ((n,) if rows > 1 else (1, n))
 
 
 def test_what_the_gated_residual_takes(monkeypatch):
