@@ -26,6 +26,7 @@ measured on another tree than the file's (cases of several runs gathered in one 
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
 import pathlib
 import statistics
@@ -121,11 +122,9 @@ def write_report(result: dict, out: pathlib.Path) -> None:
 
 def _chosen_by_op(sites: list) -> dict:
     """``{op: {chosen implementation (backend and, for a GEMM, its tile's kind): signatures}}``."""
-    found: dict = {}
+    found: dict = collections.defaultdict(collections.Counter)
     for site in sites:
-        label = " ".join(site["chosen"].split()[:2]) if site["chosen"] else "reference"
-        found.setdefault(site["op"], {}).setdefault(label, 0)
-        found[site["op"]][label] += 1
+        found[site["op"]][" ".join(site["chosen"].split()[:2]) or "reference"] += 1
     return found
 
 
