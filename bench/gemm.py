@@ -5,8 +5,10 @@ Per case, in one process, GPU time from CUDA-graph replays alternating between (
 cuBLAS (``F.linear``), sgdiff's GEMM alone (the best configuration of every implementation that
 takes the case: the Triton GEMM's, and on Hopper with ``sgdiff[gemm]`` the CuTe DSL one's), the
 fused op (GEMM with the epilogue, same candidates), the unfused pair (cuBLAS + the chain's kernel:
-ATen's activation, sgdiff's residual_gate kernel, or its silu_mul for a SwiGLU), whether every
-configuration gave eager's bits, which one was fastest, and the path first-sight tuning chose. Writes bench/results/gemm.{json,md,png} (gemm-sweep.* with --sweep).
+ATen's activation, sgdiff's residual_gate kernel, its gelu_tanh_cat for a GELU stored into a cat,
+or its silu_mul for a SwiGLU), whether every configuration gave eager's bits, which one was
+fastest, and the path first-sight tuning chose. Writes bench/results/gemm.{json,md,png}
+(gemm-sweep.* with --sweep).
 
     python -m bench.gemm [--out bench/results] [--models flux,sana,wan,wan14b,flux2] [--sweep] [--jobs 12]
 
@@ -26,8 +28,8 @@ import torch.nn.functional as F
 
 from bench.timing import gpu_times
 
-# (model, site, M, K, N, epilogue): epilogue none | gelu_tanh | residual | cat_residual | swiglu (N: the
-# weight's rows, both halves)
+# (model, site, M, K, N, epilogue): epilogue none | gelu_tanh | gelu_tanh_cat (stored into a cat after
+# attention's 3072 columns) | residual | cat_residual | swiglu (N: the weight's rows, both halves)
 CASES = [
     ("flux", "double img to_q/k/v", 4096, 3072, 3072, "none"),
     ("flux", "double img to_out + gate", 4096, 3072, 3072, "residual"),
@@ -37,6 +39,7 @@ CASES = [
     ("flux", "double txt ff down + gate", 512, 12288, 3072, "residual"),
     ("flux", "single to_q/k/v", 4608, 3072, 3072, "none"),
     ("flux", "single proj_mlp + gelu", 4608, 3072, 12288, "gelu_tanh"),
+    ("flux", "single proj_mlp + gelu into the cat", 4608, 3072, 12288, "gelu_tanh_cat"),
     ("flux", "single proj_out(cat) + gate", 4608, 15360, 3072, "cat_residual"),
     ("sana", "to_q/k/v", 2048, 2240, 2240, "none"),
     ("sana", "to_out + gate", 2048, 2240, 2240, "residual"),
@@ -136,6 +139,10 @@ def run_case(model, site, M, K, N, epilogue, g, time_it: bool = True, calls: int
     elif epilogue == "gelu_tanh":
         op, args = "linear_act", (x, w, b, "gelu_tanh")
         unfused = lambda: F.gelu(F.linear(xs, w, b), approximate="tanh")  # noqa: E731
+    elif epilogue == "gelu_tanh_cat":  # Flux single blocks: attention's [1, 24, M, 128] output laid out [1, M, 3072]
+        head = torch.randn(1, 24, M, 128, device="cuda", generator=g).to(x.dtype).transpose(1, 2).flatten(2, 3)
+        op, args = "linear_act_cat", (head, x, w, b, "gelu_tanh")
+        unfused = lambda: dispatch.run("gelu_tanh_cat", head, F.linear(xs, w, b))  # noqa: E731
     elif epilogue == "swiglu":
         op, args = "linear_glu", (x, w, b, True, False)
         unfused = lambda: dispatch.run("silu_mul", *F.linear(xs, w, b).chunk(2, dim=-1), False)  # noqa: E731

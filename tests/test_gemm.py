@@ -18,9 +18,9 @@ def _w(n, k):
 
 def test_flux_blocks_fold_their_activations_and_gated_residuals():
     """Off by default. With ``gemm``: 2 double blocks x (to_out, add_out, ff, ff_context: 4 gated
-    residuals + 2 GELUs) and 4 single blocks x proj_out (its input gelu_tanh_cat's, which writes
-    the MLP's GELU into the cat) + its gate = 16 sites; the q/k/v GEMMs at width 256 are below
-    MIN_PLAIN_FLOP."""
+    residuals + 2 GELUs) and 4 single blocks x (proj_out + its gate; proj_mlp with the
+    gelu_tanh_cat after it, which stores the MLP's GELU into the cat) = 20 sites; the q/k/v GEMMs
+    at width 256 are below MIN_PLAIN_FLOP."""
     import sgdiff
 
     model, kw = zoo.build("flux", size="small", dtype=BF16)
@@ -30,8 +30,9 @@ def test_flux_blocks_fold_their_activations_and_gated_residuals():
         report = sgdiff.explain(model, options={"gemm": True}, **kw)
         got = torch.compile(model, backend="sgdiff", options={"gemm": True})(**kw)[0]
     assert default.counts["gemm"] == 0 and default.found["gemm"] == 0
-    assert report.counts["gemm"] == 16 and report.found["gemm"] == 16
+    assert report.counts["gemm"] == 20 and report.found["gemm"] == 20
     assert report.counts["activation"] == default.counts["activation"] == 4  # the single blocks' gelu_tanh_cat
+    assert report.family_ops["gemm"] == {"linear_residual_gate": 12, "linear_act": 4, "linear_act_cat": 4}
     assert torch.equal(got, want)
 
 
@@ -43,6 +44,36 @@ def test_gelu_after_linear():
         assert result.counts["gemm"] == 1
         assert torch.equal(run(x, w, b), F.gelu(F.linear(x, w, b), approximate=approximate))
         assert "sgdiff.linear_act" in gm.code
+
+
+def _gelu_into_cat(head, x, w, b):
+    return torch.cat([head, F.gelu(F.linear(x, w, b), approximate="tanh")], dim=-1)
+
+
+def test_gelu_stored_into_the_cat_after_linear():
+    """Flux single blocks' cat([attn, gelu(proj_mlp(x))]): the activation family's gelu_tanh_cat
+    and its projection become one linear_act_cat; a projection read elsewhere, or a GELU of
+    another kind, stays apart."""
+    head = torch.randn(1, 2, 128, 32, dtype=BF16).transpose(1, 2).flatten(2, 3)
+    x, w, b = torch.randn(1, 128, 64, dtype=BF16), _w(256, 64), torch.randn(256, dtype=BF16)
+    run, gm, result = rewrite(_gelu_into_cat, [head, x, w, b], families=["activation", "gemm"])
+    assert result.counts == {"activation": 1, "gemm": 1} and "sgdiff.linear_act_cat" in gm.code
+    assert "gelu_tanh_cat" not in gm.code and "aten.mm" not in gm.code and "addmm" not in gm.code
+    assert torch.equal(run(head, x, w, b), _gelu_into_cat(head, x, w, b))
+
+    def read_elsewhere(head, x, w, b):
+        y = F.linear(x, w, b)
+        return torch.cat([head, F.gelu(y, approximate="tanh")], dim=-1), y.sum()
+
+    run, gm, result = rewrite(read_elsewhere, [head, x, w, b], families=["activation", "gemm"])
+    assert "linear_act_cat" not in gm.code and "gelu_tanh_cat" in gm.code
+    assert all(torch.equal(a, e) for a, e in zip(run(head, x, w, b), read_elsewhere(head, x, w, b)))
+
+    def erf_gelu(head, x, w, b):
+        return torch.cat([head, F.gelu(F.linear(x, w, b))], dim=-1)
+
+    run, gm, result = rewrite(erf_gelu, [head, x, w, b], families=["activation", "gemm"])
+    assert "linear_act_cat" not in gm.code and torch.equal(run(head, x, w, b), erf_gelu(head, x, w, b))
 
 
 def _swiglu(gate_first, bias=True, cat_dim=-1):

@@ -8,6 +8,7 @@ import tempfile
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import assume, given, settings, strategies as st
 
 PTX_DIR = tempfile.mkdtemp(prefix="sgdiff-cute-ptx-")
@@ -221,3 +222,50 @@ def test_the_sweeps_configurations_compile(sm90_compile, monkeypatch):
             assert (plan.tile_M, plan.tile_N) == (config["tile_M"], config["tile_N"]), label
     monkeypatch.setattr(gemm, "candidates", [None, gemm.SWEEP])
     assert [label for label, _ in gemm.linear_variants(*[torch.empty(8, 64, dtype=BF16)] * 2)] == list(gemm.SWEEP)
+
+
+def test_the_cats_launch_stores_the_gemm_beside_the_head(monkeypatch):
+    """linear_act_cat's launch on the CPU, the GEMM stood in by eager's math: the head's columns
+    copied, the GEMM's destination the cat's last N columns in place (its row stride the cat's),
+    the result eager's cat; what it takes."""
+    from sgdiff.kernels.cute import gemm
+
+    launched = []
+
+    class Epilogue:
+        def gemm(self, a, b, d, c, epi_args, **config):
+            launched.append(d)
+            d.copy_(F.gelu(F.linear(a, b[0], epi_args["bias"][0]), approximate="tanh"))
+
+    monkeypatch.setattr(gemm, "linear_epilogue", lambda *key: Epilogue())
+    head = torch.randn(2, 3, 40, 8).to(BF16).transpose(1, 2).flatten(2, 3)
+    x, w, b = torch.randn(2, 40, 64).to(BF16), torch.randn(96, 64).to(BF16), torch.randn(96).to(BF16)
+    want = torch.cat([head, F.gelu(F.linear(x, w, b), approximate="tanh")], -1)
+    for label, run in gemm.linear_act_cat_variants(head, x, w, b, "gelu_tanh"):
+        got = run(head, x, w, b, "gelu_tanh")
+        d = launched[-1]
+        assert torch.equal(got, want) and got.is_contiguous(), label
+        assert d.shape == (1, 80, 96) and d.stride() == (80 * 120, 120, 1)
+        assert d.untyped_storage() is got.untyped_storage() and d.storage_offset() == 24
+    monkeypatch.setattr(gemm, "_hopper", lambda index: True)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    monkeypatch.setattr(torch.Tensor, "data_ptr", lambda t: 0)
+    takes = gemm.linear_act_cat_supported
+    assert takes(head, x, w, b, "gelu_tanh") and takes(head, x, w, None, "gelu_tanh")
+    assert not takes(head[..., :20], x, w, b, "gelu_tanh")  # 20 columns: the GEMM's not 16-byte aligned
+    assert not takes(head[:1], x, w, b, "gelu_tanh")  # other leading dims
+    assert not takes(head.float(), x, w, b, "gelu_tanh")  # another dtype
+    assert not takes(head, x, w, b, "gelu")  # ATen's erf GELU: no epilogue yet
+
+
+def test_the_store_into_the_cat_compiles(sm90_compile):
+    """The GELU epilogue storing into a cat's columns (a row stride wider than N) builds for sm_90a."""
+    from sgdiff.kernels.cute import gemm
+
+    m, k, n, width = 1037, 320, 1000, 64
+    x, w, b = torch.randn(m, k).to(BF16), torch.randn(n, k).to(BF16), torch.randn(n).to(BF16)
+    cat = torch.empty(m, width + n, dtype=BF16)
+    config = next(iter(gemm.CONFIGS.values()))
+    plan = gemm.linear_epilogue("gelu_tanh", True, BF16).gemm(x[None], w[None], cat[:, width:][None], None,
+                                                              epi_args={"bias": b[None]}, _launch=False, **config)
+    assert (plan.tile_M, plan.tile_N, plan.split_k) == (config["tile_M"], config["tile_N"], 1)

@@ -9,6 +9,9 @@ bias). The chains::
     residual_gate(residual, gate, linear(x))    the gated residual after a block's output
                                                 projection (sgdiff::residual_gate, rewritten
                                                 by its family first)          -> linear_residual_gate
+    gelu_tanh_cat(head, linear(x))              Flux single blocks' MLP stored into the cat before
+                                                proj_out (the activation family's rewrite of
+                                                cat([head, gelu(linear(x))], -1))  -> linear_act_cat
     linear(cat([x, x2], -1))                    Flux single blocks' proj_out  -> linear (x2)
     linear(x)                                   a large plain GEMM            -> linear
 
@@ -159,6 +162,20 @@ def _residual_reason(m: Match) -> Optional[str]:
     return broadcast_reason(m["gate"], out, "the gate")
 
 
+def _act_cat() -> Op:
+    """``gelu_tanh_cat(head, linear(x))``: the activation family's one op for a GELU-tanh stored
+    into the cat after it, of a projection."""
+    return Op(registry.op_def("gelu_tanh_cat").load(), Arg("head"), Views(LINEAR, "out_views"))
+
+
+def _act_cat_reason(m: Match) -> Optional[str]:
+    head, projection = tensor_meta(m["head"]), tensor_meta(m.root.args[1])
+    if head is None or projection is None or head.dtype != projection.dtype or head.dim() != projection.dim() \
+            or not same_shape(head.shape[:-1], projection.shape[:-1]):
+        return "the cat's head does not share the projection's leading dims and dtype"
+    return _linear_reason(m, projection)
+
+
 def _glu(gate_first: bool) -> Op:
     """``silu_mul(gate, hidden)`` (the activation family's rewrite of a SwiGLU) of the two halves of
     one linear's output, ``chunk(2, -1)`` traced as a ``split``."""
@@ -189,6 +206,10 @@ def patterns() -> List[ChainPattern]:
             op="linear_act",
             replacement=lambda m, act=act: dict(x=m["x"], weight=m["weight"], bias=m.get("bias"), act=act),
             check=_act_reason, priority=2))
+    found.append(ChainPattern(
+        family="gemm", name="gemm_gelu_tanh_cat", chain=When(_act_cat(), _enough_rows), op="linear_act_cat",
+        replacement=lambda m: dict(head=m["head"], x=m["x"], weight=m["weight"], bias=m.get("bias"), act="gelu_tanh"),
+        check=_act_cat_reason, priority=2))
     for gate_first in (True, False):
         found.append(ChainPattern(
             family="gemm", name=f"gemm_swiglu_gate_{'first' if gate_first else 'second'}",

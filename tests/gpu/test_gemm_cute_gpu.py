@@ -129,3 +129,39 @@ def test_the_gated_residual_gives_eagers_bits(case, m):
     for label, fn in gemm.linear_residual_gate_variants(*args):
         got = fn(*args)
         assert got.dtype == want.dtype and torch.equal(got, want), (label, int((got != want).sum()))
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(shape=shapes, heads=st.sampled_from([(1, 8), (3, 64), (24, 128)]), dtype=st.sampled_from([torch.bfloat16, torch.float16]),
+       bias=st.booleans(), batch=st.sampled_from([1, 2]))
+def test_the_activation_stored_into_the_cat_gives_eagers_bits(shape, heads, dtype, bias, batch):
+    """cat([head, gelu(F.linear(x, w, b))], -1), head a view of attention's [B, H, S, D] output
+    laid out [B, S, H D]: every configuration equals eager, head's columns copied, the GEMM's
+    stored where the cat holds them (a row stride wider than N)."""
+    m, k, n = shape
+    h, d = heads
+    head = torch.randn(batch, h, m, d, device="cuda", dtype=dtype).transpose(1, 2).flatten(2, 3)
+    x = torch.randn(batch, m, k, device="cuda", dtype=dtype)
+    w = torch.randn(n, k, device="cuda", dtype=dtype) / k ** 0.5
+    b = torch.randn(n, device="cuda", dtype=dtype) if bias else None
+    want = torch.cat([head, F.gelu(F.linear(x, w, b), approximate="tanh")], -1)
+    assert gemm.linear_act_cat_supported(head, x, w, b, "gelu_tanh")
+    for label, fn in gemm.linear_act_cat_variants(head, x, w, b, "gelu_tanh"):
+        got = fn(head, x, w, b, "gelu_tanh")
+        assert got.is_contiguous() and torch.equal(got, want), (label, int((got != want).sum()))
+
+
+def test_first_sight_of_the_cat_at_fluxs_shape(fresh_dispatch):
+    """Flux single blocks' proj_mlp into the cat: first sight verifies and times the fused GEMM
+    beside cuBLAS + gelu_tanh_cat's kernel (printed)."""
+    from sgdiff.kernels import registry
+
+    head = torch.randn(1, 24, 4608, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2).flatten(2, 3)
+    x = torch.randn(1, 4608, 3072, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(12288, 3072, device="cuda", dtype=torch.bfloat16) / 3072 ** 0.5
+    b = torch.randn(12288, device="cuda", dtype=torch.bfloat16)
+    got = registry.op_def("linear_act_cat").load()(head, x, w, b, "gelu_tanh")
+    assert torch.equal(got, torch.cat([head, F.gelu(F.linear(x, w, b), approximate="tanh")], -1))
+    (chosen, timed), = [v for (op, _), v in dispatch.tuned_choices().items() if op == "linear_act_cat"]
+    assert {"reference", "unfused", "cute"} <= {backend for backend, _, _ in timed}
+    print("linear_act_cat at Flux's single block:", chosen, [(bk, lb, round(t * 1e6, 1)) for bk, lb, t in timed])

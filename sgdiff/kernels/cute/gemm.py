@@ -1,4 +1,5 @@
-"""sgdiff::linear and sgdiff::linear_act on quack's Hopper GEMM (CuTe DSL), at cuBLAS's bits.
+"""sgdiff::linear, linear_act, linear_act_cat and linear_residual_gate on quack's Hopper GEMM (CuTe
+DSL), at cuBLAS's bits.
 
 quack's SM90 GEMM is persistent and warp-specialized: a producer warp group loads A and B tiles
 by TMA, and in its pingpong form two consumer warp groups take alternate tiles, so that one runs
@@ -22,6 +23,8 @@ gate in the dtypes eager promotes to (Wan's fp32 gate and sum, cast back), the r
 tile beside the accumulator. The gate is one row for every token (``[1, 1, N]``: Flux's and Wan's
 batch of one), a row per batch (``[B, 1, N]``: a batch of a prompt and its negative, each its own
 GEMM of the batched launch, the weight shared by a zero-stride view), or one per token (a tile).
+For ``linear_act_cat`` the store's destination is the cat's last columns (a row stride wider than
+N, which TMA reads from the tensor's strides), the head copied beside them.
 """
 from __future__ import annotations
 
@@ -138,15 +141,17 @@ def supported(x, weight, bias, act=None) -> bool:
 
 
 def launcher(config: dict, act, bias_given: bool, dtype):
-    """``launch(x, weight, bias)`` of one configuration: a new ``[..., N]`` output."""
+    """``launch(x, weight, bias, out=None)`` of one configuration: the ``[..., N]`` output, new or
+    ``out`` (the output's rows as a 2-D view: its row stride may be wider than N)."""
     epilogue = linear_epilogue(act, bias_given, dtype)
 
-    def launch(x, weight, bias):
+    def launch(x, weight, bias, out=None):
         n = weight.shape[0]
-        out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+        y = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device) if out is None else out
         operands = {} if bias is None else {"bias": bias[None]}
-        epilogue.gemm(x.reshape(1, -1, x.shape[-1]), weight[None], out.view(1, -1, n), None, epi_args=operands, **config)
-        return out
+        d = y.view(1, -1, n) if out is None else out[None]
+        epilogue.gemm(x.reshape(1, -1, x.shape[-1]), weight[None], d, None, epi_args=operands, **config)
+        return y
 
     return launch
 
@@ -170,6 +175,31 @@ def linear_act_variants(x, weight, bias, act):
     def variant(config):
         launch = launcher(config, act, bias is not None, x.dtype)
         return lambda x, weight, bias, act: launch(x, weight, bias)
+    return [(label, variant(config)) for label, config in configs().items()]
+
+
+def linear_act_cat_supported(head, x, weight, bias, act) -> bool:
+    """The projection's operands as :func:`supported` says, and a ``head`` of x's dtype, device and
+    leading dims whose width keeps the GEMM's columns of the cat 16-byte aligned."""
+    if not supported(x, weight, bias, act) or not isinstance(head, torch.Tensor):
+        return False
+    return (head.dtype == x.dtype and head.device == x.device and head.dim() == x.dim()
+            and tuple(head.shape[:-1]) == tuple(x.shape[:-1]) and head.shape[-1] % 8 == 0)
+
+
+def linear_act_cat_variants(head, x, weight, bias, act):
+    """``cat([head, act(F.linear(x, weight, bias))], -1)``: ``head`` copied into the first columns
+    (read through its strides), the GEMM storing its activated tiles straight into the rest."""
+    def variant(config):
+        launch = launcher(config, act, bias is not None, x.dtype)
+
+        def run(head, x, weight, bias, act):
+            width, n = head.shape[-1], weight.shape[0]
+            y = torch.empty((*x.shape[:-1], width + n), dtype=x.dtype, device=x.device)
+            y[..., :width].copy_(head)
+            launch(x, weight, bias, out=y.view(-1, width + n)[:, width:])
+            return y
+        return run
     return [(label, variant(config)) for label, config in configs().items()]
 
 
@@ -252,4 +282,5 @@ def linear_residual_gate_variants(x, weight, bias, residual, gate, gate_kind, ou
 
 LINEAR = first_variant_impl(linear_variants, linear_supported)
 LINEAR_ACT = first_variant_impl(linear_act_variants, linear_act_supported)
+LINEAR_ACT_CAT = first_variant_impl(linear_act_cat_variants, linear_act_cat_supported)
 LINEAR_RESIDUAL_GATE = first_variant_impl(linear_residual_gate_variants, linear_residual_gate_supported)
