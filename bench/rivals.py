@@ -1,7 +1,7 @@
 """Rivals bench: sgdiff's default call against Inductor's, in one process, their steps alternating.
 
     python -m bench.rivals [--models flux,sana,wan] [--size full] [--rounds 6] [--repeats 5]
-                           [--ours sgdiff_default,sgdiff_cudagraph_gemm]
+                           [--ours sgdiff_default,sgdiff_cudagraph_gemm] [--rivals eager,inductor,...]
 
 bench/models.py times each variant in a process of its own; a ratio of two such figures carries
 the two processes' difference in GPU clocks and host speed (on one H100, lossless sgdiff's Sana
@@ -15,7 +15,9 @@ weighs on all alike). A step is timed two ways (bench/models.py's ``step_times``
 a denoising loop issues them). Each round gives sgdiff's ratio to each rival; the report gives
 the median ratio over the rounds and its range, and each variant's median step. sgdiff's output
 must be ``torch.equal`` to eager's. ``--ours`` names the sgdiff variants (bench/models.py's
-names; by default the plain call), each timed and compared the same way. Writes rivals.json and
+names; by default the plain call), each timed and compared the same way; ``--rivals`` the variants
+they are compared with (by default eager and both Inductors; any of bench/models.py's, such as
+``sgdiff_cudagraph_nogemm`` for an A/B of the gemm family without Inductor's compile time). Writes rivals.json and
 rivals.md: ``{gpu, torch, triton, commit, cases: [{model, size, steps: {variant: {ms,
 pipelined_ms, host_ms}}, ratios: {ours: {rival: {ms: [median, low, high], pipelined_ms: [...]}}},
 inductor_best, equal: {ours: bool}, first_sight: {ours: [{op, shapes, chosen, us}]}, commit?}]}``:
@@ -47,14 +49,15 @@ OURS = ("sgdiff_default",)
 KEYS = ("ms", "pipelined_ms")
 
 
-def run_model(name: str, size: str, device: torch.device, dtype, rounds: int, repeats: int, ours=OURS) -> list:
+def run_model(name: str, size: str, device: torch.device, dtype, rounds: int, repeats: int, ours=OURS,
+              rivals=RIVALS) -> list:
     from sgdiff import zoo
 
     model, kwargs = zoo.build(name, size, dtype=dtype, device=device)
     with torch.no_grad():
         want = model(**kwargs)[0].clone()
         fns, equal, first_sight = {}, {}, {}
-        for variant in (*RIVALS, *ours):
+        for variant in dict.fromkeys((*rivals, *ours)):
             spec = VARIANTS[variant]
             fns[variant] = model if spec is None else torch.compile(model, **spec)
             before = set(dispatch.tuned_choices())
@@ -79,12 +82,12 @@ def run_model(name: str, size: str, device: torch.device, dtype, rounds: int, re
     ratios = {}
     for variant in ours:
         ratios[variant] = {}
-        for rival in RIVALS:
+        for rival in rivals:
             ratios[variant][rival] = {}
             for key in KEYS:
                 each = [o[key] / t[key] for o, t in zip(per_round[variant], per_round[rival])]
                 ratios[variant][rival][key] = [statistics.median(each), min(each), max(each)]
-    best = min(INDUCTOR, key=lambda v: steps[v]["ms"])
+    best = min((v for v in INDUCTOR if v in steps), key=lambda v: steps[v]["ms"], default=None)
     case = dict(model=name, size=size, rounds=rounds, repeats=repeats, steps=steps, ratios=ratios,
                 inductor_best=best, equal=equal, first_sight=first_sight)
     print(f"bench.rivals: {case}", file=sys.stderr, flush=True)
@@ -93,23 +96,38 @@ def run_model(name: str, size: str, device: torch.device, dtype, rounds: int, re
 
 def write_report(result: dict, out: pathlib.Path) -> None:
     versions = _write_json(result, out, "rivals")
+    rivals = [v for v in VARIANTS if any(v in c["steps"] and v not in c["ratios"] for c in result["cases"])]
+    inductor = [v for v in INDUCTOR if v in rivals]
+    others = [v for v in rivals if v not in INDUCTOR]
+    names = {"eager": "eager", "inductor": "Inductor", "inductor_reduce_overhead": "Inductor reduce-overhead"}
     lines = [f"# sgdiff against Inductor, in one process ({result['gpu']})",
              f"{versions} Median step in ms over the rounds (synchronized: from an idle GPU to the step's last "
              "kernel; pipelined: calls back to back); each sgdiff variant's ratio to each rival, the median of the "
              "rounds' ratios and their range. `sgdiff_default` is the plain call (lossless, CUDA graphs).", "",
-             "| model | sgdiff variant | timing | eager | Inductor | Inductor reduce-overhead | sgdiff | "
-             "/ Inductor best (range) | / eager | equal |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| model | sgdiff variant | timing | " + " | ".join(names.get(v, v) for v in rivals) + " | sgdiff | "
+             + ("/ Inductor best (range) | " if inductor else "")
+             + "".join(f"/ {names.get(v, v)}{' (range)' if not inductor and i == 0 else ''} | "
+                       for i, v in enumerate(others)) + "equal |",
+             "| --- " * (4 + len(rivals) + bool(inductor) + len(others)) + "| --- |"]
     for c in result["cases"]:
         s = c["steps"]
         for variant, r in c["ratios"].items():
             for key, label in (("ms", "synchronized"), ("pipelined_ms", "pipelined")):
-                best = min(INDUCTOR, key=lambda v: s[v][key])
-                mid, low, high = r[best][key]
                 tree = f", {c['commit']}" if c.get("commit", result["commit"]) != result["commit"] else ""
-                lines.append(f"| {c['model']} ({c['size']}{tree}) | {variant} | {label} | {s['eager'][key]:.2f} | "
-                             f"{s['inductor'][key]:.2f} | {s['inductor_reduce_overhead'][key]:.2f} | "
-                             f"{s[variant][key]:.2f} | **{mid:.3f}** ({low:.3f}-{high:.3f}) | {r['eager'][key][0]:.3f} | "
-                             f"{'yes' if c['equal'][variant] else 'NO'} |")
+                cells = [f"{s[v][key]:.2f}" if v in s else "—" for v in rivals] + [f"{s[variant][key]:.2f}"]
+                if inductor:
+                    best = min((v for v in inductor if v in s), key=lambda v: s[v][key], default=None)
+                    mid, low, high = r[best][key] if best else (None,) * 3
+                    cells.append(f"**{mid:.3f}** ({low:.3f}-{high:.3f})" if best else "—")
+                for i, v in enumerate(others):
+                    if v not in r:
+                        cells.append("—")
+                    elif not inductor and i == 0:
+                        cells.append("**{:.3f}** ({:.3f}-{:.3f})".format(*r[v][key]))
+                    else:
+                        cells.append(f"{r[v][key][0]:.3f}")
+                lines.append(f"| {c['model']} ({c['size']}{tree}) | {variant} | {label} | " + " | ".join(cells)
+                             + f" | {'yes' if c['equal'][variant] else 'NO'} |")
     chosen = [f"- {c['model']} ({c['size']}), {variant}: " + "; ".join(
                   f"{op} " + ", ".join(f"{label} {n}" for label, n in sorted(by_label.items()))
                   for op, by_label in sorted(_chosen_by_op(sites).items()))
@@ -137,14 +155,19 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ours", default=",".join(OURS), help="the sgdiff variants timed (bench/models.py's names)")
+    parser.add_argument("--rivals", default=",".join(RIVALS), help="the variants ours are compared with")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args(argv)
-    ours = tuple(args.ours.split(","))
+    ours, rivals = tuple(args.ours.split(",")), tuple(args.rivals.split(","))
     unknown = [v for v in ours if v not in VARIANTS or not v.startswith("sgdiff")]
     if unknown:
         parser.error(f"not sgdiff variants of bench/models.py: {', '.join(unknown)}")
+    unknown = [v for v in rivals if v not in VARIANTS or v in ours]
+    if unknown:
+        parser.error(f"rivals not among bench/models.py's variants, or among --ours: {', '.join(unknown)}")
     return each_model(args, lambda name: run_model(name, args.size, torch.device(args.device),
-                                                   getattr(torch, args.dtype), args.rounds, args.repeats, ours),
+                                                   getattr(torch, args.dtype), args.rounds, args.repeats, ours,
+                                                   rivals),
                       write_report)
 
 

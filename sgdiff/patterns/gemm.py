@@ -26,8 +26,9 @@ On by default where the CuTe DSL GEMM runs (``Options.gemm``: a Hopper GPU with
 131.5 ms with the family against 127.1 without (H200, bench/results/models.md; first sight then
 timed the host's launches too, and the family took the single blocks' GELU before the activation
 family could write it into the cat: both since changed). With the CuTe DSL GEMM too (Hopper,
-``sgdiff[gemm]``), Flux.1-dev's step is 130.2 ms against 133.2 without and Wan 2.1's 511.2
-against 522.8 (an H100, bench/results/rivals.md); Sana's is not yet measured with it.
+``sgdiff[gemm]``), on an H100: Flux.1-dev's step 128.4 ms against 133.0 without (the single
+blocks' MLP stored into the cat included), Wan 2.1's 511.2 against 522.8, Sana's 15.2 against
+15.4 (first sight keeps cuBLAS at its GEMMs); bench/results/runs/h100-2026-12-06-h.md.
 """
 from __future__ import annotations
 
