@@ -39,11 +39,12 @@ def _within_contract(got, want):
     return e["max_rel_to_scale"] <= 2 * torch.finfo(want.dtype).eps, e
 
 
-@settings(deadline=None, max_examples=10)
+@settings(deadline=None, max_examples=8)
 @given(B=st.integers(1, 2), H=st.integers(1, 40), W=st.integers(1, 40), C=st.sampled_from([64, 96, 1152, 2240]),
-       N=st.sampled_from([64, 200, 2304, 11200]), act=st.sampled_from(sorted(ACTS)),
-       dtype=st.sampled_from([torch.bfloat16, torch.float16]))
-def test_the_op_is_its_reference_and_close_to_eager(B, H, W, C, N, act, dtype):
+       N=st.sampled_from([64, 200, 2304, 11200]))
+def test_the_op_is_its_reference_and_close_to_eager(B, H, W, C, N, act="silu", dtype=torch.bfloat16):
+    """Shapes vary (one activation and dtype: sgdiff's GEMM compiles per epilogue; its others are
+    tests/gpu/test_gemm_cute_gpu.py's)."""
     dispatch.reset()
     x, w, b = _map(B, H, W, C, N, dtype)
     got = OP(x, w, b, act)
