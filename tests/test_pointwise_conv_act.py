@@ -9,7 +9,6 @@ from hypothesis import given, settings, strategies as st
 from sgdiff.kernels import registry
 from sgdiff.kernels.layout import map_tokens, tokens_map, weight_rows
 from sgdiff.kernels.pointwise_conv_act import pointwise_conv_act_reference
-from sgdiff.kernels.registry import Impl, on_map_tokens
 from tests.capture import rewrite
 from tests.helpers import bits_equal, count_op, not_admitted
 
@@ -130,31 +129,30 @@ def test_float32_is_not_a_site():
     assert count_op(gm, POINTWISE) == 0 and count_op(gm, CONV_SILU) == 1
 
 
-@given(B=st.integers(1, 3), H=st.integers(1, 6), W=st.integers(1, 6), C=st.sampled_from([8, 24, 64]),
-       N=st.sampled_from([8, 40]), bias=st.booleans(), dtype=st.sampled_from(HALF))
-@settings(deadline=None, max_examples=20)
-def test_on_map_tokens_runs_the_linear_impl_over_the_tokens(B, H, W, C, N, bias, dtype):
-    """The lifted Impl hands the linear impl the map's tokens and the weight's rows, and views its
-    product as the channels-last map the convolution gives; its variants and bind likewise."""
-    seen = []
+def test_cuda_keeps_eagers_convolution_unless_the_gemm_is_faster(monkeypatch):
+    """On CUDA the op runs eager's convolution path or the GEMM over the tokens, whichever first
+    sight times faster, the convolution first (kept within the margin); each path's bits: the
+    convolution's eager's own, the GEMM's the reference's."""
+    from sgdiff.kernels import conv_as_gemm, tuning
 
-    def linear(x, w, b, act):
-        seen.append((tuple(x.shape), x.is_contiguous(), tuple(w.shape)))
-        return F.silu(F.linear(x, w, b))
-
-    impl = on_map_tokens(Impl(run=linear, supports=lambda x, w, b, act: x.is_contiguous(),
-                              bind=lambda *a: linear, variants=lambda *a: [("only", linear)]))
-    x = torch.randn(B, H, W, C).to(dtype).permute(0, 3, 1, 2)
-    w, b = torch.randn(N, C, 1, 1).to(dtype), torch.randn(N).to(dtype) if bias else None
-    want = pointwise_conv_act_reference(x, w, b, "silu")
-    for fn in (impl.run, impl.bind(x, w, b, "silu"), impl.variants(x, w, b, "silu")[0][1]):
-        got = fn(x, w, b, "silu")
-        assert bits_equal(got, want) and got.stride() == want.stride()
-    assert seen == [((B, H, W, C), True, (N, C))] * 3
-    assert impl.supports(x, w, b, "silu")
-    if H * W > 1 and C > 1:  # an NCHW map's tokens are strided: the linear refuses them
-        assert not impl.supports(x.contiguous(), w, b, "silu")
-    assert not impl.supports(x, w.expand(N, C, 3, 3), b, "silu")
+    assert [label for label, _ in conv_as_gemm.CANDIDATES] == ["convolution", "gemm"]
+    x, w, b = _map()
+    for act, fn in (("silu", F.silu), ("gelu", F.gelu)):
+        conv, gemm = (dict(conv_as_gemm.CANDIDATES)[k](x, w, b, act) for k in ("convolution", "gemm"))
+        assert bits_equal(conv, fn(F.conv2d(x, w, b))) and conv.stride() == fn(F.conv2d(x, w, b)).stride()
+        assert bits_equal(gemm, pointwise_conv_act_reference(x, w, b, act)) and gemm.stride() == conv.stride()
+    # first sight's choice: the given times decide, the convolution kept within the margin
+    for times, chosen in (([1.0, 0.9], "gemm"), ([1.0, 0.99], "convolution"), ([1.0, 1.5], "convolution")):
+        sight = tuning.FirstSight("pointwise_conv_act")
+        monkeypatch.setattr(conv_as_gemm, "FIRST_SIGHT", sight)
+        monkeypatch.setattr(tuning, "best_times", lambda candidates, args, t=times: t)
+        monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+        assert conv_as_gemm.choose(x, w, b, "silu")[0] == chosen
+        monkeypatch.undo()
+    assert conv_as_gemm.supported_layout(x, w, b, "silu")
+    assert not conv_as_gemm.supported_layout(x.contiguous(), w, b, "silu")  # tokens not rows
+    assert not conv_as_gemm.supported_layout(x.float(), w.float(), b.float(), "silu")
 
 
 def test_reference_is_the_linear_over_the_tokens():

@@ -20,7 +20,6 @@ import logging
 import pkgutil
 from typing import Callable, Dict, FrozenSet, List, Optional, Tuple
 
-from sgdiff.kernels import layout
 from sgdiff.tiers import Contract
 
 log = logging.getLogger("sgdiff")
@@ -87,31 +86,6 @@ def first_variant_impl(variants: Callable[..., list], supports: Callable[..., bo
         return variants(*args)[0][1]
 
     return Impl(run=lambda *args: bind(*args)(*args), supports=supports, bind=bind, variants=variants)
-
-
-def on_map_tokens(impl: Impl) -> Impl:
-    """``impl`` of a linear-layer op, ``(x [..., K], weight [N, K], *rest)``, as the same op of a 1x1
-    convolution, ``(x [B, K, H, W], weight [N, K, 1, 1], *rest)``: the GEMM over the map's tokens, its
-    product viewed as the channels-last map a convolution gives (:func:`sgdiff.kernels.layout.map_tokens`).
-    Takes what ``impl`` takes of the tokens: a channels-last map's are contiguous rows."""
-    def operands(x, weight):
-        return layout.map_tokens(x), layout.weight_rows(weight)
-
-    def lift(fn):
-        return lambda x, weight, *rest: layout.tokens_map(fn(*operands(x, weight), *rest), x)
-
-    def supports(x, weight, *rest):
-        return (x.dim() == 4 and weight.dim() == 4 and tuple(weight.shape[2:]) == (1, 1)
-                and (impl.supports is None or impl.supports(*operands(x, weight), *rest)))
-
-    def bind(x, weight, *rest):
-        return lift(impl.bind(*operands(x, weight), *rest) if impl.bind is not None else impl.run)
-
-    def variants(x, weight, *rest):
-        return [(label, lift(fn)) for label, fn in impl.variants(*operands(x, weight), *rest)]
-
-    return Impl(run=lift(impl.run), supports=supports, bind=bind,
-                variants=variants if impl.variants is not None else None)
 
 
 def triton(module: str, **fields) -> KernelSpec:

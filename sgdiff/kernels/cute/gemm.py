@@ -35,7 +35,7 @@ from quack.epilogue.frontend import gemm_epilogue
 from quack.epilogue.ops import RowVecLoad
 
 from sgdiff.kernels.cute.exact import add_rn, gelu_tanh_aten, mul_rn, round_bf16, round_f16
-from sgdiff.kernels.registry import first_variant_impl, on_map_tokens
+from sgdiff.kernels.registry import first_variant_impl
 
 def _config(tile_m: int, tile_n: int, pingpong: bool, cluster_m: int, cluster_n: int):
     label = f"{'pingpong' if pingpong else 'cooperative'} {tile_m}x{tile_n} cluster {cluster_m}x{cluster_n}"
@@ -282,6 +282,5 @@ def linear_residual_gate_variants(x, weight, bias, residual, gate, gate_kind, ou
 
 LINEAR = first_variant_impl(linear_variants, linear_supported)
 LINEAR_ACT = first_variant_impl(linear_act_variants, linear_act_supported)
-POINTWISE_CONV_ACT = on_map_tokens(LINEAR_ACT)  # a 1x1 convolution and its activation, over the map's tokens
 LINEAR_ACT_CAT = first_variant_impl(linear_act_cat_variants, linear_act_cat_supported)
 LINEAR_RESIDUAL_GATE = first_variant_impl(linear_residual_gate_variants, linear_residual_gate_supported)

@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgdiff.kernels.registry import first_variant_impl, on_map_tokens
+from sgdiff.kernels.registry import first_variant_impl
 from sgdiff.kernels.triton.cuda_math import INTERPRET, dot_acc, expf, gelu_erf, libdevice_options, silu_rounded, tanhf
 from sgdiff.kernels.triton.gelu_tanh_cat import gelu_tanh
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
@@ -448,6 +448,5 @@ def linear_residual_gate_variants(x, weight, bias, residual, gate, gate_kind, ou
 
 LINEAR = first_variant_impl(linear_variants, linear_supported)
 LINEAR_ACT = first_variant_impl(linear_act_variants, linear_act_supported)
-POINTWISE_CONV_ACT = on_map_tokens(LINEAR_ACT)  # a 1x1 convolution and its activation, over the map's tokens
 LINEAR_GLU = first_variant_impl(linear_glu_variants, linear_glu_supported)
 LINEAR_RESIDUAL_GATE = first_variant_impl(linear_residual_gate_variants, linear_residual_gate_supported)
