@@ -24,7 +24,8 @@ tile beside the accumulator. The gate is one row for every token (``[1, 1, N]``:
 batch of one), a row per batch (``[B, 1, N]``: a batch of a prompt and its negative, each its own
 GEMM of the batched launch, the weight shared by a zero-stride view), or one per token (a tile).
 For ``linear_act_cat`` the store's destination is the cat's last columns (a row stride wider than
-N, which TMA reads from the tensor's strides), the head copied beside them.
+N, which TMA reads from the tensor's strides), the head copied beside them by gelu_tanh_cat's
+Triton kernel over the head's columns alone.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from quack.epilogue.ops import RowVecLoad
 
 from sgdiff.kernels.cute.exact import add_rn, gelu_tanh_aten, mul_rn, round_bf16, round_f16
 from sgdiff.kernels.registry import first_variant_impl
+from sgdiff.kernels.triton import gelu_tanh_cat
 
 def _config(tile_m: int, tile_n: int, pingpong: bool, cluster_m: int, cluster_n: int, swizzle: int = 0):
     """A configuration's label and quack's arguments; ``swizzle``, the tile scheduler's largest
@@ -204,7 +206,11 @@ def linear_act_cat_variants(head, x, weight, bias, act):
         def run(head, x, weight, bias, act):
             width, n = head.shape[-1], weight.shape[0]
             y = torch.empty((*x.shape[:-1], width + n), dtype=x.dtype, device=x.device)
-            y[..., :width].copy_(head)
+            tail = y[..., width:]
+            if head.is_cuda and gelu_tanh_cat.supported_layout(head, tail):  # a vectorized copy (ATen's of a
+                gelu_tanh_cat.bind_head(head, tail)(head, tail, y)     # strided destination is not)
+            else:
+                y[..., :width].copy_(head)
             launch(x, weight, bias, out=y.view(-1, width + n)[:, width:])
             return y
         return run
