@@ -197,20 +197,31 @@ def linear_act_cat_supported(head, x, weight, bias, act) -> bool:
             and tuple(head.shape[:-1]) == tuple(x.shape[:-1]) and head.shape[-1] % 8 == 0)
 
 
+def _head_copy(head, x, width: int, n: int):
+    """``copy(head, y)``: ``head`` into the first ``width`` columns of the contiguous cat ``y``
+    (``[..., width + n]``), bound once for this signature: gelu_tanh_cat's Triton kernel over the
+    head's blocks (vectorized), or ATen's copy (of a strided destination: not) where that does not
+    take it."""
+    tail = torch.empty((*x.shape[:-1], width + n), dtype=x.dtype, device="meta")[..., width:]
+    geometry = torch.empty_strided(head.shape, head.stride(), dtype=head.dtype, device="meta")  # the plan's key
+    if head.is_cuda and gelu_tanh_cat.supported_layout(geometry, tail):
+        launch = gelu_tanh_cat.bind_head(geometry, tail)
+        return lambda head, y: launch(head, y[..., width:], y)
+    return lambda head, y: y[..., :width].copy_(head)
+
+
 def linear_act_cat_variants(head, x, weight, bias, act):
     """``cat([head, act(F.linear(x, weight, bias))], -1)``: ``head`` copied into the first columns
     (read through its strides), the GEMM storing its activated tiles straight into the rest."""
+    width, n = head.shape[-1], weight.shape[0]
+    copy = _head_copy(head, x, width, n)
+
     def variant(config):
         launch = launcher(config, act, bias is not None, x.dtype)
 
         def run(head, x, weight, bias, act):
-            width, n = head.shape[-1], weight.shape[0]
             y = torch.empty((*x.shape[:-1], width + n), dtype=x.dtype, device=x.device)
-            tail = y[..., width:]
-            if head.is_cuda and gelu_tanh_cat.supported_layout(head, tail):  # a vectorized copy (ATen's of a
-                gelu_tanh_cat.bind_head(head, tail)(head, tail, y)     # strided destination is not)
-            else:
-                y[..., :width].copy_(head)
+            copy(head, y)
             launch(x, weight, bias, out=y.view(-1, width + n)[:, width:])
             return y
         return run
