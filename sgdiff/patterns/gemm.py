@@ -41,8 +41,8 @@ from sgdiff.patterns.base import ChainPattern, Family, broadcast_reason, same_sh
 from sgdiff.patterns.matcher import AnyOf, Arg, Items, Lit, Match, Op, Views, When, getitem
 
 # after the activation family: where Flux single blocks' GELU feeds the cat before proj_out,
-# gelu_tanh_cat writes it there in one pass (a GEMM epilogue would still leave the cat to make);
-# on by default only where the CuTe DSL GEMM runs (Options.gemm)
+# gelu_tanh_cat writes it there, and linear_act_cat takes that op with its projection (the GEMM
+# stores into the cat); on by default only where the CuTe DSL GEMM runs (Options.gemm)
 FAMILY = Family("gemm", after=("residual_gate", "activation", "fp8_gemm"), default=False)
 
 aten = torch.ops.aten
