@@ -83,15 +83,19 @@ def can_use(head, x) -> bool:
     return x.is_cuda and supported_layout(head, x)
 
 
+def _geometry(head, x):
+    """The kernel's rows (x's leading dims), both widths and its integer arguments."""
+    shape = shape4((*x.shape[:-1], 1))
+    n_rows = shape[0] * shape[1] * shape[2]
+    dh, dx = head.shape[-1], x.shape[-1]
+    return n_rows, dh, dx, (n_rows, shape[1], shape[2], dh, dx, *strides4(head, head.shape), *strides4(x, x.shape))
+
+
 @cached_plan
 def _plan(head, x):
-    lead = x.shape[:-1]
-    dh, dx = head.shape[-1], x.shape[-1]
-    shape = shape4((*lead, 1))
-    n_rows = shape[0] * shape[1] * shape[2]
+    n_rows, dh, dx, ints = _geometry(head, x)
     grid, block_r, block_d = launch_rows(n_rows, dh + dx, max_block=1024)  # measured: 16 elements per thread (2 warps)
-    ints = (n_rows, shape[1], shape[2], dh, dx, *strides4(head, head.shape), *strides4(x, x.shape))
-    return (*lead, dh + dx), grid, ints, dict(BLOCK_R=block_r, BLOCK_D=block_d)
+    return (*x.shape[:-1], dh + dx), grid, ints, dict(BLOCK_R=block_r, BLOCK_D=block_d)
 
 
 def bind(head, x):
@@ -110,14 +114,10 @@ def bind(head, x):
 
 @cached_plan
 def _head_plan(head, x):
-    lead = x.shape[:-1]
-    dh, dx = head.shape[-1], x.shape[-1]
-    shape = shape4((*lead, 1))
-    n_rows = shape[0] * shape[1] * shape[2]
+    n_rows, dh, dx, ints = _geometry(head, x)
     block_d = min(1024, dh & -dh)  # the widest power of two dividing Dh: no block reaches x's columns
     block_r = max(1, min(triton.next_power_of_2(n_rows), 1024 // block_d))
     grid = (triton.cdiv(n_rows, block_r), dh // block_d)
-    ints = (n_rows, shape[1], shape[2], dh, dx, *strides4(head, head.shape), *strides4(x, x.shape))
     return grid, ints, dict(BLOCK_R=block_r, BLOCK_D=block_d)
 
 
