@@ -190,3 +190,4 @@ def test_eagers_selector_names_a_fused_kernel_or_none():
     q, k, v = (_heads(t) for t in _qkv())
     assert _compat.sdpa_backend(q, k, v, False, None) in ("flash", "efficient", "cudnn", None)
     assert _compat.sdpa_backend(q, k[..., :32], v, False, None) is None  # operands it refuses
+

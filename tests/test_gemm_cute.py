@@ -4,20 +4,14 @@ and each epilogue and configuration compiled for sm_90a, its PTX holding eager's
 Running it needs a Hopper GPU (tests/gpu/test_gemm_cute_gpu.py checks the bits there)."""
 import os
 import re
-import tempfile
 
 import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import assume, given, settings, strategies as st
 
-PTX_DIR = tempfile.mkdtemp(prefix="sgdiff-cute-ptx-")
-if not torch.cuda.is_available():  # read when CuTe DSL is imported: compile for Hopper without one,
-    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # keep the PTX, compile rather than load a
-    os.environ.setdefault("QUACK_ARCH", "90")  # cached kernel
-    os.environ.setdefault("CUTE_DSL_KEEP", "ptx")
-    os.environ.setdefault("CUTE_DSL_DUMP_DIR", PTX_DIR)
-    os.environ.setdefault("QUACK_CACHE_ENABLED", "0")
+from tests.cute_target import COMPILE_ONLY  # before CuTe DSL is imported
+
 pytest.importorskip("quack")
 
 BF16, F16 = torch.bfloat16, torch.float16
@@ -27,7 +21,7 @@ BF16, F16 = torch.bfloat16, torch.float16
 def sm90_compile(monkeypatch):
     """Compile for sm_90a without a GPU (the target named at import, above), for an H100's 132 SMs
     (the persistent grid's size); yields the folder of the PTX."""
-    if torch.cuda.is_available():
+    if not COMPILE_ONLY:
         pytest.skip("compiles for sm_90a where no GPU is present (the GPU tests run the kernels)")
     import quack.gemm_runtime.host as host
 

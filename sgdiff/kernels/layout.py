@@ -121,3 +121,21 @@ def flat_strides(shape: Sequence[int], strides: Sequence[int]) -> Optional[tuple
             return None
         step *= size
     return (strides[0], strides[1], inner)
+
+
+def map_tokens(x: torch.Tensor) -> torch.Tensor:
+    """A ``[B, C, H, W]`` map as its ``[B, H, W, C]`` tokens (a view; contiguous where the map is
+    channels-last): what a 1x1 convolution of the map multiplies by its weight's rows."""
+    return x.permute(0, 2, 3, 1)
+
+
+def tokens_map(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A ``[B H W, N]`` or ``[B, H, W, N]`` product over ``x``'s tokens as the channels-last
+    ``[B, N, H, W]`` map a convolution of ``x`` gives (a view)."""
+    b, _, h, w = x.shape
+    return y.view(b, h, w, -1).permute(0, 3, 1, 2)
+
+
+def weight_rows(w: torch.Tensor) -> torch.Tensor:
+    """A weight as ``[N, K]`` rows (a 1x1 convolution's ``[N, K, 1, 1]`` viewed so)."""
+    return w.reshape(w.shape[0], -1)

@@ -1,18 +1,21 @@
-"""sgdiff::attention on CUDA: torch's fused attention kernels, the fastest for each signature.
+"""sgdiff::attention on CUDA: fused attention kernels, the fastest for each signature.
 
-Each candidate is an ATen op called directly (no backend selector): cuDNN's
+Each candidate is called directly (no backend selector): cuDNN's
 ``_scaled_dot_product_cudnn_attention``, ``_scaled_dot_product_flash_attention`` and
-``_scaled_dot_product_efficient_attention``. At first sight of a signature (outside a CUDA-graph
-capture) every candidate that runs on it is timed against the others
-(:class:`sgdiff.kernels.tuning.FirstSight`), the kernel eager's selector picks for the operands
-first (:func:`eager_first`: it is kept unless another beats it by the margin, so a tie keeps
-eager's bits; torch 2.11 on Hopper picks cuDNN's at DiT shapes, where FlashAttention-2 took
-1.6-2x its time: bench/results/runs/attention-16-probe-h100-d2b5d7b.json); during a capture,
-that kernel runs, unsettled. The output is
-put in ``[B, S, H, D]`` memory order (a copy only where a kernel wrote another).
+``_scaled_dot_product_efficient_attention``, and, where ``flash-attn-4`` is installed,
+FlashAttention-4's CuTe DSL forward (a candidate that raises on a signature, a head dim it
+lacks, drops out there). At first sight of a signature (outside a CUDA-graph capture) every
+candidate that runs on it is timed against the others (:class:`sgdiff.kernels.tuning.FirstSight`),
+the kernel eager's selector picks for the operands first (:func:`eager_first`: it is kept unless
+another beats it by the margin, so a tie keeps eager's bits; torch 2.11 on Hopper picks cuDNN's at
+DiT shapes, where FlashAttention-2 took 1.6-2x its time:
+bench/results/runs/attention-16-probe-h100-d2b5d7b.json); during a capture, that kernel runs,
+unsettled. The output is put in ``[B, S, H, D]`` memory order (a copy only where a kernel wrote
+another).
 """
 from __future__ import annotations
 
+import importlib.util
 from typing import Callable, Optional, Tuple
 
 import torch
@@ -38,7 +41,25 @@ def _efficient(q, k, v, is_causal, scale):
                                                                 scale=scale)[0]
 
 
-CANDIDATES: Tuple[Tuple[str, Callable], ...] = (("flash", _flash), ("cudnn", _cudnn), ("efficient", _efficient))
+def _fa4(q, k, v, is_causal, scale):
+    """FlashAttention-4's CuTe DSL forward (``flash-attn-4``; Hopper and Blackwell), on the
+    ``[B, S, H, D]`` views of the operands; its output viewed back as ``[B, H, S, D]``."""
+    from flash_attn.cute.interface import flash_attn_func
+
+    out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale,
+                          causal=is_causal)
+    return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
+
+
+def _has_fa4() -> bool:
+    try:
+        return importlib.util.find_spec("flash_attn.cute") is not None
+    except ImportError:  # a flash_attn without the cute package
+        return False
+
+
+CANDIDATES: Tuple[Tuple[str, Callable], ...] = (("flash", _flash), ("cudnn", _cudnn), ("efficient", _efficient),
+                                                *((("fa4", _fa4),) if _has_fa4() else ()))
 
 FIRST_SIGHT = tuning.FirstSight("attention")
 

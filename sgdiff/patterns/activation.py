@@ -11,6 +11,10 @@ The eager chains::
     cat([head, gelu(x, "tanh")], -1)   Flux single blocks: attention output and MLP side by
                                        side before ``proj_out``      -> gelu_tanh_cat
     silu(conv(x, w, b))                Sana ``GLUMBConv.conv_inverted`` + SiLU  -> conv_silu
+    act(conv(x, w, b)) of a 1x1 convolution of a channels-last map, act SiLU or GELU
+                                       the same, as the GEMM over the map's tokens
+                                       -> pointwise_conv_act, a ``close`` op (cuBLAS's sums,
+                                       not cuDNN's); conv_silu where the tier does not admit it
     a * silu(gate) of conv(x, w, b).chunk(2, 1)
                                        Sana ``GLUMBConv.conv_depth`` + its GLU  -> conv_silu_mul
                                        (both: the bias, which ATen adds after cuDNN's
@@ -29,7 +33,7 @@ from typing import List, Optional
 
 import torch
 
-from sgdiff.patterns.matcher import AnyOf, Arg, Items, Lit, Match, Op, Views, getitem
+from sgdiff.patterns.matcher import AnyOf, Arg, Items, Lit, Match, Op, Views, When, getitem
 from sgdiff.patterns import parts
 from sgdiff.patterns.base import ChainPattern, Family, like_layout_reason, same_shape, same_size, tensor_meta
 
@@ -40,14 +44,17 @@ aten = torch.ops.aten
 
 @dataclasses.dataclass(frozen=True)
 class ActivationKey:
-    kind: str  # "silu_mul" | "gelu_mul" | "gelu_tanh_cat" | "conv_silu" | "conv_silu_mul" | "linear_gelu_tanh"
+    kind: str  # one of KINDS
 
     @property
     def priority(self) -> int:  # the cat takes its GELU before linear_gelu_tanh (close) can, and
-        return 1 if self.kind in ("gelu_tanh_cat", "conv_silu", "conv_silu_mul") else 0  # a conv its GLU
+        if self.kind == "pointwise_conv_act":  # a conv its GLU; where the tier admits it, the
+            return 2  # 1x1 convolution's GEMM before conv_silu
+        return 1 if self.kind in ("gelu_tanh_cat", "conv_silu", "conv_silu_mul") else 0
 
 
-KINDS = ("silu_mul", "gelu_mul", "gelu_tanh_cat", "conv_silu", "conv_silu_mul", "linear_gelu_tanh")
+KINDS = ("silu_mul", "gelu_mul", "gelu_tanh_cat", "conv_silu", "conv_silu_mul", "linear_gelu_tanh",
+         "pointwise_conv_act")
 
 
 def chain(key: ActivationKey):
@@ -62,6 +69,9 @@ def chain(key: ActivationKey):
         return Op(aten.cat.default, Items(Arg("head"), gelu), Arg("dim"))
     if key.kind == "conv_silu":
         return Op(aten.silu.default, parts.biased_convolution())
+    if key.kind == "pointwise_conv_act":
+        conv = When(parts.biased_convolution(), parts.pointwise_convolution)
+        return AnyOf(Op(aten.silu.default, conv), Op(aten.gelu.default, conv, approximate=Arg("approximate")))
     if key.kind == "conv_silu_mul":  # chunk(2, dim=1) traces to split(y, C // 2, 1)
         halves = Op(aten.split.Tensor, parts.biased_convolution(), Arg("split_size"), Lit(1), name="split")
         return Op(aten.mul.Tensor, getitem(halves, 0), Op(aten.silu.default, getitem(halves, 1, name="gate")),
@@ -82,12 +92,15 @@ def replacement(key: ActivationKey):
         return lambda m: dict(head=m["head"], x=m["x"])
     if key.kind in ("conv_silu", "conv_silu_mul"):
         return lambda m: {name: m[name] for name in ("x", "weight", "bias", "stride", "padding", "dilation", "groups")}
+    if key.kind == "pointwise_conv_act":
+        return lambda m: dict(x=m["x"], weight=m["weight"], bias=m["bias"], act=_act_name(m))
     return lambda m: dict(x=m["x"], weight=m["weight"], bias=m.get("bias"))
 
 
 def check(key: ActivationKey):
     operands_reason = {"silu_mul": _silu_mul_reason, "gelu_mul": _halves_reason, "gelu_tanh_cat": _cat_reason,
-                       "conv_silu": _conv_reason, "conv_silu_mul": _conv_reason}.get(key.kind, _linear_reason)
+                       "conv_silu": _conv_reason, "conv_silu_mul": _conv_reason,
+                       "pointwise_conv_act": _conv_reason}.get(key.kind, _linear_reason)
 
     def activation_check(m: Match) -> Optional[str]:
         out = tensor_meta(m.root)
@@ -98,7 +111,7 @@ def check(key: ActivationKey):
             return reason
         if key.kind in ("silu_mul", "gelu_mul"):  # elementwise: a's layout, like the chain
             return like_layout_reason(out, tensor_meta(m["a"]))
-        if key.kind == "conv_silu":  # the SiLU over the convolution's output, in its layout
+        if key.kind in ("conv_silu", "pointwise_conv_act"):  # the activation in the convolution's layout
             return like_layout_reason(out, tensor_meta(m["conv"]))
         if key.kind == "conv_silu_mul":
             return like_layout_reason(out, tensor_meta(m["gate"]))
@@ -147,6 +160,13 @@ def _conv_reason(m: Match, out: torch.Tensor) -> Optional[str]:
                                   and 2 * m["split_size"] == tensor_meta(m["weight"]).shape[0]):
         return "the convolution's channels are not split in two halves"
     return None
+
+
+def _act_name(m: Match) -> str:
+    """The activation of a matched ``pointwise_conv_act``, as :mod:`sgdiff.kernels.linear_act` names it."""
+    if m.root.target is aten.silu.default:
+        return "silu"
+    return "gelu_tanh" if m.get("approximate", "none") == "tanh" else "gelu"
 
 
 def _linear_reason(m: Match, out: torch.Tensor) -> Optional[str]:

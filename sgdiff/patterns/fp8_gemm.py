@@ -106,21 +106,13 @@ def _site(node) -> bool:
 
 
 def _pointwise_site(node) -> bool:
-    """A bf16 1x1 convolution (stride 1, no padding, no dilation, one group) of a channels-last
-    map, over a weight that is a graph input, of at least MIN_FLOP, C and N multiples of 16."""
-    if not isinstance(node, fx.Node) or node.target is not aten.convolution.default or len(node.args) < 9:
+    """A bf16 1x1 convolution of a channels-last map (:func:`parts.pointwise_convolution`), over a
+    weight that is a graph input, of at least MIN_FLOP, C and N multiples of 16."""
+    if not parts.pointwise_convolution(node):
         return False
     x, weight = node.args[0], node.args[1]
-    stride, padding, dilation, transposed, output_padding, groups = node.args[3:9]
     xv, w = tensor_meta(x), tensor_meta(weight)
-    if xv is None or w is None or not isinstance(weight, fx.Node) or weight.op != "placeholder":
-        return False
-    if xv.dim() != 4 or w.dim() != 4 or xv.dtype != torch.bfloat16 or w.dtype != xv.dtype:
-        return False
-    if transposed or groups != 1 or any(s != 1 for s in (*stride, *dilation)) \
-            or any(p != 0 for p in (*padding, *output_padding)) or tuple(w.shape[2:]) != (1, 1):
-        return False
-    if not xv.permute(0, 2, 3, 1).is_contiguous():
+    if weight.op != "placeholder" or xv.dtype != torch.bfloat16:
         return False
     n, k = (_known(s) for s in w.shape[:2])
     if (n is not None and n % ALIGN) or (k is not None and (k % ALIGN or k > MAX_K)):

@@ -148,6 +148,22 @@ def convolution_reason(m: Match, x: str = "x", weight: str = "weight", bias: str
     return None
 
 
+def pointwise_convolution(node: Any) -> bool:
+    """A 2-D 1x1 convolution (stride 1, no padding, no dilation, one group) of a channels-last map
+    of one half dtype: the GEMM of the map's ``[B H W, C]`` tokens (contiguous rows) by the weight."""
+    if not is_call(node, (aten.convolution.default,)) or len(node.args) < 9:
+        return False
+    x, weight = (tensor_meta(a) for a in node.args[:2])
+    stride, padding, dilation, transposed, output_padding, groups = node.args[3:9]
+    if x is None or weight is None or x.dim() != 4 or weight.dim() != 4 or x.dtype not in HALF \
+            or weight.dtype != x.dtype:
+        return False
+    if transposed or groups != 1 or any(s != 1 for s in (*stride, *dilation)) \
+            or any(p != 0 for p in (*padding, *output_padding)) or tuple(weight.shape[2:]) != (1, 1):
+        return False
+    return x.permute(0, 2, 3, 1).is_contiguous()
+
+
 def convolution_args(m: Match) -> dict:
     """The op arguments of a convolution bound with :data:`CONV_NAMES`."""
     return dict(x=m["conv_x"], conv_weight=m["conv_weight"], conv_bias=m["conv_bias"], stride=m["stride"],

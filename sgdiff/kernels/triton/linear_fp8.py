@@ -27,6 +27,7 @@ import triton.language as tl
 from sgdiff import _compat
 from sgdiff.kernels import dispatch, tuning
 from sgdiff.kernels.linear_fp8 import DTYPES, E4M3, E4M3_MAX, MAX_K, SCALE_FLOOR
+from sgdiff.kernels.layout import map_tokens, tokens_map, weight_rows
 from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton.cuda_math import to_e4m3
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
@@ -137,11 +138,6 @@ def quantize_rows(x: torch.Tensor, out: Optional[Tuple[torch.Tensor, torch.Tenso
     return _quantizer(*x.shape)(x, out)
 
 
-def _rows(w: torch.Tensor) -> torch.Tensor:
-    """A weight as ``[N, K]`` rows (a pointwise convolution's ``[N, K, 1, 1]`` viewed so)."""
-    return w.reshape(w.shape[0], -1)
-
-
 def _state(t: torch.Tensor) -> Tuple[int, int]:
     """``t``'s address and version: what new storage or an in-place update changes."""
     return t.data_ptr(), _compat.version(t)
@@ -201,7 +197,7 @@ class QuantizedWeights:
         """Quantize each weight into its rows of the entry's copy, and lay the biases side by side."""
         start, scales = 0, entry[3].view(-1, 1)
         for w in weights:
-            rows = _rows(w)
+            rows = weight_rows(w)
             quantize_rows(rows, (entry[2][start:start + rows.shape[0]], scales[start:start + rows.shape[0]]))
             start += rows.shape[0]
         if biases:
@@ -226,7 +222,7 @@ class QuantizedWeights:
 
 def _side_by_side_shape(weights) -> Tuple[int, int]:
     """``(sum N_i, K)`` of weights taken as their rows."""
-    rows = [_rows(w).shape for w in weights]
+    rows = [weight_rows(w).shape for w in weights]
     return sum(r[0] for r in rows), rows[0][1]
 
 
@@ -361,32 +357,21 @@ def gemm_of_rows_side_by_side(xq: torch.Tensor, xs: torch.Tensor, weights, biase
 def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """The unquantized linear layer (``[M, N]``): on GPUs without FP8 GEMMs, and where the FP8
     GEMM is not faster (a pointwise convolution's weight taken as its rows)."""
-    return torch.nn.functional.linear(x.reshape(-1, x.shape[-1]), _rows(weight), bias)
-
-
-def _tokens(x: torch.Tensor) -> torch.Tensor:
-    """A channels-last ``[B, C, H, W]`` map as its ``[B, H, W, C]`` tokens (a view)."""
-    return x.permute(0, 2, 3, 1)
-
-
-def _as_map(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """The GEMM's ``[B H W, N]`` output as the convolution's channels-last ``[B, N, H, W]``."""
-    b, _, h, w = x.shape
-    return y.view(b, h, w, -1).permute(0, 3, 1, 2)
+    return torch.nn.functional.linear(x.reshape(-1, x.shape[-1]), weight_rows(weight), bias)
 
 
 def pointwise_supported_layout(x, weight, bias) -> bool:
     """A channels-last bf16 ``[B, C, H, W]`` map and a ``[N, C, 1, 1]`` weight the linear layer takes."""
     return (x.dim() == 4 and weight.dim() == 4 and tuple(weight.shape[2:]) == (1, 1) and weight.is_contiguous()
-            and supported_layout(_tokens(x), _rows(weight), bias))
+            and supported_layout(map_tokens(x), weight_rows(weight), bias))
 
 
 def pointwise_bind(x, weight, bias):
     """:func:`pointwise_conv_fp8` for inputs of this signature."""
-    linear = bind(_tokens(x), _rows(weight), bias)
+    linear = bind(map_tokens(x), weight_rows(weight), bias)
 
     def launch(x, weight, bias):
-        return _as_map(linear(_tokens(x), weight, bias), x)
+        return tokens_map(linear(map_tokens(x), weight, bias), x)
 
     return launch
 
