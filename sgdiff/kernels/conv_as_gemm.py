@@ -56,11 +56,6 @@ def choose(x, weight, bias, act) -> Tuple[str, Callable]:
     return FIRST_SIGHT.choose(key, CANDIDATES, (x, weight, bias, act))
 
 
-def choices() -> list:
-    """``[(the map's shape, path)]``: what first sight chose for each signature met so far."""
-    return FIRST_SIGHT.choices()
-
-
 def bind(x, weight, bias, act):
     return choose(x, weight, bias, act)[1]
 
