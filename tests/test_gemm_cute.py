@@ -204,6 +204,8 @@ def test_every_configuration_compiles(sm90_compile):
     for label, config in gemm.CONFIGS.items():
         plan = _compile(gemm.linear_epilogue("gelu_tanh", True, BF16), BF16, True, config)
         assert (plan.tile_M, plan.tile_N, plan.split_k) == (config["tile_M"], config["tile_N"], 1), label
+        assert plan.max_swizzle_size == config.get("max_swizzle_size", 8), label  # a launch argument, not a compile's
+    assert "pingpong 128x128 cluster 2x1 swizzle 1" in gemm.CONFIGS
 
 
 def test_the_sweeps_configurations_compile(sm90_compile, monkeypatch):
@@ -211,7 +213,7 @@ def test_the_sweeps_configurations_compile(sm90_compile, monkeypatch):
     time spent on one it refuses); first sight takes the sweep's where the bench puts it."""
     from sgdiff.kernels.cute import gemm
 
-    assert set(gemm.CONFIGS) <= set(gemm.SWEEP) and len(gemm.SWEEP) == 22
+    assert set(gemm.CONFIGS) <= set(gemm.SWEEP) and len(gemm.SWEEP) == 42
     for label, config in gemm.SWEEP.items():
         if label not in gemm.CONFIGS:
             plan = _compile(gemm.linear_epilogue(None, True, BF16), BF16, True, config, m=520, k=128, n=512)

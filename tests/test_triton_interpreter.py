@@ -41,10 +41,10 @@ EXPECTED = {
     # x 2 layouts, rope_complex 2 and rope_even_odd 1, rms_norm diffusers 6 shapes x 3 weights x 2
     # references and heads-first 1, silu_mul 2 and its epilogues 2, cast_copy 4, linear_attention_out
     # 2 token counts x 2 out dtypes, modulate 3, rmsnorm_modulate 2 and 4 norms x 4 modulations,
-    # rms_norm_rope 2 layouts x 2, rms_norm_cat_rope 2, gelu_tanh_cat 4; rms_norm_rope's refusals a
+    # rms_norm_rope 2 layouts x 2, rms_norm_cat_rope 2, gelu_tanh_cat 4 and its head alone 4; rms_norm_rope's refusals a
     # dtype; rope_matrix 2 layouts x 2 forms; then the refused layouts
     "test_rowwise_interp.py": 2 * (4 * 2 + 3 * 2 * 2 + 2 + 1 + 6 * 3 * 2 + 1 + 2 + 2 + 4 + 2 * 2 + 3 + 2 + 4 * 4
-                                   + 2 * 2 + 2 + 4 + 1 + 2 * 2 + 1 + 1 + 1) + 1,  # ..., gelu_mul, rope's arith and
+                                   + 2 * 2 + 2 + 4 + 4 + 1 + 2 * 2 + 1 + 1 + 1) + 1,  # ..., gelu_mul, rope's arith and
                                                                                  # complex128 a dtype
     # linear_fp8: the scales at 4 shapes, the weight copies kept, remade and dropped, one quantization
     # for the projections of one input, the copy of weights side by side and the GEMM over it, a modulated

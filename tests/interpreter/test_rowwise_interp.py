@@ -453,6 +453,17 @@ def test_gelu_tanh_cat(dt, form):
     assert torch.equal(got[..., :head.shape[-1]], head)   # the copied part is exact
 
 
+@pytest.mark.parametrize("form", GELU_TANH_CAT_FORMS)
+@DTYPES
+def test_gelu_tanh_cat_head_alone(dt, form):
+    """bind_head: the head's blocks alone, copied into a cat whose other columns stay as they were
+    (sgdiff::linear_act_cat's GEMM writes them)."""
+    head, x = inputs("gelu_tanh_cat", dt)[form]
+    out = torch.full((*x.shape[:-1], head.shape[-1] + x.shape[-1]), 7.0, dtype=x.dtype)
+    tgelu.bind_head(head, out[..., head.shape[-1]:])(head, out[..., head.shape[-1]:], out)
+    assert torch.equal(out[..., :head.shape[-1]], head) and bool((out[..., head.shape[-1]:] == 7).all())
+
+
 def test_refused_layouts():
     # refused: eager takes another ATen path or the tables are not fp32 math
     torch.manual_seed(0)

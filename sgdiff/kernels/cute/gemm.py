@@ -24,7 +24,8 @@ tile beside the accumulator. The gate is one row for every token (``[1, 1, N]``:
 batch of one), a row per batch (``[B, 1, N]``: a batch of a prompt and its negative, each its own
 GEMM of the batched launch, the weight shared by a zero-stride view), or one per token (a tile).
 For ``linear_act_cat`` the store's destination is the cat's last columns (a row stride wider than
-N, which TMA reads from the tensor's strides), the head copied beside them.
+N, which TMA reads from the tensor's strides), the head copied beside them by gelu_tanh_cat's
+Triton kernel over the head's columns alone.
 """
 from __future__ import annotations
 
@@ -36,24 +37,33 @@ from quack.epilogue.ops import RowVecLoad
 
 from sgdiff.kernels.cute.exact import add_rn, gelu_tanh_aten, mul_rn, round_bf16, round_f16
 from sgdiff.kernels.registry import first_variant_impl
+from sgdiff.kernels.triton import gelu_tanh_cat
 
-def _config(tile_m: int, tile_n: int, pingpong: bool, cluster_m: int, cluster_n: int):
+def _config(tile_m: int, tile_n: int, pingpong: bool, cluster_m: int, cluster_n: int, swizzle: int = 0):
+    """A configuration's label and quack's arguments; ``swizzle``, the tile scheduler's largest
+    swizzle (quack's ``max_swizzle_size``; 0: quack's own, 8)."""
     label = f"{'pingpong' if pingpong else 'cooperative'} {tile_m}x{tile_n} cluster {cluster_m}x{cluster_n}"
-    return label, dict(tile_M=tile_m, tile_N=tile_n, pingpong=pingpong, cluster_M=cluster_m, cluster_N=cluster_n)
+    config = dict(tile_M=tile_m, tile_N=tile_n, pingpong=pingpong, cluster_M=cluster_m, cluster_N=cluster_n)
+    if swizzle:
+        label, config = f"{label} swizzle {swizzle}", dict(config, max_swizzle_size=swizzle)
+    return label, config
 
 
 #: tile configurations first sight times (quack's SM90 space: pingpong 128 x 128..208,
-#: cooperative 256 x 128..208 and 128 x 256; clusters of two CTAs along M or N)
-CONFIGS = dict(_config(*c) for c in [(128, 192, True, 2, 1), (128, 128, True, 2, 1), (128, 256, False, 2, 1),
-                                     (256, 128, False, 2, 1), (256, 192, False, 1, 2)])
+#: cooperative 256 x 128..208 and 128 x 256; clusters of two CTAs along M or N). Swizzle 1 (tiles
+#: taken in raster order) at pingpong 128 x 128: where N is 3072 (Flux's q/k/v, output
+#: projections) 0.97-1.02x of cuBLAS's time against 1.09-1.13x with quack's 8 (an H100,
+#: bench/results/runs/h100-2026-12-06-h.md)
+CONFIGS = dict(_config(*c) for c in [(128, 192, True, 2, 1), (128, 128, True, 2, 1), (128, 128, True, 2, 1, 1),
+                                     (128, 256, False, 2, 1), (256, 128, False, 2, 1), (256, 192, False, 1, 2)])
 
 #: the GEMM bench's sweep (``bench/gemm.py --sweep``): the SM90 space quack's own autotuner
-#: searches (its ``gemm_config``), less its A/B swap
-SWEEP = dict(_config(m, n, pingpong, *cluster)
+#: searches (its ``gemm_config``), less its A/B swap, each pingpong tile also with swizzles 1 and 4
+SWEEP = dict(_config(m, n, pingpong, *cluster, swizzle)
              for m, n, pingpong in ([(128, n, True) for n in (128, 160, 192, 208)] + [(192, 128, True)]
                                     + [(256, n, False) for n in (128, 160, 192, 208)]
                                     + [(128, 224, False), (128, 256, False)])
-             for cluster in ((2, 1), (1, 2)))
+             for cluster in ((2, 1), (1, 2)) for swizzle in ((0, 1, 4) if pingpong else (0,)))
 
 #: the configurations first sight times (None: CONFIGS); the GEMM bench's sweep sets SWEEP here
 candidates: list = [None]
@@ -187,16 +197,31 @@ def linear_act_cat_supported(head, x, weight, bias, act) -> bool:
             and tuple(head.shape[:-1]) == tuple(x.shape[:-1]) and head.shape[-1] % 8 == 0)
 
 
+def _head_copy(head, x, width: int, n: int):
+    """``copy(head, y)``: ``head`` into the first ``width`` columns of the contiguous cat ``y``
+    (``[..., width + n]``), bound once for this signature: gelu_tanh_cat's Triton kernel over the
+    head's blocks (vectorized), or ATen's copy (of a strided destination: not) where that does not
+    take it."""
+    tail = torch.empty((*x.shape[:-1], width + n), dtype=x.dtype, device="meta")[..., width:]
+    geometry = torch.empty_strided(head.shape, head.stride(), dtype=head.dtype, device="meta")  # the plan's key
+    if head.is_cuda and gelu_tanh_cat.supported_layout(geometry, tail):
+        launch = gelu_tanh_cat.bind_head(geometry, tail)
+        return lambda head, y: launch(head, y[..., width:], y)
+    return lambda head, y: y[..., :width].copy_(head)
+
+
 def linear_act_cat_variants(head, x, weight, bias, act):
     """``cat([head, act(F.linear(x, weight, bias))], -1)``: ``head`` copied into the first columns
     (read through its strides), the GEMM storing its activated tiles straight into the rest."""
+    width, n = head.shape[-1], weight.shape[0]
+    copy = _head_copy(head, x, width, n)
+
     def variant(config):
         launch = launcher(config, act, bias is not None, x.dtype)
 
         def run(head, x, weight, bias, act):
-            width, n = head.shape[-1], weight.shape[0]
             y = torch.empty((*x.shape[:-1], width + n), dtype=x.dtype, device=x.device)
-            y[..., :width].copy_(head)
+            copy(head, y)
             launch(x, weight, bias, out=y.view(-1, width + n)[:, width:])
             return y
         return run

@@ -12,7 +12,8 @@ and 2^26 random fp32 values (the form without the FMA differs on fp32 inputs).
 
 The output ``[..., Dh + Dx]`` is contiguous; a program covers ``BLOCK_R`` rows and one block
 of ``BLOCK_D`` columns, each column copied from ``head`` or computed from ``x`` (a block that
-holds only one kind does only that work).
+holds only one kind does only that work). :func:`bind_head` launches the head's blocks alone, a
+copy into a cat whose other columns another kernel writes (sgdiff::linear_act_cat's GEMM).
 """
 from __future__ import annotations
 
@@ -82,15 +83,19 @@ def can_use(head, x) -> bool:
     return x.is_cuda and supported_layout(head, x)
 
 
+def _geometry(head, x):
+    """The kernel's rows (x's leading dims), both widths and its integer arguments."""
+    shape = shape4((*x.shape[:-1], 1))
+    n_rows = shape[0] * shape[1] * shape[2]
+    dh, dx = head.shape[-1], x.shape[-1]
+    return n_rows, dh, dx, (n_rows, shape[1], shape[2], dh, dx, *strides4(head, head.shape), *strides4(x, x.shape))
+
+
 @cached_plan
 def _plan(head, x):
-    lead = x.shape[:-1]
-    dh, dx = head.shape[-1], x.shape[-1]
-    shape = shape4((*lead, 1))
-    n_rows = shape[0] * shape[1] * shape[2]
+    n_rows, dh, dx, ints = _geometry(head, x)
     grid, block_r, block_d = launch_rows(n_rows, dh + dx, max_block=1024)  # measured: 16 elements per thread (2 warps)
-    ints = (n_rows, shape[1], shape[2], dh, dx, *strides4(head, head.shape), *strides4(x, x.shape))
-    return (*lead, dh + dx), grid, ints, dict(BLOCK_R=block_r, BLOCK_D=block_d)
+    return (*x.shape[:-1], dh + dx), grid, ints, dict(BLOCK_R=block_r, BLOCK_D=block_d)
 
 
 def bind(head, x):
@@ -103,6 +108,31 @@ def bind(head, x):
         out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
         kernel(head, x, out, *ints)
         return out
+
+    return launch
+
+
+@cached_plan
+def _head_plan(head, x):
+    n_rows, dh, dx, ints = _geometry(head, x)
+    block_d = min(1024, dh & -dh)  # the widest power of two dividing Dh: no block reaches x's columns
+    block_r = max(1, min(triton.next_power_of_2(n_rows), 1024 // block_d))
+    grid = (triton.cdiv(n_rows, block_r), dh // block_d)
+    return grid, ints, dict(BLOCK_R=block_r, BLOCK_D=block_d)
+
+
+def bind_head(head, x):
+    """``launch(head, x, out)``: ``head`` copied into the first ``Dh`` columns of ``out``, the
+    contiguous ``[..., Dh + Dx]`` cat of :func:`gelu_tanh_cat`, its last ``Dx`` columns left as
+    they are; ``x`` (``[..., Dx]``, any strides; only its shape is read) gives their width. The
+    kernel's grid holds the head's column blocks alone. Takes what :func:`supported_layout`
+    takes."""
+    grid, ints, blocks = _head_plan(head, x)
+    kernel = _gelu_tanh_cat_kernel.bind(grid, **blocks, INTERPRET=INTERPRET, num_warps=2, enable_fp_fusion=False,
+                                         **libdevice_options())
+
+    def launch(head, x, out):
+        kernel(head, x, out, *ints)
 
     return launch
 
