@@ -324,8 +324,9 @@ def test_every_swiglu_configuration_compiles_within_an_h200s_shared_memory(monke
 
 @pytest.mark.parametrize("op", ["linear_attention_scores", "linear_attention_apply"])
 def test_linear_attention_dots_lower_to_fma_chains(monkeypatch, op):
-    """Their fp32 ``tl.dot`` at IEEE precision compiles to fused multiply-adds (the order the ops'
-    bits rest on), never to a tensor-core instruction, which would round the operands to tf32."""
+    """Their fp32 products (scores: ``tl.dot`` at IEEE precision; apply: ``tl.fma``) compile to fused
+    multiply-adds (the order the ops' bits rest on), never to a tensor-core instruction, which would
+    round the operands to tf32."""
     impl = registry.op_def(op).triton_impl()
     for example in registry.op_def(op).examples:
         launches = recorded_launches(monkeypatch, lambda: impl.run(*example.args(small=True)))

@@ -4,9 +4,10 @@ written out with the interpreter's own fp32 FMA (apply: each h element's head_di
 increasing k, the normalizer row alike, + eps, IEEE division, on an fp32 output, and bf16 within
 a tolerance of the chain; scores: each score's products in increasing token order, the padding
 row's factor the padding value).
-Both kernels sum with fp32 ``tl.dot`` calls at IEEE precision, which Triton lowers on the GPU to FMAs,
-each output's chain in increasing k from the accumulator given; the interpreter would call
-numpy's matmul, so here ``tl.dot`` is that chain (and must be asked at IEEE precision).
+apply chains ``tl.fma`` calls (the interpreter's are fp32 FMAs); scores sums with fp32 ``tl.dot`` calls
+at IEEE precision, which Triton lowers on the GPU to FMAs, each output's chain in increasing k from
+the accumulator given; the interpreter would call numpy's matmul, so here ``tl.dot`` is that chain
+(and must be asked at IEEE precision).
 Whether cuBLAS's matmul has that order, and Triton's dot that lowering, is the GPU's question
 (tests/gpu). Run by tests/test_triton_interpreter.py with TRITON_INTERPRET=1 (skipped without it)."""
 import numpy as np

@@ -1,18 +1,19 @@
 """Triton sgdiff::linear_attention_apply, bitwise equal to eager on CUDA.
 
-One program computes a [head_dim, BLOCK_N] tile of one head's ``h = scores @ relu(q)`` and the
-tile's normalizer row, each element one fp32 accumulator taking head_dim fused multiply-adds
-in increasing k (cuBLAS's order for these fp32 shapes: no split-K), then divides by the
-normalizer plus eps (``div_rn``, as ATen's division) and writes the result cast, where eager's
-cast writes it: [B, tokens, heads * head_dim] with strides (heads * head_dim * tokens, 1,
-tokens). The products are fp32 ``tl.dot`` calls at IEEE precision, ``BLOCK_K`` values of k at a
-time, of the head's scores (the normalizer row among them) and a tile of q read through its
-strides (the query projection's transposed view: a token's head_dim channels adjacent, so a
-token's are one load), ReLU'd as ATen's and widened in registers. Triton lowers an fp32 dot at
-IEEE precision to FMAs (no tensor core takes fp32 at IEEE precision), each output's chain in
-increasing k from the accumulator it is given: the order above. The normalizer is taken out of
-its row by a sum of it and zeros, which is exact: a chain of FMAs from +0 never ends at -0.
-h never reaches memory.
+One program computes ``BLOCK_N`` tokens of one head's ``h = scores @ relu(q)`` and their
+normalizer, each element one fp32 accumulator taking head_dim fused multiply-adds in increasing
+k from +0 (cuBLAS's order for these fp32 shapes: no split-K), then divides by the normalizer
+plus eps (``div_rn``, as ATen's division) and writes the result cast, where eager's cast writes
+it: [B, tokens, heads * head_dim] with strides (heads * head_dim * tokens, 1, tokens). q's tile
+is read once through its strides ([tokens, head_dim]: the query projection's transposed view, a
+token's head_dim channels adjacent, so a token is one load), ReLU'd as ATen's and widened in
+registers; step k takes its column out of the tile by a sum of it and -0.0s (exact: ``x + -0.0``
+is ``x`` for every x, so the sum's order does not matter, and the compiler folds the additions
+whose operand is a known -0.0), then one FMA per output element (``tl.fma``: fp32 rounding once,
+whatever fp-fusion setting) with the scores' column k, read from the head's [D + 1, D] scores
+(4 KiB at head_dim 32, cached). The normalizer row is its own [BLOCK_N] chain, so no output row
+is spent on it. Each output is one chain of head_dim FMAs: no padding of the rows to a tensor
+core's tile, no shared-memory staging of dot operands. h never reaches memory.
 """
 from __future__ import annotations
 
@@ -25,9 +26,9 @@ from sgdiff.kernels.triton.cast_copy import relu_as_aten
 from sgdiff.kernels.triton.launch import LeanKernel, fresh_output, grid_dependency_wait
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan
 
-MAX_HEAD_DIM = 128  # a [head_dim, BLOCK_N] accumulator in registers
-MIN_DOT = 16  # tl.dot's smallest extent
-MAX_BLOCK_K = 32  # k a step: the scores' and q's tiles stay small at head_dim 128
+MAX_HEAD_DIM = 128  # a [BLOCK_N, head_dim] accumulator and q's tile in registers
+MIN_BLOCK = 16
+TILE = 4096  # elements of q's tile (and of the accumulator) a program: 32 a thread at 4 warps
 
 
 @LeanKernel
@@ -41,30 +42,29 @@ def _linear_attention_apply_kernel(
     sq0, sq1, sq2, sq3,
     eps,
     D: tl.constexpr,
-    BLOCK_M: tl.constexpr,  # the scores' D rows and the normalizer row
-    BLOCK_D: tl.constexpr,
-    BLOCK_K: tl.constexpr,  # k a step
-    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,  # D rounded up to a power of 2
+    BLOCK_N: tl.constexpr,  # tokens a program
 ):
     pid = tl.program_id(0)  # (batch, head), split in 32 bits
     bh = pid.to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m = tl.arange(0, BLOCK_M)
-    k = tl.arange(0, BLOCK_K)
-    n_ok = n < N
-    s_rows = scores_ptr + bh * ss0 + m[:, None] * ss1
-    q_cols = q_ptr + (pid // n_heads).to(tl.int64) * sq0 + (pid % n_heads).to(tl.int64) * sq1 + n[None, :] * sq3
+    d = tl.arange(0, BLOCK_D)
+    n_ok, d_ok = n < N, d < D
+    q_tile = q_ptr + (pid // n_heads).to(tl.int64) * sq0 + (pid % n_heads).to(tl.int64) * sq1
+    s_head = scores_ptr + bh * ss0
     grid_dependency_wait()
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in tl.static_range(0, BLOCK_D, BLOCK_K):  # k in increasing order, BLOCK_K at a time
-        kk = k0 + k
-        s = tl.load(s_rows + kk[None, :] * ss2, mask=(m <= D)[:, None] & (kk < D)[None, :], other=0.0)
-        q = tl.load(q_cols + kk[:, None] * sq2, mask=(kk < D)[:, None] & n_ok[None, :], other=0.0)
-        acc = tl.dot(s, relu_as_aten(q.to(tl.float32)), acc, input_precision="ieee")
-    den = tl.sum(tl.where((m == D)[:, None], acc, 0.0), axis=0)
-    y = tl.math.div_rn(acc, (den + eps)[None, :])
-    out = out_ptr + bh * D * N + m[:, None] * N + n[None, :]
-    tl.store(out, y.to(out_ptr.dtype.element_ty), mask=(m < D)[:, None] & n_ok[None, :])
+    q = tl.load(q_tile + n[:, None] * sq3 + d[None, :] * sq2, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+    q = relu_as_aten(q.to(tl.float32))
+    acc = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)  # h transposed: a token's D outputs side by side
+    den = tl.zeros([BLOCK_N], tl.float32)
+    for k in tl.static_range(D):  # k in increasing order
+        qk = tl.sum(tl.where(d[None, :] == k, q, -0.0), axis=1)  # q[:, k], exactly
+        s = tl.load(s_head + d * ss1 + k * ss2, mask=d_ok, other=0.0)  # scores[:D, k]
+        acc = tl.fma(qk[:, None], s[None, :], acc)
+        den = tl.fma(qk, tl.load(s_head + D * ss1 + k * ss2), den)
+    y = tl.math.div_rn(acc, (den + eps)[:, None])
+    out = out_ptr + bh * D * N + d[None, :] * N + n[:, None]
+    tl.store(out, y.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & d_ok[None, :])
 
 
 def supported_layout(scores, q, eps, dtype) -> bool:
@@ -84,11 +84,11 @@ def can_use(scores, q, eps, dtype) -> bool:
 @cached_plan
 def _plan(scores, q):
     B, H, D, N = q.shape
-    block_m, block_d = max(MIN_DOT, triton.next_power_of_2(D + 1)), max(MIN_DOT, triton.next_power_of_2(D))
-    block_n = max(MIN_DOT, min(128, 8192 // block_m, triton.next_power_of_2(N)))
+    block_d = max(MIN_BLOCK, triton.next_power_of_2(D))
+    block_n = max(MIN_BLOCK, min(128, TILE // block_d, triton.next_power_of_2(N)))
     grid = (B * H, triton.cdiv(N, block_n))
     shape, strides = (B, N, H * D), (H * D * N, 1, N)
-    consts = dict(D=D, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_K=min(block_d, MAX_BLOCK_K), BLOCK_N=block_n)
+    consts = dict(D=D, BLOCK_D=block_d, BLOCK_N=block_n)
     return shape, strides, grid, (H, N, *scores.stride(), *q.stride()), consts
 
 
