@@ -13,7 +13,8 @@ below its maximum with the power-cap reason set, it is bound by the energy its k
 and only less work or cheaper work makes it faster. On the CPU the CPU ops stand in for kernels
 and no clock is read (the outermost ops: a test of the bench, not a figure). Writes clocks.json and clocks.md:
 ``{gpu, torch, triton, commit, cases: [{model, size, tier, step_ms, pipelined_ms, sm_mhz: {min,
-median, max}, sm_mhz_limit, power_w: {min, median, max}, power_limit_w, throttle_reasons: [...],
+median, max}, sm_mhz_limit, power_w: {min, median, max}, power_limit_w, throttle_reasons: {reason:
+share of the samples that had it}, 
 profiled: [{kernels, span_ms, busy_ms, gap_ms, gaps_over_20us, longest_gaps: [[us, next kernel]]}]}]}``.
 """
 from __future__ import annotations
@@ -82,12 +83,11 @@ class Sampler:
         if not self.samples:
             return {}
         spread = lambda xs: dict(min=min(xs), median=statistics.median(xs), max=max(xs))  # noqa: E731
-        reasons = 0
-        for _, _, r in self.samples:
-            reasons |= r
+        share = {name: sum(bool(r & bit) for _, _, r in self.samples) / len(self.samples)
+                 for bit, name in REASONS.items()}
         return dict(self.limits, sm_mhz=spread([s[0] for s in self.samples]),
                     power_w=spread([s[1] for s in self.samples]),
-                    throttle_reasons=[name for bit, name in REASONS.items() if reasons & bit])
+                    throttle_reasons={name: round(f, 3) for name, f in share.items() if f})
 
 
 def gaps(intervals, longest: int = 8) -> dict:
@@ -150,13 +150,22 @@ def run_model(name: str, size: str, device: torch.device, dtype, tiers, repeats:
     return cases
 
 
+def _reasons(found) -> str:
+    """``power cap 98%, ...`` (a list from a run that kept no shares: the reasons alone)."""
+    if not found:
+        return "—"
+    if isinstance(found, dict):
+        return ", ".join(f"{name} {share:.0%}" for name, share in found.items())
+    return ", ".join(found) + " (some samples)"
+
+
 def write_report(result: dict, out: pathlib.Path) -> None:
     versions = _write_json(result, out, "clocks")
     lines = [f"# What bounds a compiled step ({result['gpu']})",
              f"{versions} Step time (CUDA events, CUDA graphs on); the SM clock and power while stepping "
              "(NVML, every 10 ms); for single profiled steps from an idle GPU, the kernels' span, the time "
              "some kernel runs, and the gaps between kernels.", "",
-             "| model | tier | step ms | pipelined ms | SM MHz (min-max) | power W (min-max) | throttled by "
+             "| model | tier | step ms | pipelined ms | SM MHz (min-max) | power W (min-max) | throttled by (share of samples) "
              "| kernels | span ms | busy ms | gaps ms | gaps > 20 µs |",
              "| --- " * 12 + "|"]
     for c in result["cases"]:
@@ -167,7 +176,7 @@ def write_report(result: dict, out: pathlib.Path) -> None:
                       if power else "—")
         for p in c["profiled"]:
             lines.append(f"| {c['model']} ({c['size']}) | {c['tier']} | {c['step_ms']:.2f} | {c['pipelined_ms']:.2f} "
-                         f"| {clock_cell} | {power_cell} | {', '.join(c.get('throttle_reasons', [])) or '—'} "
+                         f"| {clock_cell} | {power_cell} | {_reasons(c.get('throttle_reasons'))} "
                          f"| {p['kernels']} | {p['span_ms']:.2f} | {p['busy_ms']:.2f} | {p['gap_ms']:.2f} "
                          f"| {p['gaps_over_20us']} |")
     (out / "clocks.md").write_text("\n".join(lines) + "\n")

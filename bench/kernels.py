@@ -62,13 +62,13 @@ def make_case(op, example, seed: int = 0) -> Case:
     """The case of one example, at its real sizes on the GPU: the model's spelling of the chain,
     the op's Triton implementation called directly, the op, and a call site."""
     from sgdiff.kernels import dispatch
-    from sgdiff.kernels.dispatch import CallSite
+    from sgdiff.kernels.dispatch import CallSite, tensor_positions
 
     args = example.args("cuda", seed=seed)
     want = dispatch.reference(op.name)(*args)
     impl, overload = op.triton_impl(), op.load()
     eager = example.chain(*args) if example.chain is not None else (lambda: dispatch.reference(op.name)(*args))
-    launch = CallSite(op.name, tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor)))
+    launch = CallSite(op.name, tensor_positions(args))
     own = example.own_kernel(*args) if example.own_kernel is not None else None
     return Case(op.name, tuple(want.shape), want.dtype, example.label, eager, lambda: impl.run(*args),
                 lambda: overload(*args), lambda: launch(*args), _bytes_like(*example.moved_tensors(args, want)), own)

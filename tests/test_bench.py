@@ -627,7 +627,8 @@ def test_the_clock_sampler_names_the_reasons_the_gpu_slowed(monkeypatch):
     got = sampler.summary()
     assert got["sm_mhz"]["max"] == 1980 and got["sm_mhz"]["min"] == 1500
     assert got["power_limit_w"] == 700 and got["sm_mhz_limit"] == 1980
-    assert got["throttle_reasons"] == ["power cap", "thermal (software)"]
+    assert got["throttle_reasons"]["power cap"] >= 0.5 and 0 < got["throttle_reasons"]["thermal (software)"] < 0.5
+    assert set(got["throttle_reasons"]) == {"power cap", "thermal (software)"}
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
     with Sampler(torch.device("cuda", 0)) as sampler:
         pass

@@ -221,3 +221,11 @@ def test_a_close_kernel_is_settled_without_verification():
     finally:
         registry._SPECS["linear_gelu_tanh"].remove(spec)
         dispatch.reset()
+
+
+def test_tensor_positions_are_what_a_call_site_reads(cpu_kernel):
+    a = args()
+    assert dispatch.tensor_positions(a) == ((0, None), (1, None), (2, None))
+    assert dispatch.tensor_positions((a[0], [a[1], 2, a[2]], 3.0, None)) == ((0, None), (1, 0), (1, 2))
+    site = dispatch.CallSite("residual_gate", dispatch.tensor_positions(a))  # bench/kernels.py's call site
+    assert torch.equal(site(*a), residual_gate_reference(*a))

@@ -178,6 +178,18 @@ def runner(op: str) -> Callable:
     return run_op
 
 
+def tensor_positions(args) -> Tuple[Tuple[int, Optional[int]], ...]:
+    """Where a call's tensors are, as :class:`CallSite` takes them: ``(argument, None)`` for a
+    tensor argument, ``(argument, item)`` for a tensor inside a list or tuple argument."""
+    found = []
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            found.append((i, None))
+        elif isinstance(a, (list, tuple)):
+            found += [(i, j) for j, item in enumerate(a) if isinstance(item, torch.Tensor)]
+    return tuple(found)
+
+
 class CallSite:
     """One call site of a compiled graph: what its calls run.
 
