@@ -35,8 +35,17 @@ x = torch.randn(4, 6, 8)
 w = torch.randn(8, 8)
 
 
+def _eval_dropout(x, w):
+    return F.dropout(F.linear(x, w), 0.1, training=False) * 2
+
+
+def eval_dropout_copies() -> int:
+    """The copies this torch's trace makes of an eval-mode dropout (torch 2.13: a clone; 2.14: none)."""
+    return clones(capture(_eval_dropout, (x, w)))
+
+
 @pytest.mark.parametrize("name,fn,expected", [
-    ("eval dropout after a linear", lambda x, w: F.dropout(F.linear(x, w), 0.1, training=False) * 2, 1),
+    ("eval dropout after a linear", _eval_dropout, "traced"),
     ("clone of an add", lambda x, w: (x + 1).clone() * 2, 1),
     ("clone of a reshape of a fresh output", lambda x, w: (x * 3).view(24, 8).clone() + 1, 1),
     ("the input read elsewhere too", lambda x, w: (lambda y: (y.clone() * 2, y))(x + 1), 0),
@@ -45,7 +54,7 @@ w = torch.randn(8, 8)
     ("a graph input", lambda x, w: x.clone() * 2, 0),
 ])
 def test_only_copies_that_change_nothing_go(name, fn, expected):
-    assert dropped(fn, (x, w)) == expected, name
+    assert dropped(fn, (x, w)) == (eval_dropout_copies() if expected == "traced" else expected), name
 
 
 # Flux: the FF dropouts of its double block. (Sana's and PixArt's dropout copies precede a
@@ -60,7 +69,10 @@ def test_real_models_lose_their_dropout_copies_and_keep_their_bits(name, drops, 
         with caplog.at_level(logging.INFO, logger="sgdiff"):
             got = torch.compile(model, backend="sgdiff")(**kwargs)[0]
         torch._dynamo.reset()
-    assert f"dropped {drops} copies" in caplog.text
+    if eval_dropout_copies():  # this torch traces an eval-mode dropout as a copy
+        assert f"dropped {drops} copies" in caplog.text
+    else:
+        assert "copies" not in caplog.text
     assert bits_equal(got, want)
     assert sgdiff.explain(model, **kwargs).graphs == 1
 

@@ -68,11 +68,14 @@ def test_on_by_default_and_off_when_the_families_leave_it_out():
 def test_the_reference_takes_a_layout_the_cpu_kernel_refuses():
     """A channels-last view with a short batch stride (what a capture's fake strides can call
     contiguous: Flux's VAE after its attention, on the CPU): the reference copies it as
-    F.group_norm's composite would, where ATen's CPU kernel alone raises."""
+    F.group_norm's composite would, where ATen's CPU kernel alone raises (torch 2.13; 2.14's
+    takes it)."""
     from sgdiff.kernels.group_norm import group_norm_reference
 
     x = torch.randn(16 * 16 * 64).as_strided((1, 64, 16, 16), (64, 1, 1024, 64))
     w, b = torch.rand(64) + 0.5, torch.randn(64)
-    with pytest.raises(RuntimeError):
+    try:
         torch.ops.aten.native_group_norm(x, w, b, 1, 64, 256, 32, 1e-6)
+    except RuntimeError:
+        pass
     assert torch.equal(group_norm_reference(x, w, b, 32, 1e-6, True), F.silu(F.group_norm(x, 32, w, b, 1e-6)))
