@@ -8,12 +8,10 @@ their own kernels, which can round differently. ATen folds where the first dims'
 requires grad (a parameter, even under ``no_grad``). The decomposition dynamo traces matmul
 through skips dims of size 1 in that check, so a slice such as ``latents[:, :1]`` of a [1,
 tokens, dim] tensor (ConsisID's face extractor) is folded in the graph where eager, given a
-``w`` that requires no grad, batches it. The other way round, the graph batches an ``x`` whose
-strides do not nest where eager folds it: a ``w`` that requires grad (a parameter), or a torch
-whose two checks differ the other way (torch 2.14 batches that slice in the graph and folds it in
-eager). Wherever the graph folded or batched such an ``x``, this pass calls ``aten.matmul``
-itself on the same tensors: at run time ATen makes eager's choice, ``w``'s ``requires_grad``
-included (a fake tensor does not carry it). Exact: it runs at every tier, before the families.
+``w`` that requires no grad, batches it. Where the graph folded such an ``x``, this pass calls
+``aten.matmul`` itself on the same tensors: at run time ATen makes eager's choice, ``w``'s
+``requires_grad`` included (a fake tensor does not carry it). Exact: it runs at every tier,
+before the families.
 """
 from __future__ import annotations
 
@@ -64,62 +62,11 @@ def _folded(mm: fx.Node) -> Optional[tuple]:
     return x, w, out
 
 
-def _single_use(node, target) -> bool:
-    return (isinstance(node, fx.Node) and node.op == "call_function" and node.target is target
-            and len(node.users) == 1)
-
-
-def _expanded(node, shape) -> Optional[fx.Node]:
-    """The tensor ``node`` views as ``shape`` after expanding it to its own batch: ``view(expand(t,
-    size), shape)``, or ``_unsafe_view(clone(expand(t, size)), shape)`` where the batch cannot be
-    viewed as one dim (matmul's ``reshape``), read once each; else None."""
-    if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target in _ROWS
-            and len(node.users) == 1 and same_shape(val(node.args[1]), shape)):
-        return None
-    expand = node.args[0]
-    if _single_use(expand, aten.clone.default) and expand.kwargs.get("memory_format") in (
-            None, torch.contiguous_format):
-        expand = expand.args[0]
-    return expand.args[0] if _single_use(expand, aten.expand.default) else None
-
-
-def _batched(bmm: fx.Node) -> Optional[tuple]:
-    """``(x, w, out)`` where ``bmm`` is matmul's batched form of ``x`` [*batch, n, k] by a matrix
-    ``w`` broadcast over the batch, ``x``'s strides not nesting (eager folds it where ``w``
-    requires grad), ``out`` the view of its result as [*batch, n, p]; else None."""
-    a, b = bmm.args
-    av, bv = tensor_meta(a), tensor_meta(b)
-    if av is None or bv is None or len(bmm.users) != 1:
-        return None
-    out = next(iter(bmm.users))
-    x, w = _expanded(a, tuple(av.shape)), _expanded(b, tuple(bv.shape))
-    xv, wv = tensor_meta(x), tensor_meta(w)
-    if xv is None or wv is None or xv.dim() < 3 or wv.dim() != 2:
-        return None
-    if any(isinstance(s, torch.SymInt) for s in (*xv.shape, *xv.stride(), *wv.shape)) or strides_nest(xv):
-        return None
-    batch, p = math.prod(xv.shape[:-2]), wv.shape[-1]
-    if not (same_shape(tuple(av.shape), (batch, *xv.shape[-2:])) and same_shape(tuple(bv.shape), (batch, *wv.shape))
-            and same_shape(val(_expand_size(a)), tuple(xv.shape))
-            and out.op == "call_function" and out.target in _ROWS
-            and same_shape(val(out.args[1]), (*xv.shape[:-1], p))):
-        return None
-    return x, w, out
-
-
-def _expand_size(viewed: fx.Node):
-    """The size of the ``expand`` under a view :func:`_expanded` took (a copy between them or not)."""
-    node = viewed.args[0]
-    return (node.args[0] if node.target is aten.clone.default else node).args[1]
-
-
 def restore_matmul_folding(gm: fx.GraphModule) -> int:
-    """Give every matmul that the graph folds or batches where eager may do the other to
-    ``aten.matmul`` itself; returns how many."""
-    return (rewrite_each(gm, aten.mm.default, _folded, _left_to_aten,
-                         "matmuls folded where eager may batch them left to ATen's matmul at run time")
-            + rewrite_each(gm, aten.bmm.default, _batched, _left_to_aten,
-                           "matmuls batched where eager may fold them left to ATen's matmul at run time"))
+    """Give every matmul that the graph folds where eager may batch it to ``aten.matmul`` itself;
+    returns how many."""
+    return rewrite_each(gm, aten.mm.default, _folded, _left_to_aten,
+                        "matmuls folded where eager may batch them left to ATen's matmul at run time")
 
 
 def _left_to_aten(mm: fx.Node, found: tuple) -> bool:
