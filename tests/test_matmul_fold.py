@@ -1,7 +1,10 @@
-"""A matmul of a 3-D tensor by a matrix that the traced graph folds into one mm where eager may
-batch it (a slice whose size-1 dims' strides do not nest: ConsisID's face extractor): the graph
-calls ATen's matmul itself, which decides at run time as eager does (a weight that requires grad
-folds), and the output is eager's bits; what eager always folds stays an mm."""
+"""A matmul of a 3-D tensor by a matrix that the traced graph folds into one mm (torch 2.13) or
+batches into a bmm (2.14) where eager may do the other (a slice whose size-1 dims' strides do not
+nest: ConsisID's face extractor): the graph calls ATen's matmul itself, which decides at run time
+as eager does (a weight that requires grad folds), and the output is eager's bits; what eager
+always folds stays an mm, and a bmm the model wrote stays a bmm."""
+import operator
+
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -18,7 +21,11 @@ def sliced_matmul(lat, w):
 
 
 def _graph(fn, args):
+    """``fn``'s graph (each a model's ``@``: its bmm tagged as dynamo records one) and the pass's count."""
     gm = capture(fn, args, False)
+    for node in gm.graph.nodes:
+        if node.target is aten.bmm.default:
+            node.meta["source_fn_stack"] = [("matmul", operator.matmul)]
     return gm, restore_matmul_folding(gm)
 
 
@@ -29,9 +36,11 @@ def test_a_folded_matmul_eager_may_batch_is_atens_matmul(B, T, k, p, dtype):
     g = torch.Generator().manual_seed(B * 100 + T)
     lat, w = torch.randn(B, T, k, generator=g).to(dtype), torch.randn(k, p, generator=g).to(dtype)
     gm, count = _graph(sliced_matmul, (lat, w))
-    traced_mm = count_op(capture(sliced_matmul, (lat, w), False), aten.mm.default) == 1  # the graph folded it
-    assert count == int(traced_mm and not strides_nest(lat[:, :1]))
+    # the graph folded it (mm: torch 2.13's trace) or batched it (bmm: 2.14's); where the strides do
+    # not nest, either way ATen's matmul decides at run time
+    assert count == int(not strides_nest(lat[:, :1]))
     assert count_op(gm, aten.matmul.default) == count
+    assert count_op(gm, aten.mm.default) + count_op(gm, aten.bmm.default) == 1 - count
     got, want = gm(lat, w)[0], sliced_matmul(lat, w)
     assert bits_equal(got, want) and got.shape == want.shape
 
@@ -57,8 +66,8 @@ def test_compiled_module_matches_eager_whether_its_weight_requires_grad(requires
 
     torch.manual_seed(0)
     m = FaceOut()
-    for _ in range(8):  # a 2-term sum: mm and bmm differ on some inputs only
-        lat = torch.randn(1, 3, 2)
+    for _ in range(16):  # a 2-term sum: mm and bmm differ on some inputs only
+        lat = torch.randn(2, 3, 2)
         torch._dynamo.reset()
         with torch.no_grad():
             assert bits_equal(torch.compile(m, backend="sgdiff")(lat), m(lat))
@@ -74,3 +83,36 @@ def test_what_eager_folds_stays_an_mm(name, fn):
     gm, count = _graph(fn, (lat, w))
     assert count == 0 and count_op(gm, aten.mm.default) == 1, name
     assert bits_equal(gm(lat, w)[0], fn(lat, w))
+
+
+@pytest.mark.parametrize("source,rewritten", [(("matmul", operator.matmul), 1), (("bmm", torch.bmm), 0), (None, 0)])
+def test_a_matmul_the_graph_batched_goes_to_atens_matmul_only_if_the_model_called_matmul(source, rewritten):
+    """x's batch dims transposed (strides that do not nest): the graph batches x @ w (a bmm over
+    x's copy); eager folds it where w requires grad. The bmm goes to ATen's matmul where dynamo
+    recorded a matmul as its source, never where the model wrote the bmm (or nothing is recorded)."""
+    x, w = torch.randn(5, 3, 4, 33), torch.randn(33, 16)
+
+    def fn(x, w):
+        return x.transpose(0, 1) @ w
+
+    assert not strides_nest(x.transpose(0, 1))
+    gm = capture(fn, (x, w), False)
+    (bmm,) = [n for n in gm.graph.nodes if n.target is aten.bmm.default]
+    if source is not None:
+        bmm.meta["source_fn_stack"] = [source]
+    assert restore_matmul_folding(gm) == rewritten
+    assert count_op(gm, aten.matmul.default) == rewritten and count_op(gm, aten.bmm.default) == 1 - rewritten
+    assert bits_equal(gm(x, w)[0], fn(x, w))
+
+
+def test_a_linear_on_a_transposed_input_stays_a_bmm():
+    """ATen's linear of a strided input batches its matmul too; dynamo records it as a linear,
+    and the bmm stays (the gated residual takes its bias)."""
+    import torch.nn.functional as F
+
+    h, w = torch.randn(2, 8, 12), torch.randn(8, 8)
+    gm = capture(lambda h, w: F.linear(h.transpose(1, 2), w), (h, w), False)
+    for n in gm.graph.nodes:
+        if n.target is aten.bmm.default:
+            n.meta["source_fn_stack"] = [("linear", F.linear)]
+    assert restore_matmul_folding(gm) == 0 and count_op(gm, aten.bmm.default) == 1

@@ -8,14 +8,17 @@ their own kernels, which can round differently. ATen folds where the first dims'
 requires grad (a parameter, even under ``no_grad``). The decomposition dynamo traces matmul
 through skips dims of size 1 in that check, so a slice such as ``latents[:, :1]`` of a [1,
 tokens, dim] tensor (ConsisID's face extractor) is folded in the graph where eager, given a
-``w`` that requires no grad, batches it. Where the graph folded such an ``x``, this pass calls
-``aten.matmul`` itself on the same tensors: at run time ATen makes eager's choice, ``w``'s
-``requires_grad`` included (a fake tensor does not carry it). Exact: it runs at every tier,
-before the families.
+``w`` that requires no grad, batches it; torch 2.14's trace does the reverse (batches that slice,
+which its eager folds). Where the graph folded such an ``x``, or batched one in a ``bmm`` that
+dynamo recorded as coming from a ``matmul`` (``source_fn_stack``: a ``bmm`` the model wrote, or
+one ATen's ``linear`` makes, stays as it is), this pass calls ``aten.matmul`` itself on the same
+tensors: at run time ATen makes eager's choice, ``w``'s ``requires_grad`` included (a fake
+tensor does not carry it). Exact: it runs at every tier, before the families.
 """
 from __future__ import annotations
 
 import math
+import operator
 from typing import Optional
 
 import torch
@@ -62,11 +65,65 @@ def _folded(mm: fx.Node) -> Optional[tuple]:
     return x, w, out
 
 
+_MATMULS = (operator.matmul, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
+
+
+def _from_matmul(node: fx.Node) -> bool:
+    """Whether dynamo recorded ``node`` as part of a ``matmul`` the model called."""
+    stack = node.meta.get("source_fn_stack") or ()
+    return bool(stack) and stack[-1][1] in _MATMULS
+
+
+def _expanded(node, shape) -> Optional[tuple]:
+    """``(t, size)`` where ``node`` views as ``shape`` the tensor ``t`` expanded to ``size``:
+    ``view(expand(t, size), shape)``, or ``_unsafe_view(clone(expand(t, size)), shape)`` where the
+    batch cannot be viewed as one dim (matmul's ``reshape``), each read once; else None."""
+    if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target in _ROWS
+            and len(node.users) == 1 and same_shape(val(node.args[1]), shape)):
+        return None
+    expand = node.args[0]
+    if _single_use(expand, aten.clone.default) and expand.kwargs.get("memory_format") in (
+            None, torch.contiguous_format):
+        expand = expand.args[0]
+    return tuple(expand.args[:2]) if _single_use(expand, aten.expand.default) else None
+
+
+def _single_use(node, target) -> bool:
+    return (isinstance(node, fx.Node) and node.op == "call_function" and node.target is target
+            and len(node.users) == 1)
+
+
+def _batched(bmm: fx.Node) -> Optional[tuple]:
+    """``(x, w, out)`` where ``bmm`` is a model's matmul of ``x`` [*batch, n, k] by a matrix ``w``
+    batched in the graph, ``x``'s strides not nesting (eager folds it where ``w`` requires grad,
+    and torch 2.14's eager where they nest once size-1 dims are skipped), ``out`` the view of its
+    result as [*batch, n, p]; else None."""
+    a, b = bmm.args
+    av, bv = tensor_meta(a), tensor_meta(b)
+    if av is None or bv is None or len(bmm.users) != 1 or not _from_matmul(bmm):
+        return None
+    out, xs, ws = next(iter(bmm.users)), _expanded(a, tuple(av.shape)), _expanded(b, tuple(bv.shape))
+    if xs is None or ws is None:
+        return None
+    (x, x_size), (w, _) = xs, ws
+    xv, wv = tensor_meta(x), tensor_meta(w)
+    if xv is None or wv is None or xv.dim() < 3 or wv.dim() != 2 or not same_shape(val(x_size), tuple(xv.shape)):
+        return None
+    if any(isinstance(s, torch.SymInt) for s in (*xv.shape, *xv.stride(), *wv.shape)) or strides_nest(xv):
+        return None
+    if not (out.op == "call_function" and out.target in _ROWS
+            and same_shape(val(out.args[1]), (*xv.shape[:-1], wv.shape[-1]))):
+        return None
+    return x, w, out
+
+
 def restore_matmul_folding(gm: fx.GraphModule) -> int:
-    """Give every matmul that the graph folds where eager may batch it to ``aten.matmul`` itself;
-    returns how many."""
-    return rewrite_each(gm, aten.mm.default, _folded, _left_to_aten,
-                        "matmuls folded where eager may batch them left to ATen's matmul at run time")
+    """Give every matmul that the graph folds or batches where eager may do the other to
+    ``aten.matmul`` itself; returns how many."""
+    return (rewrite_each(gm, aten.mm.default, _folded, _left_to_aten,
+                         "matmuls folded where eager may batch them left to ATen's matmul at run time")
+            + rewrite_each(gm, aten.bmm.default, _batched, _left_to_aten,
+                           "matmuls batched where eager may fold them left to ATen's matmul at run time"))
 
 
 def _left_to_aten(mm: fx.Node, found: tuple) -> bool:
