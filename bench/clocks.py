@@ -68,10 +68,12 @@ class Sampler:
 
     def _run(self):
         nvml, h = self._nvml, self._handle
+        # NVML's newer name for the reasons first, the older one where only it exists
+        reasons = (getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                   or nvml.nvmlDeviceGetCurrentClocksThrottleReasons)
         while not self._stop.is_set():
             self.samples.append((nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM),
-                                 nvml.nvmlDeviceGetPowerUsage(h) / 1e3,
-                                 nvml.nvmlDeviceGetCurrentClocksThrottleReasons(h)))
+                                 nvml.nvmlDeviceGetPowerUsage(h) / 1e3, reasons(h)))
             time.sleep(self.period)
 
     def __exit__(self, *exc):

@@ -33,7 +33,9 @@ def test_gaps_are_what_no_interval_covers():
     assert gaps([])["kernels"] == 0
 
 
-def test_the_clock_sampler_names_the_reasons_the_gpu_slowed(monkeypatch):
+@pytest.mark.parametrize("reasons_call", ["nvmlDeviceGetCurrentClocksEventReasons",
+                                          "nvmlDeviceGetCurrentClocksThrottleReasons"])
+def test_the_clock_sampler_names_the_reasons_the_gpu_slowed(monkeypatch, reasons_call):
     """NVML read through a stand-in: the spread of clocks and power, the reasons OR-ed over the
     samples and named; without NVML, no figures and no error."""
     import types
@@ -51,7 +53,7 @@ def test_the_clock_sampler_names_the_reasons_the_gpu_slowed(monkeypatch):
         NVML_CLOCK_SM=1, nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: "gpu",
         nvmlDeviceGetMaxClockInfo=lambda h, k: 1980, nvmlDeviceGetEnforcedPowerLimit=lambda h: 700000,
         nvmlDeviceGetClockInfo=clock, nvmlDeviceGetPowerUsage=lambda h: state["now"][1] * 1e3,
-        nvmlDeviceGetCurrentClocksThrottleReasons=lambda h: state["now"][2])
+        **{reasons_call: lambda h: state["now"][2]})  # NVML's newer name, or only its older one
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     with Sampler(torch.device("cuda", 0), period=0.001) as sampler:
         while len(sampler.samples) < 3:
