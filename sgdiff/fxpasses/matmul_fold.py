@@ -10,8 +10,8 @@ through skips dims of size 1 in that check, so a slice such as ``latents[:, :1]`
 tokens, dim] tensor (ConsisID's face extractor) is folded in the graph where eager, given a
 ``w`` that requires no grad, batches it; torch 2.14's trace does the reverse (batches that slice,
 which its eager folds). Where the graph folded such an ``x``, or batched one in a ``bmm`` that
-dynamo recorded as coming from a ``matmul`` (``source_fn_stack``: a ``bmm`` the model wrote, or
-one ATen's ``linear`` makes, stays as it is), this pass calls ``aten.matmul`` itself on the same
+dynamo recorded as coming from a ``matmul`` or a ``linear`` (``source_fn_stack``: a ``bmm`` the
+model wrote stays as it is), this pass calls ``aten.matmul`` itself on the same
 tensors: at run time ATen makes eager's choice, ``w``'s ``requires_grad`` included (a fake
 tensor does not carry it). Exact: it runs at every tier, before the families.
 """
@@ -41,6 +41,12 @@ def strides_nest(x: torch.Tensor) -> bool:
     return all(stride[i] == stride[i + 1] * size[i + 1] for i in range(x.dim() - 2))
 
 
+def strides_nest_past_ones(x: torch.Tensor) -> bool:
+    """The check with x's size-1 dims skipped (torch 2.13's traced decomposition; 2.14's eager)."""
+    kept = [(size, stride) for size, stride in zip(x.shape[:-1], x.stride()[:-1]) if size != 1]
+    return x.numel() == 0 or all(a[1] == b[1] * b[0] for a, b in zip(kept, kept[1:]))
+
+
 def _folded(mm: fx.Node) -> Optional[tuple]:
     """``(x, w, out)`` where ``mm`` is a matmul of ``x`` by ``w`` folded into rows where eager
     batches them unless ``w`` requires grad, ``out`` the ``_unsafe_view`` of its result as
@@ -65,13 +71,19 @@ def _folded(mm: fx.Node) -> Optional[tuple]:
     return x, w, out
 
 
-_MATMULS = (operator.matmul, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
+# what calls ATen's matmul on a model's behalf: the operator, torch's and Tensor's, and linear
+_MATMULS = (operator.matmul, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__,
+            torch.nn.functional.linear, torch._C._nn.linear)
 
 
 def _from_matmul(node: fx.Node) -> bool:
-    """Whether dynamo recorded ``node`` as part of a ``matmul`` the model called."""
+    """Whether dynamo recorded ``node`` as part of a ``matmul`` (or ``linear``) the model called,
+    or of an ``nn.Linear``."""
     stack = node.meta.get("source_fn_stack") or ()
-    return bool(stack) and stack[-1][1] in _MATMULS
+    if not stack:
+        return False
+    fn = stack[-1][1]
+    return fn in _MATMULS or (isinstance(fn, type) and issubclass(fn, torch.nn.Linear))
 
 
 def _expanded(node, shape) -> Optional[tuple]:
@@ -95,9 +107,10 @@ def _single_use(node, target) -> bool:
 
 def _batched(bmm: fx.Node) -> Optional[tuple]:
     """``(x, w, out)`` where ``bmm`` is a model's matmul of ``x`` [*batch, n, k] by a matrix ``w``
-    batched in the graph, ``x``'s strides not nesting (eager folds it where ``w`` requires grad,
-    and torch 2.14's eager where they nest once size-1 dims are skipped), ``out`` the view of its
-    result as [*batch, n, p]; else None."""
+    batched in the graph, ``x``'s strides nesting only once its size-1 dims are skipped (torch
+    2.14's eager folds it), ``out`` the view of its result as [*batch, n, p]; else None. Strides
+    that do not nest either way are batched by eager too (a weight that requires grad, which eager
+    folds, is traced as one that does)."""
     a, b = bmm.args
     av, bv = tensor_meta(a), tensor_meta(b)
     if av is None or bv is None or len(bmm.users) != 1 or not _from_matmul(bmm):
@@ -109,7 +122,8 @@ def _batched(bmm: fx.Node) -> Optional[tuple]:
     xv, wv = tensor_meta(x), tensor_meta(w)
     if xv is None or wv is None or xv.dim() < 3 or wv.dim() != 2 or not same_shape(val(x_size), tuple(xv.shape)):
         return None
-    if any(isinstance(s, torch.SymInt) for s in (*xv.shape, *xv.stride(), *wv.shape)) or strides_nest(xv):
+    if any(isinstance(s, torch.SymInt) for s in (*xv.shape, *xv.stride(), *wv.shape)) or strides_nest(xv) \
+            or not strides_nest_past_ones(xv):
         return None
     if not (out.op == "call_function" and out.target in _ROWS
             and same_shape(val(out.args[1]), (*xv.shape[:-1], wv.shape[-1]))):
