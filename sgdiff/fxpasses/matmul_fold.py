@@ -73,7 +73,7 @@ def _folded(mm: fx.Node) -> Optional[tuple]:
 
 # what calls ATen's matmul on a model's behalf: the operator, torch's and Tensor's, and linear
 _MATMULS = (operator.matmul, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__,
-            torch.nn.functional.linear, torch._C._nn.linear)
+            torch.nn.functional.linear)
 
 
 def _from_matmul(node: fx.Node) -> bool:
