@@ -10,12 +10,12 @@ an idle GPU, under ``torch.profiler``: the kernels' span (first start to last en
 some kernel runs (the union of their intervals), and the gaps between them, the longest listed.
 A step whose gaps are a few percent of its span is bound by its kernels; if the clock then sits
 below its maximum with the power-cap reason set, it is bound by the energy its kernels spend,
-and only less work or cheaper work makes it faster. On the CPU the CPU ops stand in for kernels
-and no clock is read (the outermost ops: a test of the bench, not a figure). Writes clocks.json and clocks.md:
-``{gpu, torch, triton, commit, cases: [{model, size, tier, step_ms, pipelined_ms, sm_mhz: {min,
-median, max}, sm_mhz_limit, power_w: {min, median, max}, power_limit_w, throttle_reasons: {reason:
-share of the samples that had it}, 
-profiled: [{kernels, span_ms, busy_ms, gap_ms, gaps_over_20us, longest_gaps: [[us, next kernel]]}]}]}``.
+and only less work or cheaper work makes it faster. On the CPU the outermost CPU ops stand in
+for kernels and no clock is read (a test of the bench, not a figure). Writes clocks.json and
+clocks.md: ``{gpu, torch, triton, commit, cases: [{model, size, tier, step_ms, pipelined_ms,
+sm_mhz: {min, median, max}, sm_mhz_limit, power_w: {min, median, max}, power_limit_w,
+throttle_reasons: {reason: share of the samples that had it}, profiled: [{kernels, span_ms,
+busy_ms, gap_ms, gaps_over_20us, longest_gaps: [[us, next kernel]]}]}]}``.
 """
 from __future__ import annotations
 

@@ -573,4 +573,3 @@ def test_rivals_bench_on_a_tiny_flux(tmp_path, monkeypatch):
             "reference 1") in report and "flux (tiny), sgdiff_cudagraph_gemm:" not in report  # none met: no line
     with pytest.raises(SystemExit):
         rivals.main(["--ours", "inductor"])  # not an sgdiff variant
-

@@ -86,6 +86,11 @@ def _from_matmul(node: fx.Node) -> bool:
     return fn in _MATMULS or (isinstance(fn, type) and issubclass(fn, torch.nn.Linear))
 
 
+def _single_use(node, target) -> bool:
+    return (isinstance(node, fx.Node) and node.op == "call_function" and node.target is target
+            and len(node.users) == 1)
+
+
 def _expanded(node, shape) -> Optional[tuple]:
     """``(t, size)`` where ``node`` views as ``shape`` the tensor ``t`` expanded to ``size``:
     ``view(expand(t, size), shape)``, or ``_unsafe_view(clone(expand(t, size)), shape)`` where the
@@ -98,11 +103,6 @@ def _expanded(node, shape) -> Optional[tuple]:
             None, torch.contiguous_format):
         expand = expand.args[0]
     return tuple(expand.args[:2]) if _single_use(expand, aten.expand.default) else None
-
-
-def _single_use(node, target) -> bool:
-    return (isinstance(node, fx.Node) and node.op == "call_function" and node.target is target
-            and len(node.users) == 1)
 
 
 def _batched(bmm: fx.Node) -> Optional[tuple]:
