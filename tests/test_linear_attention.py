@@ -327,5 +327,7 @@ def test_scores_opcheck_and_refusals():
     assert tscores.supported_layout(v, k, 1.0)
     assert not tscores.supported_layout(v, k.float(), 1.0)  # one dtype
     assert not tscores.supported_layout(v, k.transpose(2, 3), 1.0)  # k as [B, heads, tokens, head_dim]
-    wide = torch.empty(1, 1, 128, 4, device="meta")
-    assert not tscores.supported_layout(wide, wide.transpose(2, 3), 1.0)  # head_dim past the registers
+    wide = torch.empty(1, 1, tscores.MAX_HEAD_DIM * 2, 4, device="meta")
+    assert not tscores.supported_layout(wide, wide.transpose(2, 3), 1.0)  # head_dim past the largest tried
+    head_128 = torch.empty(1, 1, 128, 4, device="meta")
+    assert tscores.supported_layout(head_128, head_128.transpose(2, 3), 1.0)  # tiles of a head: any to the largest

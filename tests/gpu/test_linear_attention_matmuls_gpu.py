@@ -38,7 +38,7 @@ def test_bitexact_against_cublas(shape, dtype):
 
 
 @pytest.mark.parametrize("shape", [(2, 70, 32, 1024), (1, 70, 32, 4096), (2, 2, 8, 7), (2, 16, 64, 333),
-                                   (1, 3, 12, 130)])
+                                   (1, 3, 12, 130), (1, 8, 40, 257), (1, 4, 128, 300)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_scores_bitexact_against_cublas(shape, dtype):
     B, H, D, N = shape

@@ -100,7 +100,7 @@ def scores_in_order(v, k, value):
     return torch.from_numpy(acc).flatten(0, 1)
 
 
-@pytest.mark.parametrize("geometry", [(2, 3, 32, 40), (1, 2, 8, 7), (2, 2, 12, 19)], ids=ids)  # tokens past the steps
+@pytest.mark.parametrize("geometry", [(2, 3, 32, 40), (1, 2, 8, 7), (2, 2, 40, 19)], ids=ids)  # tokens past the steps
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=ids)
 def test_scores_in_increasing_token_order_bit_for_bit(geometry, dtype):
     B, H, D, N = geometry

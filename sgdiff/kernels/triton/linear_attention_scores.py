@@ -1,9 +1,11 @@
 """Triton sgdiff::linear_attention_scores, bitwise equal to eager on CUDA.
 
-One program computes one head's [head_dim + 1, head_dim] scores: each one fp32 accumulator
-taking the tokens' products in increasing order, each a fused multiply-add (cuBLAS's order for
-these fp32 shapes: no split-K); the last row's factor is the padding value itself. The tokens go
-``BLOCK_N`` at a time: a [rows, BLOCK_N] tile of v and a [BLOCK_N, head_dim] tile of k (a token's
+One program computes a [BLOCK_M, BLOCK_D] tile of one head's [head_dim + 1, head_dim] scores
+(a head's rows and columns split over programs, so that Sana's 140 heads fill the GPU several
+times over rather than once and a tail): each score one fp32 accumulator taking the tokens'
+products in increasing order, each a fused multiply-add (cuBLAS's order for these fp32 shapes:
+no split-K); the last row's factor is the padding value itself. The tokens go ``BLOCK_N`` at a
+time: a [BLOCK_M, BLOCK_N] tile of v and a [BLOCK_N, BLOCK_D] tile of k (a token's
 head_dim channels adjacent in their projections, the transposed views Sana's processor makes),
 ReLU'd (k, as ATen's) and widened in registers, then one fp32 ``tl.dot`` with IEEE precision onto
 the accumulators. Triton lowers that dot to FMAs (no tensor core takes fp32 at IEEE precision),
@@ -22,9 +24,13 @@ from sgdiff.kernels.triton.cast_copy import relu_as_aten
 from sgdiff.kernels.triton.launch import LeanKernel, fresh_output, grid_dependency_wait
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan
 
-MAX_HEAD_DIM = 64  # a [head_dim + 1, head_dim] accumulator in one program's registers
-BLOCK_N = 32  # tokens a step
+MAX_HEAD_DIM = 128  # the largest head_dim verified on a GPU (a program holds a tile of any)
 MIN_DOT = 16  # tl.dot's smallest extent
+# the fastest of 63 tilings at Sana's (2, 70, 32, 1024) on an H100: 27.9 µs, where one program a head (140
+# programs of 4 warps, 64 rows for 33) took 42.5 and the reference 59.8; the fastest of Sana's 8 best at
+# (2, 24, 64, 4096) and (1, 8, 128, 4096) too, 1.27x two warps' time at (1, 70, 32, 4096)
+# (bench/results/runs/linear-attention-scores-sweep-h100-6d1f28b.json)
+CONFIG = dict(BLOCK_M=16, BLOCK_D=32, BLOCK_N=64, num_warps=1)
 
 
 @LeanKernel
@@ -38,13 +44,13 @@ def _linear_attention_scores_kernel(
     sk0, sk1, sk2, sk3,
     value,  # the padding row's value (fp32)
     D: tl.constexpr,
-    BLOCK_M: tl.constexpr,  # v's D rows and the padding row
-    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # rows a program (of v's D and the padding row)
+    BLOCK_D: tl.constexpr,  # columns a program
     BLOCK_N: tl.constexpr,
 ):
     pid = tl.program_id(0)  # (batch, head)
-    m = tl.arange(0, BLOCK_M)
-    c = tl.arange(0, BLOCK_D)
+    m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # rows of the padded v, the last the padding's
+    c = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     t = tl.arange(0, BLOCK_N)
     b, h = (pid // n_heads).to(tl.int64), (pid % n_heads).to(tl.int64)
     v_rows = v_ptr + b * sv0 + h * sv1 + m[:, None] * sv2
@@ -78,18 +84,27 @@ def can_use(v, k, value) -> bool:
     return v.is_cuda and supported_layout(v, k, value)
 
 
+def blocks(D: int, config: dict) -> dict:
+    """The launch's tile sizes: ``config``'s, each at most head_dim's (head_dim + 1's for the rows)
+    power of two and at least a dot's smallest extent."""
+    return dict(config, BLOCK_M=max(MIN_DOT, min(config["BLOCK_M"], triton.next_power_of_2(D + 1))),
+                BLOCK_D=max(MIN_DOT, min(config["BLOCK_D"], triton.next_power_of_2(D))))
+
+
 @cached_plan
-def _plan(v, k):
+def _plan(v, k, config):
     B, H, D, N = v.shape
     out = (B * H, D + 1, D), ((D + 1) * D, D, 1)  # contiguous, as eager's bmm writes it
-    blocks = dict(BLOCK_M=max(MIN_DOT, triton.next_power_of_2(D + 1)), BLOCK_D=max(MIN_DOT, triton.next_power_of_2(D)))
-    return (B * H,), out, (H, N, *v.stride(), *k.stride()), dict(D=D, BLOCK_N=BLOCK_N, **blocks)
+    consts = blocks(D, dict(config))
+    grid = (B * H, triton.cdiv(D + 1, consts["BLOCK_M"]), triton.cdiv(D, consts["BLOCK_D"]))
+    return grid, out, (H, N, *v.stride(), *k.stride()), dict(D=D, **consts)
 
 
-def bind(v, k, value):
-    """:func:`linear_attention_scores` for inputs of this signature, its host arithmetic done."""
-    grid, (shape, strides), ints, consts = _plan(v, k)
-    kernel = _linear_attention_scores_kernel.bind(grid, **consts, num_warps=4, enable_fp_fusion=False)
+def bind(v, k, value, config=None):
+    """:func:`linear_attention_scores` for inputs of this signature, its host arithmetic done
+    (``config``: tile sizes and warps other than :data:`CONFIG`'s, for a sweep)."""
+    grid, (shape, strides), ints, consts = _plan(v, k, tuple(sorted((config or CONFIG).items())))
+    kernel = _linear_attention_scores_kernel.bind(grid, **consts, enable_fp_fusion=False)
     return fresh_output(kernel, 2, shape, strides, torch.float32, *ints, float(value))
 
 
