@@ -156,6 +156,93 @@ def test_gated_residual_after_a_projection(contiguous):
     assert torch.equal(run(*args), block(*args))
 
 
+def _plain_sum(x, res, w, b):
+    return res + F.linear(x, w, b)
+
+
+def _update_first(x, res, w, b):
+    return F.linear(x, w, b) + res
+
+
+def _dropped_out(x, res, w, b):  # an eval Dropout between: traced as a copy on some torch versions
+    return res + F.dropout(F.linear(x, w, b), p=0.1, training=False)
+
+
+def _divided(x, res, w, b):  # Sana's cross-attention: the update / rescale_output_factor (1.0), then + x
+    return F.linear(x, w, b) / 1.0 + res
+
+
+def _two_sites(x, res, w, b):
+    y = res + F.linear(x, w, b)
+    return y + F.linear(x, w * 2, b)
+
+
+@pytest.mark.parametrize("fn", [_plain_sum, _update_first, _dropped_out, _divided, _two_sites],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_ungated_residual_after_a_projection(fn):
+    """``residual + linear(x)`` in one 16-bit dtype is ``residual + 1 * linear(x)`` bit for bit:
+    linear_residual_gate with a gate of ones, one ``aten.full`` a graph however many sites."""
+    x, w, b = torch.randn(1, 128, 64, dtype=BF16), _w(64, 64), torch.randn(64, dtype=BF16)
+    res = torch.randn(1, 128, 64, dtype=BF16)
+    run, gm, result = rewrite(fn, [x, res, w, b], families=["residual_gate", "gemm"])
+    sites = 2 if fn is _two_sites else 1
+    assert result.passes["gemm"].ops == {"linear_residual_gate": sites}
+    assert result.counts["residual_gate"] == (1 if fn is _divided else 0)  # its residual_add, then the GEMM's
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets.count(torch.ops.aten.full.default) == 1
+    assert not {torch.ops.aten.addmm.default, torch.ops.aten.add.Tensor} & set(targets)
+    gate = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.full.default)
+    assert gate.args == ([64], 1.0) and gate.kwargs["dtype"] == BF16
+    assert torch.equal(run(x, res, w, b), fn(x, res, w, b))
+
+
+def _read_again(x, res, w, b):  # fusing would run the GEMM twice
+    y = F.linear(x, w, b)
+    return res + y, y.sum()
+
+
+def test_ungated_residual_near_misses_stay_apart():
+    x, w, b = torch.randn(1, 128, 64, dtype=BF16), _w(64, 64), torch.randn(64, dtype=BF16)
+    res = torch.randn(1, 128, 64, dtype=BF16)
+    cases = {
+        "an fp32 residual (the sum promotes)": (lambda x, res, w, b: res.float() + F.linear(x, w, b), res),
+        "alpha 2": (lambda x, res, w, b: torch.add(res, F.linear(x, w, b), alpha=2), res),
+        "a broadcast residual": (lambda x, res, w, b: res[:, :1] + F.linear(x, w, b), res),
+        "a transposed residual": (lambda x, res, w, b: res.transpose(1, 2) + F.linear(x, w, b),
+                                  torch.randn(1, 64, 128, dtype=BF16)),
+        "divided by 2": (lambda x, res, w, b: F.linear(x, w, b) / 2.0 + res, res),
+        "the projection read again": (_read_again, res),
+    }
+    for reason, (fn, r) in cases.items():
+        run, gm, result = rewrite(fn, [x, r, w, b], families=["residual_gate", "gemm"])
+        assert result.passes["gemm"].ops.get("linear_residual_gate", 0) == 0, reason
+        assert "aten.full" not in gm.code, reason
+        want, got = fn(x, r, w, b), run(x, r, w, b)
+        assert all(torch.equal(a, e) for a, e in zip(got if isinstance(got, tuple) else (got,),
+                                                     want if isinstance(want, tuple) else (want,))), reason
+
+
+def test_wan_blocks_fold_the_cross_attentions_residual():
+    """A Wan block at width 64 and 128 tokens, with ``gemm``: the self-attention's and the
+    feed-forward's gated residuals, the cross-attention's ungated one (its to_out, the eval
+    Dropout, ``x + attn``), and the GELU-tanh feed-forward: 4 sites, output equal."""
+    import sgdiff
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(0)
+    model = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=32, in_channels=4,
+                                  out_channels=4, text_dim=16, freq_dim=16, ffn_dim=128, num_layers=1,
+                                  rope_max_seq_len=32).to(BF16).eval()
+    kw = dict(hidden_states=torch.randn(1, 4, 2, 16, 16, dtype=BF16), timestep=torch.full((1,), 500.0),
+              encoder_hidden_states=torch.randn(1, 6, 16, dtype=BF16), return_dict=False)
+    with torch.no_grad():
+        want = model(**kw)[0]
+        report = sgdiff.explain(model, options={"gemm": True}, **kw)
+        got = torch.compile(model, backend="sgdiff", options={"gemm": True})(**kw)[0]
+    assert report.family_ops["gemm"] == {"linear_residual_gate": 3, "linear_act": 1}
+    assert torch.equal(got, want)
+
+
 def test_the_family_runs_where_the_cute_gemm_does_unless_told(monkeypatch):
     """By default the family runs on a graph whose device runs the CuTe DSL GEMM (a Hopper GPU
     with sgdiff[gemm]), nowhere else; ``gemm`` True or False says so everywhere. The backend asks

@@ -11,12 +11,13 @@ import torch
 from torch import fx
 
 from sgdiff import _compat
-from sgdiff.patterns.matcher import Match, ReplayViews
+from sgdiff.patterns.matcher import Filled, Match, ReplayViews
 from sgdiff.kernels import registry
 from sgdiff.patterns.base import ChainPattern
 from sgdiff.tiers import Contract, Tier
 
 log = logging.getLogger("sgdiff")
+aten = torch.ops.aten
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,6 +242,8 @@ def _is_default(value: Any, default: Any) -> bool:
 
 
 def _materialize(graph: fx.Graph, arg: Any) -> Any:
+    if isinstance(arg, Filled):
+        return _filled(graph, arg)
     if not isinstance(arg, ReplayViews):
         return arg
     t = arg.base
@@ -248,6 +251,27 @@ def _materialize(graph: fx.Graph, arg: Any) -> Any:
         t = graph.call_function(view.target, (t, *view.args[1:]), dict(view.kwargs))
         _propagate_meta(t)
     return t
+
+
+def _filled(graph: fx.Graph, arg: Filled) -> fx.Node:
+    """One ``aten.full`` node a graph for each :class:`Filled` value, after the graph's inputs
+    (so that it precedes every use)."""
+    for node in graph.nodes:
+        if node.op == "call_function" and node.meta.get("sgdiff_filled") == arg:
+            return node
+    inputs = [n for n in graph.nodes if n.op == "placeholder"]
+    where = graph.inserting_after(inputs[-1]) if inputs else graph.inserting_before(next(iter(graph.nodes)))
+    with where:
+        node = graph.call_function(aten.full.default, (list(arg.shape), arg.value),
+                                   dict(dtype=arg.dtype, device=arg.device, pin_memory=False))
+    node.meta["sgdiff_filled"] = arg
+    mode = _compat.fake_mode_of([n.meta["val"] for n in inputs if isinstance(n.meta.get("val"), torch.Tensor)])
+    if mode is None:
+        _propagate_meta(node)
+    else:  # the graph's own fake mode, which the op's other operands' values share
+        with mode:
+            node.meta["val"] = torch.full(arg.shape, arg.value, dtype=arg.dtype, device=arg.device)
+    return node
 
 
 def _propagate_meta(node: fx.Node) -> None:

@@ -27,12 +27,12 @@ class Family:
 class ChainPattern:
     """An eager chain and the sgdiff op that replaces it.
 
-    ``replacement(match)`` returns the op's arguments by name (graph nodes, literals, or
-    :class:`~sgdiff.patterns.matcher.ReplayViews`), checked against the op's schema when the
-    site is rewritten; arguments left at their defaults are left out of the call, so a graph
-    reads as the chain would without the option. ``check(match)`` is the static safety
-    guard: it reads fake-tensor metadata only (never a device value) and returns a reason to
-    skip the site, or None.
+    ``replacement(match)`` returns the op's arguments by name (graph nodes, literals,
+    :class:`~sgdiff.patterns.matcher.ReplayViews` or :class:`~sgdiff.patterns.matcher.Filled`),
+    checked against the op's schema when the site is rewritten; arguments left at their
+    defaults are left out of the call, so a graph reads as the chain would without the option.
+    ``check(match)`` is the static safety guard: it reads fake-tensor metadata only (never a
+    device value) and returns a reason to skip the site, or None.
     """
 
     family: str

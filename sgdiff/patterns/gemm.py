@@ -9,6 +9,10 @@ bias). The chains::
     residual_gate(residual, gate, linear(x))    the gated residual after a block's output
                                                 projection (sgdiff::residual_gate, rewritten
                                                 by its family first)          -> linear_residual_gate
+    residual + linear(x)                        an ungated residual (Wan's cross-attention; its
+                                                eval Dropout's copy between, or Sana's
+                                                ``linear(x) / 1.0 + residual``, sgdiff::residual_add)
+                                                -> linear_residual_gate with a gate of ones
     gelu_tanh_cat(head, linear(x))              Flux single blocks' MLP stored into the cat before
                                                 proj_out (the activation family's rewrite of
                                                 cat([head, gelu(linear(x))], -1))  -> linear_act_cat
@@ -38,7 +42,7 @@ import torch
 from sgdiff.kernels import registry
 from sgdiff.patterns import parts
 from sgdiff.patterns.base import ChainPattern, Family, broadcast_reason, same_shape, same_size, tensor_meta
-from sgdiff.patterns.matcher import AnyOf, Arg, Items, Lit, Match, Op, Views, When, getitem
+from sgdiff.patterns.matcher import AnyOf, Arg, Filled, Items, Lit, Match, Op, Views, When, getitem
 
 # after the activation family: where Flux single blocks' GELU feeds the cat before proj_out,
 # gelu_tanh_cat writes it there, and linear_act_cat takes that op with its projection (the GEMM
@@ -163,6 +167,45 @@ def _residual_reason(m: Match) -> Optional[str]:
     return broadcast_reason(m["gate"], out, "the gate")
 
 
+def _residual_add() -> AnyOf:
+    """``residual + linear(x)`` (either order; the linear maybe copied by an eval Dropout), or
+    sgdiff::residual_add of a linear divided or scaled by a number (rewritten by the residual_gate
+    family first)."""
+    update = AnyOf(Op(aten.clone.default, Views(LINEAR, "out_views"), name="copy"), Views(LINEAR, "out_views"))
+    return AnyOf(Op(aten.add.Tensor, update, Arg("residual"), alpha=Lit(1), commutative=True),
+                 Op(registry.op_def("residual_add").load(), Arg("residual"), update, Arg("update_divisor"),
+                    Arg("update_first"), update_scale=Arg("update_scale")))
+
+
+def _residual_add_reason(m: Match) -> Optional[str]:
+    """Why ``residual + linear(x)`` is not ``residual + 1 * linear(x)`` bit for bit through the
+    gated residual's GEMM, or None: one 16-bit dtype (no promotion), a contiguous residual of the
+    output's shape, a divisor or scale (if any) of exactly 1."""
+    out = tensor_meta(m.root)
+    reason = _linear_reason(m, out)
+    if reason:
+        return reason
+    if any(m.get(k) not in (None, 1.0) for k in ("update_divisor", "update_scale")):
+        return "the update is divided or scaled by a number other than 1"
+    copy = m.get("copy")
+    if copy is not None and any(u not in m.nodes for u in copy.users):
+        return "the linear's output is read outside the chain"
+    residual = tensor_meta(m["residual"])
+    if residual is None or residual.dtype != out.dtype or tensor_meta(m["x"]).dtype != out.dtype:
+        return "the residual and the linear do not share one dtype"
+    if not same_shape(residual.shape, out.shape) or not residual.is_contiguous() or not out.is_contiguous():
+        return "the residual is not a contiguous tensor of the output's shape"
+    if residual.dim() not in (2, 3):
+        return "the residual is not [B, S, N] or [S, N]"
+    return None
+
+
+def _residual_add_arguments(m: Match) -> dict:
+    out = tensor_meta(m.root)
+    return dict(_linear_arguments(m), residual=m["residual"], gate_kind="plain",
+                gate=Filled((out.shape[-1],), 1.0, out.dtype, out.device))
+
+
 def _act_cat() -> Op:
     """``gelu_tanh_cat(head, linear(x))``: the activation family's one op for a GELU-tanh stored
     into the cat after it, of a projection."""
@@ -200,7 +243,10 @@ def patterns() -> List[ChainPattern]:
         family="gemm", name="gemm_residual_gate", chain=When(_residual_gate(), _update_enough_rows), op="linear_residual_gate",
         replacement=lambda m: dict(_linear_arguments(m), residual=m["residual"], gate=m["gate"],
                                    gate_kind=m["gate_kind"], out_dtype=m["out_dtype"]),
-        check=_residual_reason, priority=3)]
+        check=_residual_reason, priority=3),
+        ChainPattern(family="gemm", name="gemm_residual_add", chain=When(_residual_add(), _enough_rows),
+                     op="linear_residual_gate", replacement=_residual_add_arguments, check=_residual_add_reason,
+                     priority=3)]
     for act, chain in ACTS.items():
         found.append(ChainPattern(
             family="gemm", name=f"gemm_{act}", chain=When(chain(Views(LINEAR, "out_views")), _enough_rows),

@@ -286,6 +286,17 @@ class ReplayViews:
     base: Any
 
 
+@dataclasses.dataclass(frozen=True)
+class Filled:
+    """Replacement argument: a tensor of ``shape`` holding ``value`` everywhere, which the chain
+    computes with but does not hold (a gate of ones standing for an ungated sum)."""
+
+    shape: Tuple[int, ...]
+    value: float
+    dtype: torch.dtype
+    device: torch.device
+
+
 def getitem(expr: Expr, index: int, **kw) -> Op:
     return Op(operator.getitem, expr, Lit(index), **kw)
 

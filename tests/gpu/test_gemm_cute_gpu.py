@@ -97,7 +97,8 @@ def test_times_against_cublas_and_atens_gelu(shape, capsys):
     assert min(v for key, v in times.items() if not key.startswith("cuBLAS")) > 0
 
 
-@pytest.mark.parametrize("case", ["flux", "wan", "wan fp32 stream", "sana batch of two", "per-token gate"])
+@pytest.mark.parametrize("case", ["flux", "wan", "wan fp32 stream", "sana batch of two", "per-token gate",
+                                  "ungated: a gate of ones"])
 @pytest.mark.parametrize("m", [700, 4096])
 def test_the_gated_residual_gives_eagers_bits(case, m):
     """Flux: bf16 throughout; Wan: (x.float() + ffn.float() * gate).type_as(x) with an fp32 gate;
@@ -107,7 +108,7 @@ def test_the_gated_residual_gives_eagers_bits(case, m):
 
     k, n = 1536, 1536
     bf16, f32 = torch.bfloat16, torch.float32
-    batches = 2 if case in ("sana batch of two", "per-token gate") else 1
+    batches = 2 if case in ("sana batch of two", "per-token gate", "ungated: a gate of ones") else 1
     x = torch.randn(batches, m, k, device="cuda", dtype=bf16)
     w = torch.randn(n, k, device="cuda", dtype=bf16) / k ** 0.5
     b = torch.randn(n, device="cuda", dtype=bf16)
@@ -116,6 +117,8 @@ def test_the_gated_residual_gives_eagers_bits(case, m):
         gate = torch.randn(batches, 6, n, device="cuda", dtype=bf16).chunk(6, dim=1)[2]
     elif case == "per-token gate":
         gate = torch.randn(batches, m, n, device="cuda", dtype=bf16)
+    elif case.startswith("ungated"):  # residual + linear(x), Wan's cross-attention, as the gemm family passes it
+        gate = torch.full([n], 1.0, device="cuda", dtype=bf16)
     else:
         gate = torch.randn(1, 1, n, device="cuda", dtype=bf16 if case.startswith("flux") else f32)
     out_dtype = bf16 if case == "wan" else None
@@ -124,6 +127,8 @@ def test_the_gated_residual_gives_eagers_bits(case, m):
         assert torch.equal(want, (residual.float() + F.linear(x, w, b).float() * gate).type_as(residual))
     if case in ("flux", "sana batch of two", "per-token gate"):
         assert torch.equal(want, residual + gate * F.linear(x, w, b))
+    if case.startswith("ungated"):
+        assert torch.equal(want, residual + F.linear(x, w, b))
     args = (x, w, b, residual, gate, "plain", out_dtype)
     assert gemm.linear_residual_gate_supported(*args)
     for label, fn in gemm.linear_residual_gate_variants(*args):
@@ -165,3 +170,28 @@ def test_first_sight_of_the_cat_at_fluxs_shape(fresh_dispatch):
     (chosen, timed), = [v for (op, _), v in dispatch.tuned_choices().items() if op == "linear_act_cat"]
     assert {"reference", "unfused", "cute"} <= {backend for backend, _, _ in timed}
     print("linear_act_cat at Flux's single block:", chosen, [(bk, lb, round(t * 1e6, 1)) for bk, lb, t in timed])
+
+
+def test_wans_cross_attention_residual_compiled(fresh_dispatch):
+    """``x + attn2.to_out(h)`` at Wan 2.1 1.3B's width, compiled as a user compiles it: one
+    linear_residual_gate with a gate of ones, equal to eager; first sight timed it beside cuBLAS +
+    the residual kernel and the eager pair (printed)."""
+    import sgdiff
+
+    torch.manual_seed(0)
+    to_out = torch.nn.Linear(1536, 1536, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1, 8190, 1536, device="cuda", dtype=torch.bfloat16)
+    h = torch.randn(1, 8190, 1536, device="cuda", dtype=torch.bfloat16)
+
+    def block(x, h):
+        return x + torch.nn.functional.dropout(to_out(h), p=0.0, training=False)
+
+    with torch.no_grad():
+        want = block(x, h)
+        report = sgdiff.explain(block, x, h)
+        got = torch.compile(block, backend="sgdiff")(x, h)
+    assert report.family_ops["gemm"] == {"linear_residual_gate": 1}
+    assert torch.equal(got, want)
+    (chosen, timed), = [v for (op, _), v in dispatch.tuned_choices().items() if op == "linear_residual_gate"]
+    assert {"reference", "unfused", "cute"} <= {backend for backend, _, _ in timed}
+    print("ungated residual at Wan's cross-attention:", chosen, [(bk, lb, round(t * 1e6, 1)) for bk, lb, t in timed])

@@ -84,6 +84,23 @@ def test_residual_gate_epilogue(shape, dtype, bias, gate_kind, per_token, fp32, 
     _all_configs_equal("linear_residual_gate", (x, w, b, residual, gate, gate_kind, dtype if fp32 else None, x2))
 
 
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(shape=shapes, dtype=st.sampled_from([torch.bfloat16, torch.float16]), bias=st.booleans(),
+       batches=st.sampled_from([1, 2]))
+def test_ungated_residual_as_a_gate_of_ones(shape, dtype, bias, batches):
+    """``residual + linear(x)`` (the gemm family's ungated residual): the epilogue with a gate of
+    ones gives eager's sum of the rounded projection and the residual, bit for bit."""
+    M, K, N = shape
+    x = torch.randn(batches, M, K, device="cuda", dtype=dtype)
+    w = torch.randn(N, K, device="cuda", dtype=dtype) / K ** 0.5
+    b = torch.randn(N, device="cuda", dtype=dtype) if bias else None
+    residual = torch.randn(batches, M, N, device="cuda", dtype=dtype)
+    ones = torch.full([N], 1.0, device="cuda", dtype=dtype)
+    assert torch.equal(dispatch.reference("linear_residual_gate")(x, w, b, residual, ones, "plain"),
+                       residual + F.linear(x, w, b))
+    _all_configs_equal("linear_residual_gate", (x, w, b, residual, ones, "plain"))
+
+
 def test_tuning_settles_a_verified_choice(fresh_dispatch):
     x = torch.randn(1, 1024, 1536, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(3072, 1536, device="cuda", dtype=torch.bfloat16) / 40
