@@ -243,6 +243,15 @@ def test_wan_blocks_fold_the_cross_attentions_residual():
     assert torch.equal(got, want)
 
 
+def test_other_2d_ops_are_no_gemms():
+    """The plain GEMM's size test reads a 2-D node's last operand as a weight only where it is
+    one: a product by a 0-d tensor (QwenImage 2.1's, SANA-WM's) is no site and no error (an error
+    would leave the whole graph without its rewrites)."""
+    x, s = torch.randn(128, 64, dtype=BF16), torch.tensor(2.0, dtype=BF16)
+    run, _, result = rewrite(lambda x, s: x * s, [x, s], families=["gemm"])
+    assert result.counts["gemm"] == 0 and torch.equal(run(x, s), x * s)
+
+
 def test_the_family_runs_where_the_cute_gemm_does_unless_told(monkeypatch):
     """By default the family runs on a graph whose device runs the CuTe DSL GEMM (a Hopper GPU
     with sgdiff[gemm]), nowhere else; ``gemm`` True or False says so everywhere. The backend asks

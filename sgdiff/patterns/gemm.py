@@ -90,8 +90,10 @@ def _large(node) -> bool:
     out = tensor_meta(node)
     if out is None or out.dim() != 2 or not isinstance(node.args[-1], torch.fx.Node):
         return False
-    w = tensor_meta(node.args[-1])
-    sizes = [_known(s) for s in (*out.shape, w.shape[0] if w is not None else None)]
+    w = tensor_meta(node.args[-1])  # the transposed weight where the node is a GEMM: [K, N]
+    if w is None or w.dim() != 2:  # any other 2-D op (a product by a 0-d tensor): not a GEMM
+        return False
+    sizes = [_known(s) for s in (*out.shape, w.shape[0])]
     return _enough_rows(node) and (None in sizes or 2 * sizes[0] * sizes[1] * sizes[2] >= MIN_PLAIN_FLOP)
 
 
