@@ -161,12 +161,16 @@ def _residual_reason(m: Match) -> Optional[str]:
         return reason
     if m["update_bias"] is not None or m["update_divisor"] is not None:
         return "the update has its own bias or divisor (a bmm's linear): residual_gate's kernel takes it"
-    residual = tensor_meta(m["residual"])
+    return _residual_tensor_reason(tensor_meta(m["residual"]), out) or broadcast_reason(m["gate"], out, "the gate")
+
+
+def _residual_tensor_reason(residual: Optional[torch.Tensor], out: torch.Tensor) -> Optional[str]:
+    """Why the residual is not one the GEMM's epilogue reads as a tile beside its output, or None."""
     if residual is None or not same_shape(residual.shape, out.shape) or not residual.is_contiguous():
         return "the residual is not a contiguous tensor of the output's shape"
     if residual.dim() not in (2, 3):
         return "the residual is not [B, S, N] or [S, N]"
-    return broadcast_reason(m["gate"], out, "the gate")
+    return None
 
 
 def _residual_add() -> AnyOf:
@@ -195,11 +199,7 @@ def _residual_add_reason(m: Match) -> Optional[str]:
     residual = tensor_meta(m["residual"])
     if residual is None or residual.dtype != out.dtype or tensor_meta(m["x"]).dtype != out.dtype:
         return "the residual and the linear do not share one dtype"
-    if not same_shape(residual.shape, out.shape) or not residual.is_contiguous() or not out.is_contiguous():
-        return "the residual is not a contiguous tensor of the output's shape"
-    if residual.dim() not in (2, 3):
-        return "the residual is not [B, S, N] or [S, N]"
-    return None
+    return _residual_tensor_reason(residual, out)
 
 
 def _residual_add_arguments(m: Match) -> dict:
