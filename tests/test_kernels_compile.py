@@ -202,6 +202,21 @@ def test_conv_epilogue_compiles_for_sm90(monkeypatch, kind):
         assert_waits_before_memory(kernel, compiled)
 
 
+def test_depthwise_glu_compiles_for_sm90_in_every_tiling(monkeypatch):
+    """conv_silu_mul's depthwise kernel (Sana's 3x3 filter over a channels-last map), each tiling
+    first sight tries."""
+    from sgdiff.kernels.triton import depthwise_conv as dw
+
+    x, w, b = _r(2, 64, 16, 16).to(memory_format=torch.channels_last), _r(64, 1, 3, 3), _r(64)
+    geometry = ([1, 1], [1, 1], [1, 1], 64)
+    launches = recorded_launches(monkeypatch, lambda: [fn(x, w, b, *geometry) for _, fn in dw.variants(x, w, b, *geometry)])
+    assert len(launches) == len(dw.variants(x, w, b, *geometry)) > 1
+    for kernel, largs, kwargs in launches:
+        compiled = compile_launch(kernel, largs, kwargs)
+        assert compiled.asm["cubin"]
+        assert_waits_before_memory(kernel, compiled)
+
+
 def test_before_hopper_a_kernel_waits_for_nothing(monkeypatch):
     """sm_80 has no griddepcontrol: there the kernel compiles without it."""
     import triton.language.target_info as target_info

@@ -9,7 +9,9 @@ Eager chain (Sana ``GLUMBConv``: ``conv_depth`` (3x3 depthwise, biased), ``chunk
 
 As for :mod:`sgdiff.kernels.conv_silu`, the bias can join the activation's pass where cuDNN
 convolves. The output has ``gate``'s layout (channels-last for Sana). The reference
-implementation *is* the chain.
+implementation *is* the chain. A depthwise convolution (Sana's) can also be summed in the GLU's
+kernel as cuDNN sums it: the op is tuned, and first sight keeps the fastest implementation that
+gives eager's bits at the signature (the reference included).
 """
 from __future__ import annotations
 
@@ -71,5 +73,6 @@ conv_silu_mul = dispatch.define_op(OpDef(
                 _sana_depthwise, small=dict(H=8, W=8, C=64, F=320), moved=read_first, own_kernel=_own_epilogue,
                 chain=_glu_chain),
     ),
+    tuned=True,
     doc="a, gate = convolution(x, weight, bias, ...).chunk(2, dim=1); a * silu(gate)",
 ))

@@ -3,7 +3,10 @@
 The convolution runs as eager runs it, on cuDNN, without its bias
 (:mod:`sgdiff.kernels.triton.conv_bias`); the bias add (ATen's ``output.add_(bias)`` rounding)
 and the activation then take one pass of the silu_mul kernel
-(:mod:`sgdiff.kernels.triton.silu_mul`) instead of two or three.
+(:mod:`sgdiff.kernels.triton.silu_mul`) instead of two or three. A depthwise convolution's
+gated SiLU has a second way, the convolution summed in the same kernel as cuDNN sums it
+(:mod:`sgdiff.kernels.triton.depthwise_conv`): conv_silu_mul is tuned, and first sight keeps
+whichever of the two is faster where both give eager's bits.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import functools
 from sgdiff.kernels.conv_silu import conv_silu_reference
 from sgdiff.kernels.conv_silu_mul import conv_silu_mul_reference
 from sgdiff.kernels.registry import Impl
+from sgdiff.kernels.triton import depthwise_conv
 from sgdiff.kernels.triton.conv_bias import conv_epilogue_bind, on_cudnn, supported_conv
 from sgdiff.kernels.triton.silu_mul import bias_silu_bind, bias_silu_mul_bind
 
@@ -48,6 +52,17 @@ def conv_silu_mul(x, weight, bias, stride, padding, dilation, groups):
     return conv_silu_mul_bind()(x, weight, bias, stride, padding, dilation, groups)
 
 
+def conv_silu_mul_variants(*args) -> list:
+    """cuDNN's convolution and the epilogue kernel; for a depthwise convolution, also the
+    convolution and the GLU in one kernel, in each of its tilings (first sight keeps the
+    fastest of those that give eager's bits)."""
+    found = [("cudnn + epilogue", conv_silu_mul_bind(*args))]
+    if depthwise_conv.supported_layout(*args):
+        found += depthwise_conv.variants(*args)
+    return found
+
+
 # (whether ATen would run the convolution on cuDNN needs the device: supports checks it)
 CONV_SILU = Impl(run=conv_silu, supports=can_use, bind=conv_silu_bind)
-CONV_SILU_MUL = Impl(run=conv_silu_mul, supports=functools.partial(can_use, halves=True), bind=conv_silu_mul_bind)
+CONV_SILU_MUL = Impl(run=conv_silu_mul, supports=functools.partial(can_use, halves=True), bind=conv_silu_mul_bind,
+                     variants=conv_silu_mul_variants)
