@@ -1,6 +1,6 @@
 """The depthwise convolution + GLU kernel (conv_silu_mul's depthwise variant) under the
 interpreter, against the chain's arithmetic in torch: the filter's taps summed in fp32 in
-row-major order (column-major in the variant so labelled), rounded, the bias added and rounded, silu of the second half rounded, times the
+row-major order, rounded, the bias added and rounded, silu of the second half rounded, times the
 first half. The interpreter truncates fp32 to bf16 where the GPU rounds to nearest, so the
 torch side truncates too and the bits must agree (a wrong tap, stride or half shows; the order
 of the fp32 sum seldom does once truncated to bf16). Against cuDNN's bits, the order included:
@@ -19,13 +19,12 @@ def truncated(t: torch.Tensor) -> torch.Tensor:
     return (t.float().contiguous().view(torch.int32) & -65536).view(torch.float32)
 
 
-def chain_truncated(x, w, b, stride, padding, dilation, columns=False):
+def chain_truncated(x, w, b, stride, padding, dilation):
     C, (KH, KW) = x.shape[1], w.shape[2:]
     Ho, Wo = dw.output_size(x, w, stride, padding, dilation)
     xp = F.pad(x.float(), (padding[1], padding[1], padding[0], padding[0]))
     acc = torch.zeros(x.shape[0], C, Ho, Wo)
-    taps = [(i, j) for j in range(KW) for i in range(KH)] if columns else [(i, j) for i in range(KH) for j in range(KW)]
-    for i, j in taps:
+    for i, j in [(i, j) for i in range(KH) for j in range(KW)]:
         h0, w0 = i * dilation[0], j * dilation[1]
         tap = xp[:, :, h0:h0 + (Ho - 1) * stride[0] + 1:stride[0], w0:w0 + (Wo - 1) * stride[1] + 1:stride[1]]
         acc = acc + tap * w[:, 0, i, j].float().view(1, C, 1, 1)
@@ -39,11 +38,13 @@ CASES = [  # B, C, H, W, filter, padding, stride, dilation, channels-last
     (1, 140, 9, 4, 5, 2, 2, 1, False),  # channels past a tile, a stride of 2, contiguous
     (1, 4, 6, 6, 3, 2, 1, 2, True),  # dilated
     (3, 6, 11, 3, 3, 0, 1, 1, True),  # no padding: a smaller map
+    (2, 6, 20, 5, 3, 1, 1, 1, True),  # the three-row kernel's strips past the last row
+    (1, 6, 4, 6, 3, 2, 1, 1, True),  # padded by 2: input rows that serve no output row
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c)))
-def test_taps_in_order_then_the_glu(case):
+def test_taps_in_row_major_order_then_the_glu(case):
     B, C, H, W, k, pad, stride, dil, last = case
     torch.manual_seed(0)
     x = torch.randn(B, H, W, C).to(torch.bfloat16).permute(0, 3, 1, 2)
@@ -51,9 +52,10 @@ def test_taps_in_order_then_the_glu(case):
     w, b = (torch.randn(C, 1, k, k) / k).to(torch.bfloat16), torch.randn(C).to(torch.bfloat16)
     geometry = ([stride] * 2, [pad] * 2, [dil] * 2, C)
     assert dw.supported_layout(x, w, b, *geometry)
+    want = chain_truncated(x, w, b, *geometry[:3])
     variants = dw.variants(x, w, b, *geometry)
-    for label, launch in variants if case in CASES[1:3] else variants[:1] + variants[-1:]:
-        want = chain_truncated(x, w, b, *geometry[:3], columns=label.endswith("columns"))
+    assert any("3-row" in label for label, _ in variants) == (k == 3 and stride == dil == 1)
+    for label, launch in variants if case in CASES[1:4] else variants[:1] + variants[-1:]:
         got = launch(x, w, b, *geometry)
         assert got.dtype == torch.bfloat16 and got.shape == want.shape
         # eager's layout: channels-last from a channels-last map
