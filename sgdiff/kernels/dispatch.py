@@ -386,6 +386,13 @@ def _tune_and_run(op: str, plan: list, sig: tuple, key: tuple, args: tuple):
 _tuned: Dict[tuple, tuple] = {}  # (op, signature, generation) -> (chosen, [(backend, variant, seconds)])
 
 
+def settled(op: str, *args) -> Optional[Callable]:
+    """What a call of ``op`` on inputs of this signature runs once :func:`run` has settled it (a
+    tuned op: the fastest verified implementation or variant); None before."""
+    chosen = _chosen.get((op, signature(args), registry.generation()))
+    return chosen[1] if chosen is not None else None
+
+
 def tuned_choices() -> Dict[Tuple[str, tuple], tuple]:
     """What first sight chose and timed per tuned op and signature: ``{(op, signature): (chosen,
     [(backend, variant, seconds), ...])}``."""
