@@ -71,6 +71,17 @@ def not_admitted(reason: str, at: str = "lossless") -> bool:
     return reason.startswith("contract ") and f" is not admitted at {at} " in reason
 
 
+def eager_and_compiled(fn, *args, calls: int = 3):
+    """``(fn(*args), the last of calls of fn compiled with backend="sgdiff")``, under no_grad (the
+    first call compiles and meets every signature first, the later ones replay what it settled)."""
+    with torch.no_grad():
+        want = fn(*args)
+        compiled = torch.compile(fn, backend="sgdiff")
+        for _ in range(calls):
+            got = compiled(*args)
+    return want, got
+
+
 def compiled_with_its_report(model, kwargs, reset=True):
     """``model(**kwargs)[0]`` compiled as ``torch.compile(model, backend="sgdiff")`` compiles it
     (the default options' backend), run once under no_grad, and the report of that compile (what

@@ -9,6 +9,7 @@ from hypothesis import given, strategies as st
 
 from sgdiff.kernels import dispatch
 from sgdiff.kernels.triton import conv_silu as tconv, depthwise_conv as dw
+from tests.helpers import eager_and_compiled
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -69,11 +70,7 @@ def test_sanas_glumbconv_compiled(fresh_dispatch):
     def feed_forward(x):
         return ff(x.unflatten(1, (32, 32)).permute(0, 3, 1, 2)).flatten(2).transpose(1, 2)
 
-    with torch.no_grad():
-        want = feed_forward(x)
-        compiled = torch.compile(feed_forward, backend="sgdiff")
-        for _ in range(3):
-            got = compiled(x)
+    want, got = eager_and_compiled(feed_forward, x)
     assert torch.equal(got, want)
     chosen = {op: (choice, times) for op, _, choice, times in dispatch.first_sight_report() if op == "conv_silu_mul"}
     print("first sight:", chosen)  # which way each conv_silu_mul signature took, in us

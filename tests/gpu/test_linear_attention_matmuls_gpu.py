@@ -9,6 +9,7 @@ from sgdiff.kernels.linear_attention_apply import linear_attention_apply_referen
 from sgdiff.kernels.linear_attention_out import linear_attention_out_reference
 from sgdiff.kernels.linear_attention_scores import linear_attention_scores_reference as scores_ref
 from sgdiff.kernels.triton import linear_attention_apply as tapply, linear_attention_scores as tscores
+from tests.helpers import eager_and_compiled
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -60,11 +61,7 @@ def test_sana_attention_compiled_is_equal():
     attn = Attention(query_dim=2240, heads=70, dim_head=32, bias=False,
                      processor=SanaLinearAttnProcessor2_0()).to("cuda", torch.bfloat16).eval()
     x = torch.randn(2, 1024, 2240, device="cuda", dtype=torch.bfloat16)
-    with torch.no_grad():
-        want = attn(x)
-        compiled = torch.compile(attn, backend="sgdiff")
-        for _ in range(3):
-            got = compiled(x)
+    want, got = eager_and_compiled(attn, x)
     assert torch.equal(got, want)
     assert not [k for k in dispatch.disabled() if k[0] in ("linear_attention_apply", "linear_attention_scores")]
     chosen = {op: (choice, times) for op, _, choice, times in dispatch.first_sight_report()
