@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from sgdiff.kernels.triton import depthwise_conv as dw
+from sgdiff.kernels.triton.conv_bias import conv_spatial_size
 
 pytestmark = pytest.mark.interpreter
 
@@ -21,7 +22,7 @@ def truncated(t: torch.Tensor) -> torch.Tensor:
 
 def chain_truncated(x, w, b, stride, padding, dilation):
     C, (KH, KW) = x.shape[1], w.shape[2:]
-    Ho, Wo = dw.output_size(x, w, stride, padding, dilation)
+    Ho, Wo = conv_spatial_size(x, w, stride, padding, dilation)
     xp = F.pad(x.float(), (padding[1], padding[1], padding[0], padding[0]))
     acc = torch.zeros(x.shape[0], C, Ho, Wo)
     for i, j in [(i, j) for i in range(KH) for j in range(KW)]:

@@ -32,9 +32,13 @@ def conv_output_shape(x, weight, bias, stride, padding, dilation, groups, as_con
     if not (supported_conv(x, weight, bias, stride, padding, dilation, groups) and weight.is_contiguous()
             and (x.is_contiguous() or (as_contiguous and is_channels_last(x)))):
         return None
-    spatial = [(size + 2 * p - d * (k - 1) - 1) // s + 1 for size, k, s, p, d in
-               zip(x.shape[2:], weight.shape[2:], stride, padding, dilation)]
-    return (x.shape[0], weight.shape[0], *spatial)
+    return (x.shape[0], weight.shape[0], *conv_spatial_size(x, weight, stride, padding, dilation))
+
+
+def conv_spatial_size(x, weight, stride, padding, dilation) -> tuple:
+    """A (not transposed) convolution's output sizes along the spatial dims."""
+    return tuple((size + 2 * p - d * (k - 1) - 1) // s + 1 for size, k, s, p, d in
+                 zip(x.shape[2:], weight.shape[2:], stride, padding, dilation))
 
 
 def on_cudnn(x, weight, bias, stride, padding, dilation, groups) -> bool:

@@ -22,7 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from sgdiff.kernels.layout import channels_last_strides, is_channels_last
+from sgdiff.kernels.layout import channels_last_strides, contiguous_strides, is_channels_last
+from sgdiff.kernels.triton.conv_bias import conv_spatial_size
 from sgdiff.kernels.triton.cuda_math import INTERPRET, libdevice_options, silu_rounded, to_fp32
 from sgdiff.kernels.triton.launch import LeanKernel, grid_dependency_wait
 from sgdiff.kernels.triton.rows import TL_DTYPE
@@ -163,13 +164,7 @@ def supported_layout(x, weight, bias, stride, padding, dilation, groups) -> bool
         return False
     if weight.shape[2] * weight.shape[3] > MAX_TAPS or not (x.is_contiguous() or is_channels_last(x)):
         return False
-    return all(o > 0 for o in output_size(x, weight, stride, padding, dilation))
-
-
-def output_size(x, weight, stride, padding, dilation) -> tuple:
-    """The convolution's output rows and columns."""
-    return tuple((size + 2 * p - d * (k - 1) - 1) // s + 1 for size, k, s, p, d in
-                 zip(x.shape[2:], weight.shape[2:], stride, padding, dilation))
+    return all(o > 0 for o in conv_spatial_size(x, weight, stride, padding, dilation))
 
 
 def output_strides(x, shape) -> tuple:
@@ -177,7 +172,7 @@ def output_strides(x, shape) -> tuple:
     and the GLU keeps the layout of its halves."""
     if is_channels_last(x):
         return tuple(channels_last_strides(shape))
-    return torch.empty(shape, device="meta").stride()
+    return tuple(contiguous_strides(shape))
 
 
 def rolls(weight, stride, dilation) -> bool:
@@ -193,13 +188,18 @@ def _configs(Ho: int, Wo: int, three_rows: bool) -> list:
     direct = [dict(BLOCK_W=block_w, BLOCK_C=block_c, ROWS=min(rows, Ho), num_warps=warps)
               for block_c, rows, warps in ((64, 8, 4), (64, 1, 4), (32, 8, 2))]
     if not three_rows:
-        return direct
+        return _distinct(direct)
     # the fastest on an H100 at Sana's 32 x 32 maps first (63.5 us), then at 64 x 64 (112.6) and at small
     # maps (25.3); each tiling's time swings twofold with the map's width (registers, programs a wave):
     # bench/results/runs/depthwise-kernel-probe-h100-36e1c53.json
     rolled = [dict(BLOCK_W=block_w, BLOCK_C=block_c, ROWS=min(rows, Ho), num_warps=warps, ROLL=True)
               for block_c, rows, warps in ((32, 8, 2), (64, 16, 4), (32, 16, 4), (64, 8, 8))]
-    return [c for i, c in enumerate(rolled) if c not in rolled[:i]] + direct[:1]
+    return _distinct(rolled + direct[:1])
+
+
+def _distinct(configs: list) -> list:
+    """``configs`` without repeats (a map shorter than a strip makes several tilings one)."""
+    return [c for i, c in enumerate(configs) if c not in configs[:i]]
 
 
 def bind(x, weight, bias, stride, padding, dilation, groups, config=None):
@@ -207,7 +207,7 @@ def bind(x, weight, bias, stride, padding, dilation, groups, config=None):
     first by default): ``launch(x, weight, bias, *geometry)`` returns the GLU's output."""
     B, C, H, W = x.shape
     half = C // 2
-    Ho, Wo = output_size(x, weight, stride, padding, dilation)
+    Ho, Wo = conv_spatial_size(x, weight, stride, padding, dilation)
     config = dict(config or _configs(Ho, Wo, rolls(weight, stride, dilation))[0])
     shape = (B, half, Ho, Wo)
     strides = output_strides(x, shape)
@@ -234,7 +234,7 @@ def bind(x, weight, bias, stride, padding, dilation, groups, config=None):
 
 def variants(x, weight, bias, stride, padding, dilation, groups) -> list:
     """Every tiling of :func:`_configs`, labelled, for first sight to verify and time."""
-    Ho, Wo = output_size(x, weight, stride, padding, dilation)
+    Ho, Wo = conv_spatial_size(x, weight, stride, padding, dilation)
     return [(f"depthwise{' 3-row' if c.get('ROLL') else ''} {c['ROWS']}x{c['BLOCK_W']}x{c['BLOCK_C']} w{c['num_warps']}",
              bind(x, weight, bias, stride, padding, dilation, groups, c))
             for c in _configs(Ho, Wo, rolls(weight, stride, dilation))]
