@@ -339,14 +339,28 @@ def test_every_swiglu_configuration_compiles_within_an_h200s_shared_memory(monke
 
 @pytest.mark.parametrize("op", ["linear_attention_scores", "linear_attention_apply"])
 def test_linear_attention_dots_lower_to_fma_chains(monkeypatch, op):
-    """Their fp32 products (scores: ``tl.dot`` at IEEE precision; apply: ``tl.fma``) compile to fused
-    multiply-adds (the order the ops' bits rest on), never to a tensor-core instruction, which would
-    round the operands to tf32."""
+    """Every variant first sight tries (the Triton kernel; with Gluon, the lanes or rows kernel in
+    each tiling): its fp32 products (scores: ``tl.dot`` at IEEE precision or ``gl.fma``; apply:
+    ``fma``) compile to fused multiply-adds (the order the ops' bits rest on), never to a
+    tensor-core instruction, which would round the operands to tf32; each waits for the kernel
+    before it. The Gluon kernels move no value between lanes (no shuffle): a thread's operands
+    come from its registers and shared memory."""
+    from sgdiff.kernels.triton import linear_attention_apply, linear_attention_scores
+
+    module = linear_attention_scores if op == "linear_attention_scores" else linear_attention_apply
     impl = registry.op_def(op).triton_impl()
     for example in registry.op_def(op).examples:
-        launches = recorded_launches(monkeypatch, lambda: impl.run(*example.args(small=True)))
+        args = example.args(small=True)
+        launches = recorded_launches(monkeypatch, lambda: [fn(*args) for _, fn in impl.variants(*args)])
+        names = [kernel.__name__ for kernel, _, _ in launches]
+        assert len(launches) == len(module.variants(*args)) and names[0] in ("_linear_attention_scores_kernel",
+                                                                             "_linear_attention_apply_kernel")
+        assert (len(set(names)) == 2) == (module.gluon is not None), names
         for kernel, largs, kwargs in launches:
             compiled = compile_launch(kernel, largs, kwargs)
             sass = machine_code(compiled)
             assert "FFMA" in sass and "fma.rn.f32" in compiled.asm["ptx"], kernel.__name__
             assert not re.search(r"\b(HMMA|HGMMA|IMMA|wgmma|mma\.sync)\b", sass + compiled.asm["ptx"]), kernel.__name__
+            assert_waits_before_memory(kernel, compiled)
+            if kernel.__name__.endswith(("_lanes_kernel", "_rows_kernel")):
+                assert "SHFL" not in sass, kernel.__name__

@@ -24,7 +24,8 @@ def operands(B, H, D, N, dtype, seed=0):
 
 
 @pytest.mark.parametrize("shape", [(2, 70, 32, 1024), (1, 70, 32, 4096), (2, 2, 8, 7), (2, 16, 64, 333),
-                                   (1, 3, 12, 130), (1, 4, 128, 200), (2, 3, 80, 65)])  # k in several dot steps
+                                   (1, 3, 12, 130), (1, 4, 128, 200), (2, 3, 80, 65), (1, 5, 32, 31),
+                                   (1, 2, 64, 300)])  # k in several dot steps
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_bitexact_against_cublas(shape, dtype):
     scores, q = operands(*shape, dtype)
@@ -33,25 +34,28 @@ def test_bitexact_against_cublas(shape, dtype):
     B, H, D, N = q.shape
     eager = linear_attention_out_reference(torch.matmul(scores.view(B, H, D + 1, D), torch.relu(q).float()), 1e-15,
                                            dtype)  # the processor's own spelling, all ATen
-    got = tapply.linear_attention_apply(*args)
-    assert got.stride() == eager.stride() and dispatch._first_difference(got, eager) is None
+    for label, fn in tapply.variants(*args):  # the kernel, and with Gluon the rows kernel in each tiling
+        got = fn(*args)
+        assert got.stride() == eager.stride() and dispatch._first_difference(got, eager) is None, label
+    assert len(tapply.variants(*args)) > 1 or tapply.gluon is None or D > tapply.ROWS_MAX_HEAD_DIM
     assert torch.equal(ref(*args), eager)  # the reference, through cast_copy and linear_attention_out
 
 
 @pytest.mark.parametrize("shape", [(2, 70, 32, 1024), (1, 70, 32, 4096), (2, 2, 8, 7), (2, 16, 64, 333),
-                                   (1, 3, 12, 130), (1, 8, 40, 257), (1, 4, 128, 300)])
+                                   (1, 3, 12, 130), (1, 8, 40, 257), (1, 4, 128, 300), (1, 5, 32, 31)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_scores_bitexact_against_cublas(shape, dtype):
+@pytest.mark.parametrize("value", [1.0, -0.75])
+def test_scores_bitexact_against_cublas(shape, dtype, value):
     B, H, D, N = shape
     g = torch.Generator(device="cuda").manual_seed(1)
     v, k = ((torch.randn(B, N, H * D, device="cuda", generator=g) * 2).to(dtype).transpose(1, 2).unflatten(1, (H, D))
             for _ in range(2))
     k = k.transpose(2, 3)
-    assert tscores.can_use(v, k, 1.0)
-    eager = torch.matmul(torch.nn.functional.pad(v.float(), (0, 0, 0, 1), value=1.0), torch.relu(k).float())
-    got = tscores.linear_attention_scores(v, k, 1.0)
-    assert dispatch._first_difference(got, eager.view(B * H, D + 1, D)) is None
-    assert torch.equal(scores_ref(v, k, 1.0), eager.view(B * H, D + 1, D))
+    assert tscores.can_use(v, k, value)
+    eager = torch.matmul(torch.nn.functional.pad(v.float(), (0, 0, 0, 1), value=value), torch.relu(k).float())
+    for label, fn in tscores.variants(v, k, value):  # the kernel, and with Gluon the lanes kernel in each tiling
+        assert dispatch._first_difference(fn(v, k), eager.view(B * H, D + 1, D)) is None, label
+    assert torch.equal(scores_ref(v, k, value), eager.view(B * H, D + 1, D))
 
 
 def test_sana_attention_compiled_is_equal():

@@ -14,6 +14,13 @@ whatever fp-fusion setting) with the scores' column k, read from the head's [D +
 (4 KiB at head_dim 32, cached). The normalizer row is its own [BLOCK_N] chain, so no output row
 is spent on it. Each output is one chain of head_dim FMAs: no padding of the rows to a tensor
 core's tile, no shared-memory staging of dot operands. h never reaches memory.
+
+With Gluon, a second kernel (:func:`variants`: first sight times each tiling against the kernel
+above and the former graph's ops) gives each thread ``T`` whole tokens: q's rows, their
+``head_dim`` outputs and normalizers in its registers, so that step k's column of q is a
+register of the thread (no sum across lanes) and the scores' column k, the same for every
+token, reaches every lane as broadcast vector loads from a transposed copy of the head's scores
+in shared memory. The same chains, FMA for FMA, then the same division and cast.
 """
 from __future__ import annotations
 
@@ -25,6 +32,13 @@ from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton.cast_copy import relu_as_aten
 from sgdiff.kernels.triton.launch import LeanKernel, fresh_output, grid_dependency_wait
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan
+from sgdiff.kernels.triton.triton_compat import gluon_shared_views
+
+if gluon_shared_views():
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+else:
+    gluon = None
 
 MAX_HEAD_DIM = 128  # a [BLOCK_N, head_dim] accumulator and q's tile in registers
 MIN_BLOCK = 16
@@ -67,6 +81,61 @@ def _linear_attention_apply_kernel(
     tl.store(out, y.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & d_ok[None, :])
 
 
+
+if gluon is not None:
+    @gluon.jit
+    def _relu_as_aten(v):
+        return gl.where(v != v, v, gl.maximum(v, 0.0))
+
+    @LeanKernel
+    @gluon.jit
+    def _linear_attention_apply_rows_kernel(
+        scores_ptr, q_ptr, out_ptr,  # as _linear_attention_apply_kernel's
+        n_heads, N,
+        ss0, ss1, ss2,
+        sq0, sq1, sq2, sq3,
+        eps,
+        D: gl.constexpr,
+        BLOCK_D: gl.constexpr,  # D rounded up to a power of 2
+        T: gl.constexpr,  # tokens a thread
+    ):
+        W: gl.constexpr = gl.num_warps()
+        BLOCK_N: gl.constexpr = 32 * W * T
+        ROWS: gl.constexpr = gl.BlockedLayout([T, BLOCK_D], [32, 1], [W, 1], [1, 0])  # a thread whole rows
+        TOK: gl.constexpr = gl.SliceLayout(1, ROWS)
+        ALL: gl.constexpr = gl.SliceLayout(0, ROWS)  # every thread all of a row
+        ST: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [W, 1], [1, 0])  # the scores' copy, [k, j]
+        pid = gl.program_id(0)  # (batch, head)
+        bh = pid.to(gl.int64)
+        n = gl.program_id(1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=TOK)
+        d = gl.arange(0, BLOCK_D, layout=ALL)
+        n_ok, d_ok = n < N, d < D
+        q_tile = q_ptr + (pid // n_heads).to(gl.int64) * sq0 + (pid % n_heads).to(gl.int64) * sq1
+        s_head = scores_ptr + bh * ss0
+        kk = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(1, ST))
+        jj = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, ST))
+        grid_dependency_wait()
+        q = gl.load(q_tile + n[:, None] * sq3 + d[None, :] * sq2, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        q = _relu_as_aten(q.to(gl.float32))
+        s_den = gl.load(s_head + D * ss1 + d * ss2, mask=d_ok, other=0.0)  # the normalizer's weights, in registers
+        s_t = gl.load(s_head + jj[None, :] * ss1 + kk[:, None] * ss2, mask=(jj < D)[None, :] & (kk < D)[:, None],
+                      other=0.0)  # scores[j, k] at [k, j]
+        s_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_D, BLOCK_D], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]),
+                                           s_t)
+        acc = gl.zeros([BLOCK_N, BLOCK_D], gl.float32, ROWS)  # a token's outputs side by side
+        den = gl.zeros([BLOCK_N], gl.float32, TOK)
+        for k in gl.static_range(D):  # k in increasing order
+            # q[:, k] and the normalizer's weight k: registers of the thread (the select and the
+            # additions of -0.0 fold away, as d is known per register)
+            qk = gl.sum(gl.where(d[None, :] == k, q, -0.0), axis=1)
+            s = s_smem.slice(k, 1, dim=0).load(ROWS)  # [1, BLOCK_D]: scores[:D, k], every lane alike
+            acc = gl.fma(gl.expand_dims(qk, 1), s, acc)
+            den = gl.fma(qk, gl.sum(gl.where(d == k, s_den, -0.0), axis=0), den)
+        y = gl.div_rn(acc, gl.expand_dims(den + eps, 1))
+        out = out_ptr + bh * D * N + d[None, :] * N + n[:, None]
+        gl.store(out, y.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & d_ok[None, :])
+
+
 def supported_layout(scores, q, eps, dtype) -> bool:
     """can_use without the device check: fp32 scores [B * heads, D + 1, D] for a float q
     [B, heads, D, N], D at most MAX_HEAD_DIM, one device."""
@@ -99,9 +168,40 @@ def bind(scores, q, eps, dtype):
     return fresh_output(kernel, 2, shape, strides, dtype, *ints, float(eps))
 
 
+# (tokens a thread, warps) of the rows kernel that first sight tries
+ROWS_TILINGS = ((1, 4), (2, 4), (1, 2), (1, 8), (2, 2))
+ROWS_MAX_HEAD_DIM = 64  # a thread's rows of q and outputs in registers
+
+
+@cached_plan
+def _rows_plan(scores, q, tiling):
+    B, H, D, N = q.shape
+    T, warps = tiling
+    grid = (B * H, triton.cdiv(N, 32 * warps * T))
+    return grid, (H, N, *scores.stride(), *q.stride()), dict(
+        D=D, BLOCK_D=max(MIN_BLOCK, triton.next_power_of_2(D)), T=T, num_warps=warps)
+
+
+def bind_rows(scores, q, eps, dtype, tiling):
+    """:func:`bind`'s launch of the Gluon rows kernel in ``tiling`` (tokens a thread, warps)."""
+    grid, ints, consts = _rows_plan(scores, q, tuple(tiling))
+    B, H, D, N = q.shape
+    kernel = _linear_attention_apply_rows_kernel.bind(grid, **consts, enable_fp_fusion=False)
+    return fresh_output(kernel, 2, (B, N, H * D), (H * D * N, 1, N), dtype, *ints, float(eps))
+
+
+def variants(scores, q, eps, dtype) -> list:
+    """The kernel, and with Gluon the rows kernel in each tiling (head_dim at most
+    ROWS_MAX_HEAD_DIM), labelled, for first sight to verify and time."""
+    found = [("columns", bind(scores, q, eps, dtype))]
+    if gluon is not None and q.shape[2] <= ROWS_MAX_HEAD_DIM:
+        found += [(f"rows T{t[0]} w{t[1]}", bind_rows(scores, q, eps, dtype, t)) for t in ROWS_TILINGS]
+    return found
+
+
 def linear_attention_apply(scores, q, eps, dtype):
     """Launch; the caller has checked :func:`can_use`."""
     return bind(scores, q, eps, dtype)(scores, q)
 
 
-LINEAR_ATTENTION_APPLY = Impl(run=linear_attention_apply, supports=supported_layout, bind=bind)
+LINEAR_ATTENTION_APPLY = Impl(run=linear_attention_apply, supports=supported_layout, bind=bind, variants=variants)

@@ -12,6 +12,15 @@ the accumulators. Triton lowers that dot to FMAs (no tensor core takes fp32 at I
 each output's chain over the step's tokens in increasing order from the accumulator it is given:
 the order above, with every load of a step issued at once. Tokens past the end load as zeros,
 and ``fma(0, 0, acc)`` is ``acc``.
+
+With Gluon, a second kernel lays the work out by hand (:func:`variants`: first sight times each
+tiling against the kernel above and the former graph's ops). A lane holds one column of the
+scores and a thread ``R`` rows of it, a program's warps the rows one under the other; ``BN``
+tokens at a time, the program copies v's and k's tiles (a token's channels contiguous, widened,
+k ReLU'd) into shared memory as fp32, then each token's row of v reaches a thread as broadcast
+vector loads (every lane of a warp reads the same rows) and its k as one value a lane: ``R``
+FMAs a token per thread, from registers, no operand staging of a dot. Every warp also carries the
+padding row's chain (``fma(value, k, acc)`` a token), stored once.
 """
 from __future__ import annotations
 
@@ -23,6 +32,13 @@ from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton.cast_copy import relu_as_aten
 from sgdiff.kernels.triton.launch import LeanKernel, fresh_output, grid_dependency_wait
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan
+from sgdiff.kernels.triton.triton_compat import gluon_barrier, gluon_shared_views
+
+if gluon_shared_views():
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+else:
+    gluon = None
 
 MAX_HEAD_DIM = 128  # the largest head_dim verified on a GPU (a program holds a tile of any)
 MIN_DOT = 16  # tl.dot's smallest extent
@@ -69,6 +85,75 @@ def _linear_attention_scores_kernel(
     tl.store(out + m[:, None] * D + c[None, :], acc, mask=(m <= D)[:, None] & c_ok)
 
 
+
+if gluon is not None:
+    @gluon.jit
+    def _relu_as_aten(v):
+        return gl.where(v != v, v, gl.maximum(v, 0.0))
+
+    @LeanKernel
+    @gluon.jit
+    def _linear_attention_scores_lanes_kernel(
+        v_ptr, k_ptr, out_ptr,  # as _linear_attention_scores_kernel's
+        n_heads, N,
+        sv0, sv1, sv2, sv3,
+        sk0, sk1, sk2, sk3,
+        value,
+        D: gl.constexpr,
+        BLOCK_D: gl.constexpr,  # head_dim rounded up to a power of two, at least a warp's lanes
+        R: gl.constexpr,  # rows a thread
+        BN: gl.constexpr,  # tokens a tile
+    ):
+        W: gl.constexpr = gl.num_warps()
+        ROWS: gl.constexpr = R * W  # rows of v a program
+        ACC: gl.constexpr = gl.BlockedLayout([R, BLOCK_D // 32], [1, 32], [W, 1], [0, 1])
+        # tiles as they lie: a token's channels contiguous, 8 a thread
+        LV: gl.constexpr = gl.BlockedLayout([1, 8], [256 // ROWS, ROWS // 8], [W, 1], [1, 0])  # [BN, ROWS]
+        LK: gl.constexpr = gl.BlockedLayout([1, 8], [256 // BLOCK_D, BLOCK_D // 8], [W, 1], [1, 0])  # [BN, BLOCK_D]
+        TILE: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])  # a token's row contiguous
+        TOKEN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # the same bytes, a token at a time
+        pid = gl.program_id(0)  # (batch, head)
+        b, h = (pid // n_heads).to(gl.int64), (pid % n_heads).to(gl.int64)
+        row0 = gl.program_id(1) * ROWS
+        mv = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, LV))
+        tv = gl.arange(0, BN, layout=gl.SliceLayout(1, LV))
+        tk = gl.arange(0, BN, layout=gl.SliceLayout(1, LK))
+        ck = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, LK))
+        v_base = v_ptr + b * sv0 + h * sv1 + mv[None, :] * sv2
+        k_base = k_ptr + b * sk0 + h * sk1 + ck[None, :] * sk3
+        mv_ok, ck_ok = (mv < D)[None, :], (ck < D)[None, :]
+        v_smem = gl.allocate_shared_memory(gl.float32, [BN, ROWS], TILE)
+        k_smem = gl.allocate_shared_memory(gl.float32, [BN, BLOCK_D], TILE)
+        v_tok = v_smem.reinterpret(gl.float32, [BN, ROWS], TOKEN)
+        k_tok = k_smem.reinterpret(gl.float32, [BN, BLOCK_D], TOKEN)
+        COL: gl.constexpr = gl.SliceLayout(0, ACC)
+        acc = gl.zeros([ROWS, BLOCK_D], gl.float32, ACC)
+        pad = gl.zeros([BLOCK_D], gl.float32, COL)  # the padding row's chain
+        pad_value = gl.full([BLOCK_D], value, gl.float32, COL)
+        grid_dependency_wait()
+        vt = gl.load(v_base + tv[:, None] * sv3, mask=mv_ok & (tv < N)[:, None], other=0.0)
+        kt = gl.load(k_base + tk[:, None] * sk2, mask=(tk < N)[:, None] & ck_ok, other=0.0)
+        for n0 in range(0, N, BN):  # the tokens in increasing order
+            gluon_barrier()  # every thread is done with the previous tile
+            v_smem.store(vt.to(gl.float32))
+            k_smem.store(_relu_as_aten(kt.to(gl.float32)))
+            nt = n0 + BN  # the next tile's loads in flight over this tile's products
+            vt = gl.load(v_base + (nt + tv)[:, None] * sv3, mask=mv_ok & (nt + tv < N)[:, None], other=0.0)
+            kt = gl.load(k_base + (nt + tk)[:, None] * sk2, mask=(nt + tk < N)[:, None] & ck_ok, other=0.0)
+            gluon_barrier()
+            for t in gl.static_range(BN):
+                vv = v_tok.index(t).load(gl.SliceLayout(1, ACC))  # a thread its rows (a warp's lanes alike)
+                kk = k_tok.index(t).load(COL)  # a lane its column
+                acc = gl.fma(gl.expand_dims(vv, 1), gl.expand_dims(kk, 0), acc)
+                pad = gl.fma(pad_value, kk, pad)
+        m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, ACC))
+        c = gl.arange(0, BLOCK_D, layout=COL)
+        out = out_ptr + pid.to(gl.int64) * (D + 1) * D
+        gl.store(out + m[:, None] * D + c[None, :], acc, mask=(m < D)[:, None] & (c < D)[None, :])
+        if gl.program_id(1) == 0:
+            gl.store(out + D * D + c, pad, mask=c < D)
+
+
 def supported_layout(v, k, value) -> bool:
     """can_use without the device check: v [B, heads, D, N] and k [B, heads, N, D] of one float
     dtype and device, D at most MAX_HEAD_DIM, a head's tokens within 32-bit offsets."""
@@ -108,9 +193,49 @@ def bind(v, k, value, config=None):
     return fresh_output(kernel, 2, shape, strides, torch.float32, *ints, float(value))
 
 
+# (R, warps, BN) of the lanes kernel that first sight tries
+LANES_TILINGS = ((8, 4, 32), (4, 4, 32), (16, 2, 32), (8, 2, 32), (4, 8, 32))
+
+
+@cached_plan
+def _lanes_plan(v, k, tiling):
+    B, H, D, N = v.shape
+    R, warps, bn = tiling
+    block_d = max(32, triton.next_power_of_2(D))
+    grid = (B * H, triton.cdiv(D, R * warps))
+    return grid, (H, N, *v.stride(), *k.stride()), dict(D=D, BLOCK_D=block_d, R=R, BN=bn, num_warps=warps)
+
+
+def lanes_fit(D: int, tiling) -> bool:
+    """Whether the lanes kernel takes head_dim ``D`` in this tiling: its rows a program (R *
+    warps) a power of two from 8 to 256, at most D rounded up; a row of k at most 256 wide."""
+    R, warps, _ = tiling
+    rows = R * warps
+    return D <= 256 and 8 <= rows <= max(8, triton.next_power_of_2(D)) and rows & (rows - 1) == 0
+
+
+def bind_lanes(v, k, value, tiling):
+    """:func:`bind`'s launch of the Gluon lanes kernel in ``tiling`` (R, warps, BN)."""
+    grid, ints, consts = _lanes_plan(v, k, tuple(tiling))
+    D = v.shape[2]
+    kernel = _linear_attention_scores_lanes_kernel.bind(grid, **consts, enable_fp_fusion=False)
+    return fresh_output(kernel, 2, (v.shape[0] * v.shape[1], D + 1, D), ((D + 1) * D, D, 1), torch.float32, *ints,
+                        float(value))
+
+
+def variants(v, k, value) -> list:
+    """The kernel, and with Gluon the lanes kernel in each tiling that takes this head_dim,
+    labelled, for first sight to verify and time."""
+    found = [("dot", bind(v, k, value))]
+    if gluon is not None and v.shape[2] <= 256:
+        found += [(f"lanes R{t[0]} w{t[1]} BN{t[2]}", bind_lanes(v, k, value, t)) for t in LANES_TILINGS
+                  if lanes_fit(v.shape[2], t)]
+    return found
+
+
 def linear_attention_scores(v, k, value):
     """Launch; the caller has checked :func:`can_use`."""
     return bind(v, k, value)(v, k)
 
 
-LINEAR_ATTENTION_SCORES = Impl(run=linear_attention_scores, supports=supported_layout, bind=bind)
+LINEAR_ATTENTION_SCORES = Impl(run=linear_attention_scores, supports=supported_layout, bind=bind, variants=variants)
