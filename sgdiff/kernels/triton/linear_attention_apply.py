@@ -32,13 +32,10 @@ from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton.cast_copy import relu_as_aten
 from sgdiff.kernels.triton.launch import LeanKernel, fresh_output, grid_dependency_wait
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan
-from sgdiff.kernels.triton.triton_compat import gluon_shared_views
+from sgdiff.kernels.triton.in_thread import gluon, relu_as_aten as gl_relu_as_aten, take
 
-if gluon_shared_views():
-    from triton.experimental import gluon
+if gluon is not None:
     from triton.experimental.gluon import language as gl
-else:
-    gluon = None
 
 MAX_HEAD_DIM = 128  # a [BLOCK_N, head_dim] accumulator and q's tile in registers
 MIN_BLOCK = 16
@@ -71,8 +68,9 @@ def _linear_attention_apply_kernel(
     q = relu_as_aten(q.to(tl.float32))
     acc = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)  # h transposed: a token's D outputs side by side
     den = tl.zeros([BLOCK_N], tl.float32)
+    negative_zero = tl.full(q.shape, -2 ** 31, tl.int32).to(tl.float32, bitcast=True)  # the code's -0.0 is +0.0
     for k in tl.static_range(D):  # k in increasing order
-        qk = tl.sum(tl.where(d[None, :] == k, q, -0.0), axis=1)  # q[:, k], exactly
+        qk = tl.sum(tl.where(d[None, :] == k, q, negative_zero), axis=1)  # q[:, k], exactly
         s = tl.load(s_head + d * ss1 + k * ss2, mask=d_ok, other=0.0)  # scores[:D, k]
         acc = tl.fma(qk[:, None], s[None, :], acc)
         den = tl.fma(qk, tl.load(s_head + D * ss1 + k * ss2), den)
@@ -83,10 +81,6 @@ def _linear_attention_apply_kernel(
 
 
 if gluon is not None:
-    @gluon.jit
-    def _relu_as_aten(v):
-        return gl.where(v != v, v, gl.maximum(v, 0.0))
-
     @LeanKernel
     @gluon.jit
     def _linear_attention_apply_rows_kernel(
@@ -116,7 +110,7 @@ if gluon is not None:
         jj = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, ST))
         grid_dependency_wait()
         q = gl.load(q_tile + n[:, None] * sq3 + d[None, :] * sq2, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        q = _relu_as_aten(q.to(gl.float32))
+        q = gl_relu_as_aten(q.to(gl.float32))
         s_den = gl.load(s_head + D * ss1 + d * ss2, mask=d_ok, other=0.0)  # the normalizer's weights, in registers
         s_t = gl.load(s_head + jj[None, :] * ss1 + kk[:, None] * ss2, mask=(jj < D)[None, :] & (kk < D)[:, None],
                       other=0.0)  # scores[j, k] at [k, j]
@@ -125,12 +119,10 @@ if gluon is not None:
         acc = gl.zeros([BLOCK_N, BLOCK_D], gl.float32, ROWS)  # a token's outputs side by side
         den = gl.zeros([BLOCK_N], gl.float32, TOK)
         for k in gl.static_range(D):  # k in increasing order
-            # q[:, k] and the normalizer's weight k: registers of the thread (the select and the
-            # additions of -0.0 fold away, as d is known per register)
-            qk = gl.sum(gl.where(d[None, :] == k, q, -0.0), axis=1)
+            qk = take(q, d[None, :], k, 1)  # q[:, k] and the normalizer's weight k: registers of the thread
             s = s_smem.slice(k, 1, dim=0).load(ROWS)  # [1, BLOCK_D]: scores[:D, k], every lane alike
             acc = gl.fma(gl.expand_dims(qk, 1), s, acc)
-            den = gl.fma(qk, gl.sum(gl.where(d == k, s_den, -0.0), axis=0), den)
+            den = gl.fma(qk, take(s_den, d, k, 0), den)
         y = gl.div_rn(acc, gl.expand_dims(den + eps, 1))
         out = out_ptr + bh * D * N + d[None, :] * N + n[:, None]
         gl.store(out, y.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & d_ok[None, :])

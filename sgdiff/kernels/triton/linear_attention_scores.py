@@ -32,13 +32,11 @@ from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton.cast_copy import relu_as_aten
 from sgdiff.kernels.triton.launch import LeanKernel, fresh_output, grid_dependency_wait
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan
-from sgdiff.kernels.triton.triton_compat import gluon_barrier, gluon_shared_views
+from sgdiff.kernels.triton.in_thread import gluon, relu_as_aten as gl_relu_as_aten, take
+from sgdiff.kernels.triton.triton_compat import gluon_barrier
 
-if gluon_shared_views():
-    from triton.experimental import gluon
+if gluon is not None:
     from triton.experimental.gluon import language as gl
-else:
-    gluon = None
 
 MAX_HEAD_DIM = 128  # the largest head_dim verified on a GPU (a program holds a tile of any)
 MIN_DOT = 16  # tl.dot's smallest extent
@@ -87,10 +85,6 @@ def _linear_attention_scores_kernel(
 
 
 if gluon is not None:
-    @gluon.jit
-    def _relu_as_aten(v):
-        return gl.where(v != v, v, gl.maximum(v, 0.0))
-
     @LeanKernel
     @gluon.jit
     def _linear_attention_scores_lanes_kernel(
@@ -103,6 +97,9 @@ if gluon is not None:
         BLOCK_D: gl.constexpr,  # head_dim rounded up to a power of two, at least a warp's lanes
         R: gl.constexpr,  # rows a thread
         BN: gl.constexpr,  # tokens a tile
+        U: gl.constexpr,  # tokens whose operands a thread loads at once
+        VU: gl.constexpr,  # [U, ROWS]: U tokens' rows, a thread R of them (lanes alike)
+        KU: gl.constexpr,  # [U, BLOCK_D]: U tokens' columns, a lane its own (warps alike)
     ):
         W: gl.constexpr = gl.num_warps()
         ROWS: gl.constexpr = R * W  # rows of v a program
@@ -111,7 +108,6 @@ if gluon is not None:
         LV: gl.constexpr = gl.BlockedLayout([1, 8], [256 // ROWS, ROWS // 8], [W, 1], [1, 0])  # [BN, ROWS]
         LK: gl.constexpr = gl.BlockedLayout([1, 8], [256 // BLOCK_D, BLOCK_D // 8], [W, 1], [1, 0])  # [BN, BLOCK_D]
         TILE: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])  # a token's row contiguous
-        TOKEN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # the same bytes, a token at a time
         pid = gl.program_id(0)  # (batch, head)
         b, h = (pid // n_heads).to(gl.int64), (pid % n_heads).to(gl.int64)
         row0 = gl.program_id(1) * ROWS
@@ -124,9 +120,10 @@ if gluon is not None:
         mv_ok, ck_ok = (mv < D)[None, :], (ck < D)[None, :]
         v_smem = gl.allocate_shared_memory(gl.float32, [BN, ROWS], TILE)
         k_smem = gl.allocate_shared_memory(gl.float32, [BN, BLOCK_D], TILE)
-        v_tok = v_smem.reinterpret(gl.float32, [BN, ROWS], TOKEN)
-        k_tok = k_smem.reinterpret(gl.float32, [BN, BLOCK_D], TOKEN)
         COL: gl.constexpr = gl.SliceLayout(0, ACC)
+        ROW: gl.constexpr = gl.SliceLayout(1, ACC)
+        u = gl.arange(0, U, layout=gl.SliceLayout(1, VU))
+        u2 = gl.arange(0, U, layout=gl.SliceLayout(1, KU))
         acc = gl.zeros([ROWS, BLOCK_D], gl.float32, ACC)
         pad = gl.zeros([BLOCK_D], gl.float32, COL)  # the padding row's chain
         pad_value = gl.full([BLOCK_D], value, gl.float32, COL)
@@ -136,16 +133,21 @@ if gluon is not None:
         for n0 in range(0, N, BN):  # the tokens in increasing order
             gluon_barrier()  # every thread is done with the previous tile
             v_smem.store(vt.to(gl.float32))
-            k_smem.store(_relu_as_aten(kt.to(gl.float32)))
+            k_smem.store(gl_relu_as_aten(kt.to(gl.float32)))
             nt = n0 + BN  # the next tile's loads in flight over this tile's products
             vt = gl.load(v_base + (nt + tv)[:, None] * sv3, mask=mv_ok & (nt + tv < N)[:, None], other=0.0)
             kt = gl.load(k_base + (nt + tk)[:, None] * sk2, mask=(nt + tk < N)[:, None] & ck_ok, other=0.0)
             gluon_barrier()
-            for t in gl.static_range(BN):
-                vv = v_tok.index(t).load(gl.SliceLayout(1, ACC))  # a thread its rows (a warp's lanes alike)
-                kk = k_tok.index(t).load(COL)  # a lane its column
-                acc = gl.fma(gl.expand_dims(vv, 1), gl.expand_dims(kk, 0), acc)
-                pad = gl.fma(pad_value, kk, pad)
+            for t0 in gl.static_range(0, BN, U):
+                # U tokens' operands loaded at once (their latency once), then taken out of the
+                # thread's registers token by token (a select and -0.0s that fold away)
+                vu = v_smem.slice(t0, U, dim=0).load(VU)  # [U, ROWS]: a thread its rows, a warp's lanes alike
+                ku = k_smem.slice(t0, U, dim=0).load(KU)  # [U, BLOCK_D]: a lane its columns
+                for t in gl.static_range(U):
+                    vv = gl.convert_layout(take(vu, u[:, None], t, 0), ROW)
+                    kk = gl.convert_layout(take(ku, u2[:, None], t, 0), COL)
+                    acc = gl.fma(gl.expand_dims(vv, 1), gl.expand_dims(kk, 0), acc)
+                    pad = gl.fma(pad_value, kk, pad)
         m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, ACC))
         c = gl.arange(0, BLOCK_D, layout=COL)
         out = out_ptr + pid.to(gl.int64) * (D + 1) * D
@@ -193,29 +195,48 @@ def bind(v, k, value, config=None):
     return fresh_output(kernel, 2, shape, strides, torch.float32, *ints, float(value))
 
 
-# (R, warps, BN) of the lanes kernel that first sight tries
-LANES_TILINGS = ((8, 4, 32), (4, 4, 32), (16, 2, 32), (8, 2, 32), (4, 8, 32))
+# (R, warps, BN, U) of the lanes kernel that first sight tries
+LANES_TILINGS = ((8, 4, 128, 8), (8, 4, 256, 8), (8, 2, 128, 8), (8, 2, 256, 8), (4, 4, 128, 8), (16, 2, 128, 4),
+                 (8, 1, 256, 8), (8, 4, 32, 8))
+
+
+def _bits(n: int) -> list:
+    return [1 << i for i in range(n.bit_length() - 1)]  # n a power of two
+
+
+def lanes_operand_layouts(R: int, warps: int, block_d: int, U: int):
+    """The lanes kernel's ``[U, rows]`` and ``[U, BLOCK_D]`` tiles of U tokens' operands: a thread
+    holds U tokens of its R rows (every lane of a warp alike) and of its columns (``BLOCK_D // 32``
+    adjacent, every warp alike), the rows' and columns' bits as the accumulators' layout has them."""
+    C = block_d // 32
+    v = gl.DistributedLinearLayout([[0, r] for r in _bits(R)] + [[u, 0] for u in _bits(U)], [[0, 0]] * 5,
+                                   [[0, R * w] for w in _bits(warps)], [], [U, R * warps])
+    k = gl.DistributedLinearLayout([[0, c] for c in _bits(C)] + [[u, 0] for u in _bits(U)],
+                                   [[0, C * lane] for lane in _bits(32)], [[0, 0]] * len(_bits(warps)), [], [U, block_d])
+    return v, k
 
 
 @cached_plan
 def _lanes_plan(v, k, tiling):
     B, H, D, N = v.shape
-    R, warps, bn = tiling
+    R, warps, bn, U = tiling
     block_d = max(32, triton.next_power_of_2(D))
     grid = (B * H, triton.cdiv(D, R * warps))
-    return grid, (H, N, *v.stride(), *k.stride()), dict(D=D, BLOCK_D=block_d, R=R, BN=bn, num_warps=warps)
+    VU, KU = lanes_operand_layouts(R, warps, block_d, U)
+    return grid, (H, N, *v.stride(), *k.stride()), dict(D=D, BLOCK_D=block_d, R=R, BN=bn, U=U, VU=VU, KU=KU,
+                                                        num_warps=warps)
 
 
 def lanes_fit(D: int, tiling) -> bool:
     """Whether the lanes kernel takes head_dim ``D`` in this tiling: its rows a program (R *
     warps) a power of two from 8 to 256, at most D rounded up; a row of k at most 256 wide."""
-    R, warps, _ = tiling
+    R, warps = tiling[:2]
     rows = R * warps
     return D <= 256 and 8 <= rows <= max(8, triton.next_power_of_2(D)) and rows & (rows - 1) == 0
 
 
 def bind_lanes(v, k, value, tiling):
-    """:func:`bind`'s launch of the Gluon lanes kernel in ``tiling`` (R, warps, BN)."""
+    """:func:`bind`'s launch of the Gluon lanes kernel in ``tiling`` (R, warps, BN, U)."""
     grid, ints, consts = _lanes_plan(v, k, tuple(tiling))
     D = v.shape[2]
     kernel = _linear_attention_scores_lanes_kernel.bind(grid, **consts, enable_fp_fusion=False)
@@ -228,7 +249,7 @@ def variants(v, k, value) -> list:
     labelled, for first sight to verify and time."""
     found = [("dot", bind(v, k, value))]
     if gluon is not None and v.shape[2] <= 256:
-        found += [(f"lanes R{t[0]} w{t[1]} BN{t[2]}", bind_lanes(v, k, value, t)) for t in LANES_TILINGS
+        found += [(f"lanes R{t[0]} w{t[1]} BN{t[2]} U{t[3]}", bind_lanes(v, k, value, t)) for t in LANES_TILINGS
                   if lanes_fit(v.shape[2], t)]
     return found
 

@@ -79,7 +79,6 @@ def ensure_allocator() -> None:
     triton.set_allocator(alloc)
 
 
-
 try:  # Triton's layout-explicit dialect (triton >= 3.5)
     from triton.experimental.gluon import language as _gl
 except ImportError:
@@ -87,15 +86,3 @@ except ImportError:
 
 #: Gluon's barrier of a program's threads, as this Triton spells it (``thread_barrier`` to 3.6)
 gluon_barrier = None if _gl is None else getattr(_gl, "barrier", None) or getattr(_gl, "thread_barrier", None)
-
-
-def gluon_shared_views() -> bool:
-    """Give Gluon's shared-memory descriptors ``reinterpret`` (the same bytes under another shape
-    or layout) where this Triton names it ``_reinterpret`` (3.5, 3.6); whether Gluon kernels that
-    view shared memory so (and wait at :data:`gluon_barrier`) compile here."""
-    if _gl is None or gluon_barrier is None:
-        return False
-    descriptor = _gl.shared_memory_descriptor
-    if not hasattr(descriptor, "reinterpret") and hasattr(descriptor, "_reinterpret"):
-        descriptor.reinterpret = descriptor._reinterpret
-    return hasattr(descriptor, "reinterpret")
