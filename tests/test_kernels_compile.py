@@ -344,7 +344,8 @@ def test_linear_attention_dots_lower_to_fma_chains(monkeypatch, op):
     ``fma``) compile to fused multiply-adds (the order the ops' bits rest on), never to a
     tensor-core instruction, which would round the operands to tf32; each waits for the kernel
     before it. The Gluon kernels move no value between lanes (no shuffle): a thread's operands
-    come from its registers and shared memory."""
+    come from its registers and shared memory, an entry of an in-thread axis is a register (the
+    select and the -0.0s of :func:`in_thread.take` fold away: no addition left a token)."""
     from sgdiff.kernels.triton import linear_attention_apply, linear_attention_scores
 
     module = linear_attention_scores if op == "linear_attention_scores" else linear_attention_apply
@@ -362,5 +363,6 @@ def test_linear_attention_dots_lower_to_fma_chains(monkeypatch, op):
             assert "FFMA" in sass and "fma.rn.f32" in compiled.asm["ptx"], kernel.__name__
             assert not re.search(r"\b(HMMA|HGMMA|IMMA|wgmma|mma\.sync)\b", sass + compiled.asm["ptx"]), kernel.__name__
             assert_waits_before_memory(kernel, compiled)
-            if kernel.__name__.endswith(("_lanes_kernel", "_rows_kernel")):
-                assert "SHFL" not in sass, kernel.__name__
+            if kernel.__name__.endswith(("_lanes_kernel", "_rows_kernel")):  # an entry of an in-thread axis is a
+                assert "SHFL" not in sass, kernel.__name__  # register: no shuffle, and no addition (of -0.0) left
+                assert len(re.findall(r"\bFADD\b", sass)) < 8, kernel.__name__  # (the normalizer's eps, the division's)
