@@ -17,10 +17,12 @@ With Gluon, a second kernel lays the work out by hand (:func:`variants`: first s
 tiling against the kernel above and the former graph's ops). A lane holds one column of the
 scores and a thread ``R`` rows of it, a program's warps the rows one under the other; ``BN``
 tokens at a time, the program copies v's and k's tiles (a token's channels contiguous, widened,
-k ReLU'd) into shared memory as fp32, then each token's row of v reaches a thread as broadcast
-vector loads (every lane of a warp reads the same rows) and its k as one value a lane: ``R``
-FMAs a token per thread, from registers, no operand staging of a dot. Every warp also carries the
-padding row's chain (``fma(value, k, acc)`` a token), stored once.
+k ReLU'd) into shared memory as fp32, the next tile's loads in flight meanwhile. A thread then
+loads ``U`` tokens' operands at once (its rows of v, every lane of a warp alike, as broadcast
+vector loads; its column of k) and takes them out of its registers token by token
+(:func:`in_thread.take`): ``R`` FMAs a token per thread, in token order, no operand staging of
+a dot. Every warp also carries the padding row's chain (``fma(value, k, acc)`` a token), stored
+once.
 """
 from __future__ import annotations
 
@@ -195,9 +197,11 @@ def bind(v, k, value, config=None):
     return fresh_output(kernel, 2, shape, strides, torch.float32, *ints, float(value))
 
 
-# (R, warps, BN, U) of the lanes kernel that first sight tries
-LANES_TILINGS = ((8, 4, 128, 8), (8, 4, 256, 8), (8, 2, 128, 8), (8, 2, 256, 8), (4, 4, 128, 8), (16, 2, 128, 4),
-                 (8, 1, 256, 8), (8, 4, 32, 8))
+# (R, warps, BN, U) of the lanes kernel that first sight tries, of 13 timed on an H100: the fastest at
+# (1, 70, 32, 1024) (16.1 us against 22.0 for the kernel above); the fastest at (2, 70, 32, 1024) and
+# (2, 70, 32, 4096) (29.0 and 114.5 us against the kernel's 27.6 and 105.6: there first sight keeps the kernel);
+# the second at (1, 70, 32, 1024) (17.7): bench/results/runs/linear-attention-probe-h100-e90a58a.json
+LANES_TILINGS = ((8, 4, 128, 8), (8, 2, 256, 8), (8, 4, 32, 8))
 
 
 def _bits(n: int) -> list:
