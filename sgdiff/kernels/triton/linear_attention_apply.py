@@ -79,7 +79,6 @@ def _linear_attention_apply_kernel(
     tl.store(out, y.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & d_ok[None, :])
 
 
-
 if gluon is not None:
     @LeanKernel
     @gluon.jit

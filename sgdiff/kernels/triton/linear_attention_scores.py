@@ -85,7 +85,6 @@ def _linear_attention_scores_kernel(
     tl.store(out + m[:, None] * D + c[None, :], acc, mask=(m <= D)[:, None] & c_ok)
 
 
-
 if gluon is not None:
     @LeanKernel
     @gluon.jit
