@@ -14,15 +14,15 @@ the order above, with every load of a step issued at once. Tokens past the end l
 and ``fma(0, 0, acc)`` is ``acc``.
 
 With Gluon, a second kernel lays the work out by hand (:func:`variants`: first sight times each
-tiling against the kernel above and the former graph's ops). A lane holds one column of the
-scores and a thread ``R`` rows of it, a program's warps the rows one under the other; ``BN``
-tokens at a time, the program copies v's and k's tiles (a token's channels contiguous, widened,
-k ReLU'd) into shared memory as fp32, the next tile's loads in flight meanwhile. A thread then
-loads ``U`` tokens' operands at once (its rows of v, every lane of a warp alike, as broadcast
-vector loads; its column of k) and takes them out of its registers token by token
-(:func:`in_thread.take`): ``R`` FMAs a token per thread, in token order, no operand staging of
-a dot. Every warp also carries the padding row's chain (``fma(value, k, acc)`` a token), stored
-once.
+tiling against the kernel above and the former graph's ops). A thread holds an ``R x C`` tile of
+the scores (``LR`` lanes along the rows, ``32 // LR`` along the columns, a program's warps one
+under the other); ``BN`` tokens at a time, the program copies v's and k's tiles (a token's
+channels contiguous, widened, k ReLU'd) into shared memory as fp32, the next tile's loads in
+flight meanwhile. A thread then loads ``U`` tokens' operands at once (its rows of v and its
+columns of k, as vector loads that the lanes sharing them read alike) and takes them out of its
+registers token by token (:func:`in_thread.take`): ``R * C`` FMAs a token per thread, in token
+order, no operand staging of a dot. Every thread also carries the padding row's chains for its
+columns (``fma(value, k, acc)`` a token), stored once.
 """
 from __future__ import annotations
 
@@ -97,14 +97,16 @@ if gluon is not None:
         D: gl.constexpr,
         BLOCK_D: gl.constexpr,  # head_dim rounded up to a power of two, at least a warp's lanes
         R: gl.constexpr,  # rows a thread
+        LR: gl.constexpr,  # lanes along the rows (the other 32 // LR along the columns)
         BN: gl.constexpr,  # tokens a tile
         U: gl.constexpr,  # tokens whose operands a thread loads at once
-        VU: gl.constexpr,  # [U, ROWS]: U tokens' rows, a thread R of them (lanes alike)
-        KU: gl.constexpr,  # [U, BLOCK_D]: U tokens' columns, a lane its own (warps alike)
+        VU: gl.constexpr,  # [U, ROWS]: U tokens' rows, a thread R of them (a row's lanes alike)
+        KU: gl.constexpr,  # [U, BLOCK_D]: U tokens' columns, a thread its C (a column's lanes alike)
     ):
         W: gl.constexpr = gl.num_warps()
-        ROWS: gl.constexpr = R * W  # rows of v a program
-        ACC: gl.constexpr = gl.BlockedLayout([R, BLOCK_D // 32], [1, 32], [W, 1], [0, 1])
+        ROWS: gl.constexpr = R * LR * W  # rows of v a program
+        C: gl.constexpr = BLOCK_D * LR // 32  # columns a thread
+        ACC: gl.constexpr = gl.BlockedLayout([R, C], [LR, 32 // LR], [W, 1], [0, 1])
         # tiles as they lie: a token's channels contiguous, 8 a thread
         LV: gl.constexpr = gl.BlockedLayout([1, 8], [256 // ROWS, ROWS // 8], [W, 1], [1, 0])  # [BN, ROWS]
         LK: gl.constexpr = gl.BlockedLayout([1, 8], [256 // BLOCK_D, BLOCK_D // 8], [W, 1], [1, 0])  # [BN, BLOCK_D]
@@ -196,50 +198,59 @@ def bind(v, k, value, config=None):
     return fresh_output(kernel, 2, shape, strides, torch.float32, *ints, float(value))
 
 
-# (R, warps, BN, U) of the lanes kernel that first sight tries, of 13 timed on an H100: the fastest at
-# (1, 70, 32, 1024) (16.1 us against 22.0 for the kernel above); the fastest at (2, 70, 32, 1024) and
-# (2, 70, 32, 4096) (29.0 and 114.5 us against the kernel's 27.6 and 105.6: there first sight keeps the kernel);
-# the second at (1, 70, 32, 1024) (17.7): bench/results/runs/linear-attention-probe-h100-e90a58a.json
-LANES_TILINGS = ((8, 4, 128, 8), (8, 2, 256, 8), (8, 4, 32, 8))
+# (R, LR, warps, BN, U) of the lanes kernel that first sight tries, the first three of 13 (each with LR 1) timed
+# on an H100: the fastest at (1, 70, 32, 1024) (16.1 us against 22.0 for the kernel above); the fastest at
+# (2, 70, 32, 1024) and (2, 70, 32, 4096) (29.0 and 114.5 us against the kernel's 27.6 and 105.6: there first sight
+# keeps the kernel); the second at (1, 70, 32, 1024) (17.7): bench/results/runs/linear-attention-probe-h100-e90a58a.json.
+# With LR 1 every lane of a warp loads the same rows of v a token: a token's shared-memory reads are 9 values a lane
+# for 8 FMAs, and an SM's reads, not its FMAs, bound it (16 us for one head an SM); R 4, LR 4 gives a thread a 4 x 4
+# tile (8 values a lane for 16 FMAs), not yet timed.
+LANES_TILINGS = ((8, 1, 4, 128, 8), (8, 1, 2, 256, 8), (8, 1, 4, 32, 8), (4, 4, 1, 64, 8), (4, 4, 2, 128, 8),
+                 (4, 4, 1, 32, 8), (4, 4, 2, 64, 8))
 
 
 def _bits(n: int) -> list:
     return [1 << i for i in range(n.bit_length() - 1)]  # n a power of two
 
 
-def lanes_operand_layouts(R: int, warps: int, block_d: int, U: int):
+def lanes_operand_layouts(R: int, LR: int, warps: int, block_d: int, U: int):
     """The lanes kernel's ``[U, rows]`` and ``[U, BLOCK_D]`` tiles of U tokens' operands: a thread
-    holds U tokens of its R rows (every lane of a warp alike) and of its columns (``BLOCK_D // 32``
-    adjacent, every warp alike), the rows' and columns' bits as the accumulators' layout has them."""
-    C = block_d // 32
-    v = gl.DistributedLinearLayout([[0, r] for r in _bits(R)] + [[u, 0] for u in _bits(U)], [[0, 0]] * 5,
-                                   [[0, R * w] for w in _bits(warps)], [], [U, R * warps])
+    holds U tokens of its R rows and of its C columns (``BLOCK_D * LR // 32``, adjacent), the
+    rows', columns', lanes' and warps' bits as the accumulators' layout has them (lanes along the
+    rows first: lane = row group + LR * column group), so that a token's operands are the
+    accumulators' rows and columns without moving."""
+    C = block_d * LR // 32
+    row_lanes, col_lanes = _bits(LR), _bits(32 // LR)
+    v = gl.DistributedLinearLayout([[0, r] for r in _bits(R)] + [[u, 0] for u in _bits(U)],
+                                   [[0, R * j] for j in row_lanes] + [[0, 0]] * len(col_lanes),
+                                   [[0, R * LR * w] for w in _bits(warps)], [], [U, R * LR * warps])
     k = gl.DistributedLinearLayout([[0, c] for c in _bits(C)] + [[u, 0] for u in _bits(U)],
-                                   [[0, C * lane] for lane in _bits(32)], [[0, 0]] * len(_bits(warps)), [], [U, block_d])
+                                   [[0, 0]] * len(row_lanes) + [[0, C * j] for j in col_lanes],
+                                   [[0, 0]] * len(_bits(warps)), [], [U, block_d])
     return v, k
 
 
 @cached_plan
 def _lanes_plan(v, k, tiling):
     B, H, D, N = v.shape
-    R, warps, bn, U = tiling
+    R, LR, warps, bn, U = tiling
     block_d = max(32, triton.next_power_of_2(D))
-    grid = (B * H, triton.cdiv(D, R * warps))
-    VU, KU = lanes_operand_layouts(R, warps, block_d, U)
-    return grid, (H, N, *v.stride(), *k.stride()), dict(D=D, BLOCK_D=block_d, R=R, BN=bn, U=U, VU=VU, KU=KU,
+    grid = (B * H, triton.cdiv(D, R * LR * warps))
+    VU, KU = lanes_operand_layouts(R, LR, warps, block_d, U)
+    return grid, (H, N, *v.stride(), *k.stride()), dict(D=D, BLOCK_D=block_d, R=R, LR=LR, BN=bn, U=U, VU=VU, KU=KU,
                                                         num_warps=warps)
 
 
 def lanes_fit(D: int, tiling) -> bool:
-    """Whether the lanes kernel takes head_dim ``D`` in this tiling: its rows a program (R *
+    """Whether the lanes kernel takes head_dim ``D`` in this tiling: its rows a program (R * LR *
     warps) a power of two from 8 to 256, at most D rounded up; a row of k at most 256 wide."""
-    R, warps = tiling[:2]
-    rows = R * warps
+    R, LR, warps = tiling[:3]
+    rows = R * LR * warps
     return D <= 256 and 8 <= rows <= max(8, triton.next_power_of_2(D)) and rows & (rows - 1) == 0
 
 
 def bind_lanes(v, k, value, tiling):
-    """:func:`bind`'s launch of the Gluon lanes kernel in ``tiling`` (R, warps, BN, U)."""
+    """:func:`bind`'s launch of the Gluon lanes kernel in ``tiling`` (R, LR, warps, BN, U)."""
     grid, ints, consts = _lanes_plan(v, k, tuple(tiling))
     D = v.shape[2]
     kernel = _linear_attention_scores_lanes_kernel.bind(grid, **consts, enable_fp_fusion=False)
@@ -252,7 +263,7 @@ def variants(v, k, value) -> list:
     labelled, for first sight to verify and time."""
     found = [("dot", bind(v, k, value))]
     if gluon is not None and v.shape[2] <= 256:
-        found += [(f"lanes R{t[0]} w{t[1]} BN{t[2]} U{t[3]}", bind_lanes(v, k, value, t)) for t in LANES_TILINGS
+        found += [(f"lanes R{t[0]} LR{t[1]} w{t[2]} BN{t[3]} U{t[4]}", bind_lanes(v, k, value, t)) for t in LANES_TILINGS
                   if lanes_fit(v.shape[2], t)]
     return found
 
