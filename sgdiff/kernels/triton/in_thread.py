@@ -11,6 +11,13 @@ from __future__ import annotations
 
 from sgdiff.kernels.triton.triton_compat import gluon_barrier
 
+
+def bits(n: int) -> list:
+    """The powers of two below ``n`` (a power of two): one basis vector a bit of an index under
+    ``n``, as a linear layout lists them."""
+    return [1 << i for i in range(n.bit_length() - 1)]
+
+
 if gluon_barrier is not None:  # Gluon, as the kernels that use these spell it
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl

@@ -34,7 +34,7 @@ from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton.cast_copy import relu_as_aten
 from sgdiff.kernels.triton.launch import LeanKernel, fresh_output, grid_dependency_wait
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan
-from sgdiff.kernels.triton.in_thread import gluon, relu_as_aten as gl_relu_as_aten, take
+from sgdiff.kernels.triton.in_thread import bits, gluon, relu_as_aten as gl_relu_as_aten, take
 from sgdiff.kernels.triton.triton_compat import gluon_barrier
 
 if gluon is not None:
@@ -209,10 +209,6 @@ LANES_TILINGS = ((8, 1, 4, 128, 8), (8, 1, 2, 256, 8), (8, 1, 4, 32, 8), (4, 4, 
                  (4, 4, 1, 32, 8), (4, 4, 2, 64, 8))
 
 
-def _bits(n: int) -> list:
-    return [1 << i for i in range(n.bit_length() - 1)]  # n a power of two
-
-
 def lanes_operand_layouts(R: int, LR: int, warps: int, block_d: int, U: int):
     """The lanes kernel's ``[U, rows]`` and ``[U, BLOCK_D]`` tiles of U tokens' operands: a thread
     holds U tokens of its R rows and of its C columns (``BLOCK_D * LR // 32``, adjacent), the
@@ -220,13 +216,13 @@ def lanes_operand_layouts(R: int, LR: int, warps: int, block_d: int, U: int):
     rows first: lane = row group + LR * column group), so that a token's operands are the
     accumulators' rows and columns without moving."""
     C = block_d * LR // 32
-    row_lanes, col_lanes = _bits(LR), _bits(32 // LR)
-    v = gl.DistributedLinearLayout([[0, r] for r in _bits(R)] + [[u, 0] for u in _bits(U)],
+    row_lanes, col_lanes = bits(LR), bits(32 // LR)
+    v = gl.DistributedLinearLayout([[0, r] for r in bits(R)] + [[u, 0] for u in bits(U)],
                                    [[0, R * j] for j in row_lanes] + [[0, 0]] * len(col_lanes),
-                                   [[0, R * LR * w] for w in _bits(warps)], [], [U, R * LR * warps])
-    k = gl.DistributedLinearLayout([[0, c] for c in _bits(C)] + [[u, 0] for u in _bits(U)],
+                                   [[0, R * LR * w] for w in bits(warps)], [], [U, R * LR * warps])
+    k = gl.DistributedLinearLayout([[0, c] for c in bits(C)] + [[u, 0] for u in bits(U)],
                                    [[0, 0]] * len(row_lanes) + [[0, C * j] for j in col_lanes],
-                                   [[0, 0]] * len(_bits(warps)), [], [U, block_d])
+                                   [[0, 0]] * len(bits(warps)), [], [U, block_d])
     return v, k
 
 
