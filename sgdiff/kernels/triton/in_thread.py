@@ -9,7 +9,11 @@ which neither folds nor keeps a -0.0 entry's sign.
 """
 from __future__ import annotations
 
+import triton.language as tl
+
 from sgdiff.kernels.triton.triton_compat import gluon_barrier
+
+NEGATIVE_ZERO_BITS = tl.constexpr(-2 ** 31)  # -0.0's bits (0x80000000) as an int32, for Triton and Gluon kernels
 
 
 def bits(n: int) -> list:
@@ -21,8 +25,6 @@ def bits(n: int) -> list:
 if gluon_barrier is not None:  # Gluon, as the kernels that use these spell it
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-
-    NEGATIVE_ZERO_BITS = gl.constexpr(-2 ** 31)  # 0x80000000 as an int32
 
     @gluon.jit
     def take(x, index, i: gl.constexpr, axis: gl.constexpr):

@@ -33,7 +33,7 @@ from sgdiff.kernels.registry import Impl
 from sgdiff.kernels.triton.cast_copy import relu_as_aten
 from sgdiff.kernels.triton.launch import LeanKernel, fresh_output, grid_dependency_wait
 from sgdiff.kernels.triton.rows import DTYPES, cached_plan
-from sgdiff.kernels.triton.in_thread import bits, gluon, relu_as_aten as gl_relu_as_aten, take
+from sgdiff.kernels.triton.in_thread import NEGATIVE_ZERO_BITS, bits, gluon, relu_as_aten as gl_relu_as_aten, take
 
 if gluon is not None:
     from triton.experimental.gluon import language as gl
@@ -69,7 +69,7 @@ def _linear_attention_apply_kernel(
     q = relu_as_aten(q.to(tl.float32))
     acc = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)  # h transposed: a token's D outputs side by side
     den = tl.zeros([BLOCK_N], tl.float32)
-    negative_zero = tl.full(q.shape, -2 ** 31, tl.int32).to(tl.float32, bitcast=True)  # the code's -0.0 is +0.0
+    negative_zero = tl.full(q.shape, NEGATIVE_ZERO_BITS, tl.int32).to(tl.float32, bitcast=True)  # `-0.0` is +0.0
     for k in tl.static_range(D):  # k in increasing order
         qk = tl.sum(tl.where(d[None, :] == k, q, negative_zero), axis=1)  # q[:, k], exactly
         s = tl.load(s_head + d * ss1 + k * ss2, mask=d_ok, other=0.0)  # scores[:D, k]
@@ -158,10 +158,15 @@ def can_use(scores, q, eps, dtype) -> bool:
     return q.is_cuda and supported_layout(scores, q, eps, dtype)
 
 
+def _block_d(D: int) -> int:
+    """head_dim rounded up to a power of two, at least MIN_BLOCK: both kernels' row of outputs."""
+    return max(MIN_BLOCK, triton.next_power_of_2(D))
+
+
 @cached_plan
 def _plan(scores, q):
     B, H, D, N = q.shape
-    block_d = max(MIN_BLOCK, triton.next_power_of_2(D))
+    block_d = _block_d(D)
     block_n = max(MIN_BLOCK, min(128, TILE // block_d, triton.next_power_of_2(N)))
     grid = (B * H, triton.cdiv(N, block_n))
     shape, strides = (B, N, H * D), (H * D * N, 1, N)
@@ -189,8 +194,7 @@ ROWS_MAX_HEAD_DIM = 64  # a thread's rows of q and outputs in registers
 def rows_fit(D: int, tiling) -> bool:
     """Whether the rows kernel takes head_dim ``D`` in this tiling: D at most ROWS_MAX_HEAD_DIM, a
     thread's outputs of a token at most D rounded up, a token's threads at most a warp."""
-    T, J, _ = tiling
-    block_d = max(MIN_BLOCK, triton.next_power_of_2(D))
+    J, block_d = tiling[1], _block_d(D)
     return D <= ROWS_MAX_HEAD_DIM and J <= block_d and block_d // J <= 32
 
 
@@ -198,7 +202,7 @@ def rows_fit(D: int, tiling) -> bool:
 def _rows_plan(scores, q, tiling):
     B, H, D, N = q.shape
     T, J, warps = tiling
-    block_d = max(MIN_BLOCK, triton.next_power_of_2(D))
+    block_d = _block_d(D)
     grid = (B * H, triton.cdiv(N, T * (32 * J // block_d) * warps))
     return grid, (H, N, *scores.stride(), *q.stride()), dict(
         D=D, BLOCK_D=block_d, T=T, J=J, QL=rows_layout(T, J, warps, block_d), num_warps=warps)

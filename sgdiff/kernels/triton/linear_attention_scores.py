@@ -258,7 +258,7 @@ def variants(v, k, value) -> list:
     """The kernel, and with Gluon the lanes kernel in each tiling that takes this head_dim,
     labelled, for first sight to verify and time."""
     found = [("dot", bind(v, k, value))]
-    if gluon is not None and v.shape[2] <= 256:
+    if gluon is not None:
         found += [(f"lanes R{t[0]} LR{t[1]} w{t[2]} BN{t[3]} U{t[4]}", bind_lanes(v, k, value, t)) for t in LANES_TILINGS
                   if lanes_fit(v.shape[2], t)]
     return found
